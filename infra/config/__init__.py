@@ -1,0 +1,1 @@
+"""The typed, validated stack config: the single source of truth for every component."""

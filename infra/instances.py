@@ -1,0 +1,65 @@
+"""Facts about the GPU instance types a stack may ask for.
+
+Config validation needs these offline (no AWS call before a stack is accepted), and the node
+group, the PyTorchJob's resource requests and the cost estimate must all agree on them, so
+they live in one table. EFA interface counts equal the instance's network cards (AWS EC2
+user guide, "EFA supported instance types"); at deploy time the cluster component can
+confirm them with `aws.ec2.get_instance_type` (`efa_maximum_interfaces`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class InstanceFacts:
+    """Published shape of one EC2 instance type."""
+
+    gpus: int
+    """GPUs per instance."""
+    gpu_model: str
+    """Accelerator name as the trainer's MFU table knows it (e.g. "H100")."""
+    gpu_memory_gib: int
+    """Memory per GPU."""
+    efa_interfaces: int
+    """Maximum EFA interfaces (0: no EFA support)."""
+    gpudirect_rdma: bool
+    """Whether NCCL can use GPUDirect RDMA over EFA on this type."""
+    vcpus: int
+    memory_gib: int
+
+
+INSTANCE_FACTS: dict[str, InstanceFacts] = {
+    "p4d.24xlarge": InstanceFacts(8, "A100", 40, 4, True, 96, 1152),
+    "p4de.24xlarge": InstanceFacts(8, "A100", 80, 4, True, 96, 1152),
+    "p5.48xlarge": InstanceFacts(8, "H100", 80, 32, True, 192, 2048),
+    "p5e.48xlarge": InstanceFacts(8, "H200", 141, 32, True, 192, 2048),
+    "p5en.48xlarge": InstanceFacts(8, "H200", 141, 16, True, 192, 2048),
+    "p6-b200.48xlarge": InstanceFacts(8, "B200", 179, 8, True, 192, 2048),
+    "g5.xlarge": InstanceFacts(1, "A10G", 24, 0, False, 4, 16),
+    "g5.2xlarge": InstanceFacts(1, "A10G", 24, 0, False, 8, 32),
+    "g5.4xlarge": InstanceFacts(1, "A10G", 24, 0, False, 16, 64),
+    "g5.8xlarge": InstanceFacts(1, "A10G", 24, 1, False, 32, 128),
+    "g5.12xlarge": InstanceFacts(4, "A10G", 24, 1, False, 48, 192),
+    "g5.16xlarge": InstanceFacts(1, "A10G", 24, 1, False, 64, 256),
+    "g5.24xlarge": InstanceFacts(4, "A10G", 24, 1, False, 96, 384),
+    "g5.48xlarge": InstanceFacts(8, "A10G", 24, 1, False, 192, 768),
+    "g6e.xlarge": InstanceFacts(1, "L40S", 48, 0, False, 4, 32),
+    "g6e.2xlarge": InstanceFacts(1, "L40S", 48, 0, False, 8, 64),
+    "g6e.4xlarge": InstanceFacts(1, "L40S", 48, 0, False, 16, 128),
+    "g6e.8xlarge": InstanceFacts(1, "L40S", 48, 1, False, 32, 256),
+    "g6e.12xlarge": InstanceFacts(4, "L40S", 48, 1, False, 48, 384),
+    "g6e.16xlarge": InstanceFacts(1, "L40S", 48, 1, False, 64, 512),
+    "g6e.24xlarge": InstanceFacts(4, "L40S", 48, 2, False, 96, 768),
+    "g6e.48xlarge": InstanceFacts(8, "L40S", 48, 4, False, 192, 1536),
+}
+
+
+def instance_facts(instance_type: str) -> InstanceFacts:
+    """Facts for `instance_type`; a KeyError's message lists the types that are known."""
+    try:
+        return INSTANCE_FACTS[instance_type]
+    except KeyError:
+        known = ", ".join(sorted(INSTANCE_FACTS))
+        raise KeyError(f"unknown GPU instance type {instance_type!r}; known: {known}") from None

@@ -1,0 +1,120 @@
+"""The project's two front-door commands, usable on a machine with nothing but Python 3.11+.
+
+    python3 scripts/dev.py local   # the main job: a stack's training run, scaled to this machine
+    python3 scripts/dev.py test    # lint, type check and the whole test suite
+
+Both first make `.venv/` from the project's own files: pip (new enough for PEP 735
+dependency groups) installs the group the command needs, every version pinned by the
+constraints that `uv export` derives from the committed `uv.lock`. The install is
+skipped when pyproject.toml and uv.lock are unchanged since the last one.
+Only the standard library is used here, because nothing else exists yet when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV = ROOT / ".venv"
+MIN_PIP = "pip>=25.1"  # first pip with `--group` (PEP 735)
+UV = "uv>=0.5"
+
+
+def venv_python() -> Path:
+    return VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def run(*cmd: str | Path, env: dict[str, str] | None = None) -> None:
+    """Run a command from the repository root; a failure ends this script with its code."""
+    result = subprocess.run([str(c) for c in cmd], cwd=ROOT, env=env, check=False)
+    if result.returncode != 0:
+        sys.exit(result.returncode)
+
+
+def lock_digest() -> str:
+    digest = hashlib.sha256()
+    for name in ("pyproject.toml", "uv.lock"):
+        digest.update((ROOT / name).read_bytes())
+    return digest.hexdigest()
+
+
+def ensure_venv(group: str) -> Path:
+    """Create or refresh .venv so that it holds `group`, pinned to the lock file."""
+    python = venv_python()
+    if not python.exists():
+        print(f"[dev] creating {VENV.relative_to(ROOT)} with {sys.executable}", flush=True)
+        venv.create(VENV, with_pip=True)
+    stamp = VENV / f".installed-{group}"
+    digest = lock_digest()
+    if stamp.exists() and stamp.read_text() == digest:
+        return python
+    print(f"[dev] installing dependency group '{group}' (pinned by uv.lock)", flush=True)
+    run(python, "-m", "pip", "install", "--quiet", MIN_PIP, UV)
+    constraints = VENV / "constraints.txt"
+    run(
+        python,
+        "-m",
+        "uv",
+        "export",
+        "--frozen",
+        "--quiet",
+        "--all-groups",
+        "--no-hashes",
+        "--no-emit-project",
+        "--no-header",
+        "--output-file",
+        constraints,
+    )
+    run(
+        python,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--group",
+        f"pyproject.toml:{group}",
+        "--constraint",
+        constraints,
+        "--editable",
+        ".",
+    )
+    stamp.write_text(digest)
+    return python
+
+
+def command_test(python: Path, pytest_args: list[str]) -> None:
+    run(python, "-m", "ruff", "check", ".")
+    run(python, "-m", "ruff", "format", "--check", ".")
+    run(python, "-m", "mypy")
+    run(python, "-m", "pytest", *pytest_args)
+
+
+def command_local(python: Path, local_args: list[str]) -> None:
+    run(python, "scripts/local_run.py", *local_args)
+
+
+def main() -> None:
+    if sys.version_info < (3, 11):  # noqa: UP036 - this runs before any venv exists
+        sys.exit(f"Python 3.11+ is required, this is {sys.version.split()[0]}")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("command", choices=["local", "test", "setup"], help="what to run")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="passed on to the command")
+    options = parser.parse_args()
+    if options.command == "local":
+        command_local(ensure_venv("local"), options.args)
+    elif options.command == "test":
+        command_test(ensure_venv("dev"), options.args)
+    else:
+        ensure_venv("dev")
+
+
+if __name__ == "__main__":
+    main()
