@@ -1,0 +1,445 @@
+"""The trainer's command line: typed config sections, one flag per field.
+
+The Pulumi program imports this module to check that the arguments it renders into a
+PyTorchJob parse here, so it must not import torch / transformers / datasets.
+
+Every field of every section is one `--flag` with the field's name (the seed trainer's names
+are kept, with their meanings); the parser is generated from the dataclasses so the help text,
+type, default and allowed values live in exactly one place. Switches take 0/1/true/false (or
+no value, meaning true). An unknown or malformed flag is an error that names it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+
+from trainer.presets import PRESETS, ModelShape, get_preset
+
+# The seed trainer's names for model families, mapped to the preset that stands for them
+# when no --model is given.
+MODEL_TYPE_BASE_PRESET: dict[str, str] = {
+    "llama": "llama3.1-8b",
+    "llama_v3": "llama3.1-8b",
+    "llama_v2": "llama2-7b",
+    "mistral": "mistral-7b",
+    "mixtral": "mixtral-8x7b",
+}
+DEFAULT_PRESET = "llama3.1-8b"
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def _flag(default: Any, help: str, *aliases: str) -> Any:
+    """A config field that is also a command-line flag (aliases are extra spellings)."""
+    return field(default=default, metadata={"help": help, "aliases": aliases})
+
+
+@dataclass
+class ModelConfig:
+    """Which model to train: a preset, shape overrides, and where the weights come from."""
+
+    model: str | None = _flag(
+        None,
+        "Model preset (published shapes): "
+        + ", ".join(PRESETS)
+        + f". Default: the family of --model_type, else {DEFAULT_PRESET}.",
+    )
+    model_type: str | None = _flag(
+        None,
+        "Model family, overriding the preset's: llama (or llama_v2, llama_v3), mistral, mixtral.",
+    )
+    hidden_width: int | None = _flag(None, "Hidden size (overrides the preset).")
+    num_layers: int | None = _flag(None, "Number of decoder layers (overrides the preset).")
+    num_heads: int | None = _flag(None, "Number of attention heads (overrides the preset).")
+    num_key_value_heads: int | None = _flag(
+        None, "Key/value heads for grouped-query attention (overrides the preset)."
+    )
+    intermediate_size: int | None = _flag(
+        None, "MLP inner size (overrides the preset).", "--llama_intermediate_size"
+    )
+    vocab_size: int | None = _flag(None, "Vocabulary size (overrides the preset).")
+    num_local_experts: int | None = _flag(None, "Experts per MoE layer (mixtral only).")
+    num_experts_per_tok: int | None = _flag(None, "Experts each token is routed to (mixtral).")
+    rope_theta: float | None = _flag(None, "Rotary embedding base (overrides the preset).")
+    tie_word_embeddings: bool | None = _flag(
+        None, "Share input embedding and LM head weights (overrides the preset)."
+    )
+    max_context_width: int = _flag(
+        2048, "Training sequence length in tokens; every sequence is packed to exactly this."
+    )
+    init_from: str | None = _flag(
+        None,
+        "Hugging Face hub id or local directory with pretrained weights; "
+        "default: random initialisation from the config.",
+    )
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = _flag(
+        "sdpa", "Attention kernel."
+    )
+
+    def __post_init__(self) -> None:
+        if self.model is not None and self.model not in PRESETS:
+            raise ValueError(
+                f"--model {self.model!r} is not a preset; allowed: {', '.join(PRESETS)}"
+            )
+        if self.model_type is not None and self.model_type not in MODEL_TYPE_BASE_PRESET:
+            raise ValueError(
+                f"--model_type {self.model_type!r} is not supported; "
+                f"allowed: {', '.join(MODEL_TYPE_BASE_PRESET)}"
+            )
+        _require_positive(self, "max_context_width")
+        for name in (
+            "hidden_width",
+            "num_layers",
+            "num_heads",
+            "num_key_value_heads",
+            "intermediate_size",
+            "vocab_size",
+            "num_experts_per_tok",
+        ):
+            if getattr(self, name) is not None:
+                _require_positive(self, name)
+        if self.num_local_experts is not None and self.num_local_experts < 0:
+            raise ValueError(f"--num_local_experts must be >= 0, got {self.num_local_experts}")
+        # Fail at parse time (not after minutes of setup) on an inconsistent shape.
+        self.shape()
+
+    @property
+    def preset_name(self) -> str:
+        if self.model is not None:
+            return self.model
+        if self.model_type is not None:
+            return MODEL_TYPE_BASE_PRESET[self.model_type]
+        return DEFAULT_PRESET
+
+    def shape(self) -> ModelShape:
+        """The preset's published shape with every explicit flag applied on top."""
+        base = get_preset(self.preset_name)
+        family = None
+        if self.model_type is not None:
+            family = "llama" if self.model_type.startswith("llama") else self.model_type
+        overrides: dict[str, Any] = {
+            "model_type": family,
+            "hidden_size": self.hidden_width,
+            "num_layers": self.num_layers,
+            "num_heads": self.num_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "intermediate_size": self.intermediate_size,
+            "vocab_size": self.vocab_size,
+            "num_local_experts": self.num_local_experts,
+            "num_experts_per_tok": self.num_experts_per_tok,
+            "rope_theta": self.rope_theta,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            # A context longer than the preset's is allowed; rope extends.
+            "max_position_embeddings": max(base.max_position_embeddings, self.max_context_width),
+        }
+        if family is not None and family != base.model_type:
+            # Switching family drops the other family's MoE fields unless given explicitly.
+            if family != "mixtral" and self.num_local_experts is None:
+                overrides["num_local_experts"] = 0
+                overrides["num_experts_per_tok"] = 0
+            if family == "mixtral" and self.num_local_experts is None:
+                overrides["num_local_experts"] = 8
+                overrides["num_experts_per_tok"] = self.num_experts_per_tok or 2
+        try:
+            return base.with_overrides(**overrides)
+        except ValueError as err:
+            raise ValueError(f"model shape for preset {self.preset_name!r}: {err}") from None
+
+
+@dataclass
+class DataConfig:
+    """Where tokens come from and how many per batch."""
+
+    dataset: str = _flag(
+        "allenai/c4",
+        "Hub dataset id (streamed) or local path (save_to_disk dir, or a folder of "
+        "json/jsonl/parquet/txt files).",
+        "--dataset_path",
+    )
+    dataset_config_name: str | None = _flag("en", "Dataset configuration (subset) name.")
+    tokenizer: str = _flag(
+        "hf-internal-testing/llama-tokenizer", "Tokenizer: hub id or local directory."
+    )
+    text_column: str = _flag("text", "Column of the dataset that holds the raw text.")
+    num_workers: int = _flag(0, "DataLoader worker processes per rank.")
+    train_batch_size: int = _flag(2, "Sequences per rank per micro-batch.")
+    val_batch_size: int = _flag(4, "Sequences per rank per validation batch.")
+
+    def __post_init__(self) -> None:
+        _require_positive(self, "train_batch_size")
+        _require_positive(self, "val_batch_size")
+        if self.num_workers < 0:
+            raise ValueError(f"--num_workers must be >= 0, got {self.num_workers}")
+
+
+@dataclass
+class ParallelConfig:
+    """How the model is spread over devices, and the memory/speed trade-offs."""
+
+    sharding_strategy: Literal["full", "hybrid", "shard_grad_op", "no_shard"] = _flag(
+        "full",
+        "full: shard params, grads and optimizer state over all ranks (ZeRO-3); "
+        "hybrid: shard within a node, replicate across nodes (HSDP); "
+        "shard_grad_op: keep params gathered between forward and backward (ZeRO-2); "
+        "no_shard: replicate everything (DDP-equivalent).",
+    )
+    hsdp_shard_size: int = _flag(
+        0,
+        "Ranks per shard group for hybrid sharding; 0 means LOCAL_WORLD_SIZE (one node).",
+    )
+    bf16: bool = _flag(
+        True, "bf16 mixed precision: bf16 compute and all-gather, fp32 master weights and reduce."
+    )
+    activation_checkpointing: bool = _flag(
+        True, "Recompute activations in backward to save memory."
+    )
+    ac_mode: Literal["full", "selective"] = _flag(
+        "full", "full: checkpoint every decoder layer; selective: every --ac_every-th layer."
+    )
+    ac_every: int = _flag(2, "With --ac_mode selective, checkpoint one layer in every N.")
+    cpu_offload: bool = _flag(False, "Keep sharded params, grads and optimizer state in CPU RAM.")
+    compile: bool = _flag(False, "torch.compile each decoder layer.")
+    device: Literal["auto", "cuda", "cpu"] = _flag(
+        "auto", "auto: cuda with nccl if available, else cpu with gloo."
+    )
+
+    def __post_init__(self) -> None:
+        _require_positive(self, "ac_every")
+        if self.hsdp_shard_size < 0:
+            raise ValueError(f"--hsdp_shard_size must be >= 0, got {self.hsdp_shard_size}")
+
+
+@dataclass
+class OptimConfig:
+    """AdamW, the learning-rate schedule and the length of the run."""
+
+    max_steps: int = _flag(
+        5000, "Optimizer steps; training stops exactly here.", "--max_training_steps"
+    )
+    lr: float = _flag(1e-4, "Peak learning rate.")
+    min_lr: float = _flag(1e-5, "Learning rate at the end of the decay.")
+    warmup: float = _flag(
+        0.0032,
+        "Linear warmup: a fraction of --max_steps when below 1 (the seed's meaning), "
+        "else a number of steps.",
+    )
+    lr_decay_style: Literal["cosine", "linear", "constant"] = _flag(
+        "cosine", "Decay after warmup, down to --min_lr."
+    )
+    weight_decay: float = _flag(0.2, "AdamW weight decay (not applied to norms and biases).")
+    beta1: float = _flag(0.9, "AdamW beta1.")
+    beta2: float = _flag(0.95, "AdamW beta2.")
+    grad_clip: float = _flag(1.0, "Clip the global gradient norm to this; 0 disables clipping.")
+    gradient_accumulation_steps: int = _flag(
+        1, "Micro-batches per optimizer step.", "--grad_accum_steps"
+    )
+    seed: int = _flag(12345, "Seed for initialisation, data order and dropout.")
+
+    def __post_init__(self) -> None:
+        _require_positive(self, "max_steps")
+        _require_positive(self, "gradient_accumulation_steps")
+        if self.lr <= 0:
+            raise ValueError(f"--lr must be > 0, got {self.lr}")
+        if not 0 <= self.min_lr <= self.lr:
+            raise ValueError(f"--min_lr must be in [0, --lr={self.lr}], got {self.min_lr}")
+        if self.warmup < 0 or (self.warmup >= 1 and not float(self.warmup).is_integer()):
+            raise ValueError(
+                "--warmup must be a fraction in [0, 1) or a whole number of steps, "
+                f"got {self.warmup}"
+            )
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"--{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.weight_decay < 0 or self.grad_clip < 0:
+            raise ValueError("--weight_decay and --grad_clip must be >= 0")
+
+    @property
+    def warmup_steps(self) -> int:
+        """Warmup in steps, whichever way --warmup was given."""
+        if self.warmup < 1:
+            return int(self.warmup * self.max_steps)
+        return min(int(self.warmup), self.max_steps)
+
+
+@dataclass
+class CheckpointConfig:
+    """Saving, resuming and exporting."""
+
+    checkpoint_dir: str | None = _flag(
+        None, "Directory for step-N checkpoints (DCP); default: no checkpoints."
+    )
+    resume_from_checkpoint: str | None = _flag(
+        None,
+        "Directory to resume from (may equal --checkpoint_dir): the latest complete step-N "
+        "in it, or a step-N directory itself. Empty or missing: start fresh.",
+    )
+    checkpoint_freq: int = _flag(1000, "Save every N steps (0: only the final save).")
+    keep_last_checkpoints: int = _flag(3, "Keep the newest K checkpoints, delete older ones.")
+    export_dir: str | None = _flag(None, "At the end, write a Hugging Face safetensors model here.")
+    fail_at_step: int = _flag(
+        0, "Debugging: exit abruptly (code 17) right after step N, to test resuming (0: off)."
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("checkpoint_freq", "fail_at_step"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{name} must be >= 0, got {getattr(self, name)}")
+        _require_positive(self, "keep_last_checkpoints")
+
+
+@dataclass
+class LoggingConfig:
+    """What gets reported, how often, and where."""
+
+    logging_freq: int = _flag(1, "Log (and all-reduce the loss) every N steps.")
+    validation_freq: int = _flag(0, "Validate every N steps (0: never).")
+    validation_batches: int = _flag(10, "Batches per validation pass.")
+    metrics_file: str | None = _flag(
+        None, "JSONL metrics file; default: metrics.jsonl in --checkpoint_dir if set."
+    )
+    tensorboard_dir: str | None = _flag(None, "Also write TensorBoard scalars here.")
+    progress_bar: bool | None = _flag(
+        None, "tqdm progress bar; default: on when stderr is a terminal."
+    )
+
+    def __post_init__(self) -> None:
+        _require_positive(self, "logging_freq")
+        _require_positive(self, "validation_batches")
+        if self.validation_freq < 0:
+            raise ValueError(f"--validation_freq must be >= 0, got {self.validation_freq}")
+
+
+@dataclass
+class TrainConfig:
+    """The whole run. Sections keep related flags together; flag names are unique across them."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def __post_init__(self) -> None:
+        if self.parallel.sharding_strategy != "hybrid" and self.parallel.hsdp_shard_size:
+            raise ValueError("--hsdp_shard_size applies only to --sharding_strategy hybrid")
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)
+
+
+_SECTION_TYPES: dict[str, type] = {
+    "model": ModelConfig,
+    "data": DataConfig,
+    "parallel": ParallelConfig,
+    "optim": OptimConfig,
+    "checkpoint": CheckpointConfig,
+    "logging": LoggingConfig,
+}
+
+
+def parse_switch(text: str) -> bool:
+    """0/1/true/false (and yes/no, on/off), case-insensitive."""
+    lowered = text.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"expected 0/1/true/false, got {text!r}")
+
+
+def _strip_optional(annotation: Any) -> tuple[Any, bool]:
+    origin = get_origin(annotation)
+    if origin in (Union, types.UnionType):
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], True
+    return annotation, False
+
+
+def _add_field(group: argparse._ArgumentGroup, f: dataclasses.Field[Any], hint: Any) -> None:
+    inner, optional = _strip_optional(hint)
+    names = [f"--{f.name}", *f.metadata.get("aliases", ())]
+    help_text = f.metadata["help"]
+    kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS}
+    if inner is bool:
+        kwargs.update(type=parse_switch, nargs="?", const=True, metavar="0|1")
+    elif get_origin(inner) is Literal:
+        kwargs.update(type=str, choices=list(get_args(inner)))
+    elif inner in (int, float, str):
+        kwargs.update(type=inner, metavar=inner.__name__.upper())
+    else:  # pragma: no cover - a new field type needs a rule here
+        raise TypeError(f"config field {f.name} has unsupported type {hint!r}")
+    default = f.default
+    shown = "unset" if default is None and optional else repr(default)
+    group.add_argument(*names, help=f"{help_text} (default: {shown})", **kwargs)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser for `python -m trainer`, generated from the config sections."""
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer",
+        description="FSDP2 trainer for Hugging Face causal LMs (run under torchrun).",
+        allow_abbrev=False,
+    )
+    for section_name, section_type in _SECTION_TYPES.items():
+        group = parser.add_argument_group(section_name, section_type.__doc__)
+        hints = get_type_hints(section_type)
+        for f in dataclasses.fields(section_type):
+            _add_field(group, f, hints[f.name])
+    return parser
+
+
+def parse_args(argv: Sequence[str]) -> TrainConfig:
+    """Parse and validate; any problem exits with status 2 and a message naming the flag."""
+    parser = build_parser()
+    namespace = vars(parser.parse_args(list(argv)))
+    try:
+        return _build_config(namespace)
+    except ValueError as err:
+        parser.error(str(err))
+
+
+def _build_config(values: Mapping[str, Any]) -> TrainConfig:
+    sections: dict[str, Any] = {}
+    for section_name, section_type in _SECTION_TYPES.items():
+        names = {f.name for f in dataclasses.fields(section_type)}
+        sections[section_name] = section_type(**{k: v for k, v in values.items() if k in names})
+    return TrainConfig(**sections)
+
+
+def flag_names() -> frozenset[str]:
+    """Every accepted flag name without dashes (canonical names, not aliases)."""
+    return frozenset(f.name for t in _SECTION_TYPES.values() for f in dataclasses.fields(t))
+
+
+def format_args(values: Mapping[str, Any]) -> list[str]:
+    """Render `{flag: value}` as trainer arguments (`--flag value`), switches as 1/0.
+
+    For callers that build a command line (the Pulumi program, local runs); `None` values are
+    left out. Unknown names raise a ValueError, so a typo never reaches a running job.
+    """
+    known = flag_names()
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"unknown trainer flag(s): {', '.join(unknown)}")
+    argv: list[str] = []
+    for name, value in values.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            value = int(value)
+        argv += [f"--{name}", str(value)]
+    return argv
+
+
+def _require_positive(section: object, name: str) -> None:
+    value = getattr(section, name)
+    if value <= 0:
+        raise ValueError(f"--{name} must be > 0, got {value}")
