@@ -1,0 +1,203 @@
+"""AdamW with decoupled weight decay groups, and the warmup + decay learning-rate schedule.
+
+The schedule is defined over 1-based optimizer step numbers ``n = 1 .. max_steps``:
+
+* warmup, ``n <= warmup_steps``: ``lr * n / warmup_steps``. The first step already moves the
+  weights (a schedule that starts at exactly 0 wastes a step);
+* decay, ``warmup_steps < n <= max_steps``: from ``lr`` at the end of warmup down to ``min_lr`` at
+  ``n == max_steps`` (cosine or linear), or flat at ``lr`` ("constant");
+* past ``max_steps`` (only if a caller keeps stepping): held at the value of the last step.
+
+``LambdaLR`` calls its lambda with the number of ``scheduler.step()`` calls so far, which is
+``n - 1`` when the optimizer is about to take step ``n``; the factor function below does the shift.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Literal, get_args
+
+import torch
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+DecayStyle = Literal["cosine", "linear", "constant"]
+DECAY_STYLES: tuple[str, ...] = get_args(DecayStyle)
+
+# Parameters whose (lower-cased) name contains one of these are never weight-decayed, whatever
+# their rank. Norm weights are 1-D anyway; the names catch them if a model ever stores them 2-D.
+_NO_DECAY_NAME_PARTS: tuple[str, ...] = ("bias", "norm")
+
+
+def _decays(name: str, param: nn.Parameter) -> bool:
+    """Decay only matrices: decaying gains, biases or norm scales pulls them towards 0, which is
+    not regularisation but damage (GPT-2/Llama recipes exclude them)."""
+    lowered = name.lower()
+    if any(part in lowered for part in _NO_DECAY_NAME_PARTS):
+        return False
+    return param.ndim >= 2
+
+
+def param_groups(model: nn.Module, *, weight_decay: float) -> list[dict[str, object]]:
+    """Split trainable parameters into a decayed group and a non-decayed group.
+
+    Shared (tied) parameters appear once: ``named_parameters`` de-duplicates them, and an
+    optimizer given the same tensor twice raises.
+    """
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        (decay if _decays(name, param) else no_decay).append(param)
+    groups: list[dict[str, object]] = []
+    if decay:
+        groups.append({"params": decay, "weight_decay": weight_decay})
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    if not groups:
+        raise ValueError("model has no trainable parameters (all have requires_grad=False)")
+    return groups
+
+
+def _on_cuda(model: nn.Module) -> bool:
+    return any(p.device.type == "cuda" for p in model.parameters())
+
+
+def build_optimizer(
+    model: nn.Module,
+    *,
+    lr: float,
+    weight_decay: float,
+    beta1: float,
+    beta2: float,
+    eps: float = 1e-8,
+    fused: bool | None = None,
+) -> torch.optim.AdamW:
+    """AdamW over ``model``'s trainable parameters, weight decay on matrices only.
+
+    ``fused=None`` picks the fused CUDA kernel when the parameters live on a GPU (one kernel per
+    parameter group instead of a loop of small ones) and the default implementation otherwise.
+    Call after ``fully_shard``: the optimizer must hold the sharded DTensor parameters.
+    """
+    if lr < 0:
+        raise ValueError(f"lr must be >= 0, got {lr}")
+    if weight_decay < 0:
+        raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+    for flag, beta in (("beta1", beta1), ("beta2", beta2)):
+        if not 0.0 <= beta < 1.0:
+            raise ValueError(f"{flag} must be in [0, 1), got {beta}")
+    use_fused = _on_cuda(model) if fused is None else fused
+    groups = param_groups(model, weight_decay=weight_decay)
+    optimizer = torch.optim.AdamW(
+        groups,
+        lr=lr,
+        betas=(beta1, beta2),
+        eps=eps,
+        weight_decay=weight_decay,
+        fused=use_fused,
+    )
+    sizes = [sum(p.numel() for p in g["params"]) for g in optimizer.param_groups]
+    logger.info(
+        "AdamW lr=%g betas=(%g, %g) weight_decay=%g fused=%s; parameter elements per group "
+        "(decayed first): %s",
+        lr,
+        beta1,
+        beta2,
+        weight_decay,
+        use_fused,
+        sizes,
+    )
+    return optimizer
+
+
+def lr_at(
+    step: int,
+    *,
+    warmup_steps: int,
+    max_steps: int,
+    decay_style: DecayStyle,
+    lr: float,
+    min_lr: float,
+) -> float:
+    """Learning rate for optimizer step number ``step`` (1-based). Pure, so it is easy to test
+    and to print a schedule from."""
+    n = min(max(step, 1), max_steps)
+    if n <= warmup_steps:
+        return lr * n / warmup_steps
+    if decay_style == "constant":
+        return lr
+    progress = (n - warmup_steps) / (max_steps - warmup_steps)
+    if decay_style == "linear":
+        return min_lr + (lr - min_lr) * (1.0 - progress)
+    if decay_style == "cosine":
+        return min_lr + (lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    raise ValueError(f"decay_style must be one of {DECAY_STYLES}, got {decay_style!r}")
+
+
+def build_lr_scheduler(
+    optimizer: torch.optim.Optimizer,
+    *,
+    warmup_steps: int,
+    max_steps: int,
+    decay_style: DecayStyle,
+    lr: float,
+    min_lr: float,
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warmup, then cosine / linear / constant decay to ``min_lr`` at ``max_steps``.
+
+    Call ``scheduler.step()`` once after each ``optimizer.step()``. The factor is a plain closure,
+    which ``LambdaLR.state_dict`` does not serialise: a checkpoint holds only the step count, and
+    on resume the schedule comes from the current flags.
+    """
+    if decay_style not in DECAY_STYLES:
+        raise ValueError(f"decay_style must be one of {DECAY_STYLES}, got {decay_style!r}")
+    if max_steps < 1:
+        raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+    if not 0 <= warmup_steps <= max_steps:
+        raise ValueError(f"warmup_steps must be in [0, max_steps={max_steps}], got {warmup_steps}")
+    if lr <= 0:
+        raise ValueError(f"lr must be > 0 for a schedule, got {lr}")
+    if not 0 <= min_lr <= lr:
+        raise ValueError(f"min_lr must be in [0, lr={lr}], got {min_lr}")
+    for group in optimizer.param_groups:
+        if group["lr"] != lr:
+            raise ValueError(
+                f"optimizer group lr {group['lr']} differs from the schedule's lr {lr}: "
+                "build the optimizer and the schedule from the same lr"
+            )
+
+    def factor(scheduler_steps: int) -> float:
+        # LambdaLR multiplies each group's initial lr by this; scheduler_steps is n - 1.
+        n = scheduler_steps + 1
+        return (
+            lr_at(
+                n,
+                warmup_steps=warmup_steps,
+                max_steps=max_steps,
+                decay_style=decay_style,
+                lr=lr,
+                min_lr=min_lr,
+            )
+            / lr
+        )
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=factor)
+
+
+def apply_scheduled_lr(scheduler: torch.optim.lr_scheduler.LambdaLR) -> None:
+    """Write the scheduler's current LR into its optimizer's groups.
+
+    ``LambdaLR.load_state_dict`` restores the step count but leaves the optimizer's ``lr``
+    untouched; without this, the first step after a resume would run at the construction-time
+    LR (the warmup's first value). Recomputing from the factor, rather than copying the saved
+    ``_last_lr``, keeps the schedule of the current flags.
+    """
+    step = scheduler.last_epoch
+    factors = scheduler.lr_lambdas
+    lrs = [base * fn(step) for base, fn in zip(scheduler.base_lrs, factors, strict=True)]
+    for group, value in zip(scheduler.optimizer.param_groups, lrs, strict=True):
+        group["lr"] = value
+    scheduler._last_lr = lrs  # what get_last_lr() reports, e.g. to the log line
