@@ -1,0 +1,307 @@
+"""Realistic outputs for resources and invokes, so an offline evaluation reads like a real plan.
+
+The values follow AWS's formats (ARNs, IDs, FSx DNS names, ECR URLs) so that code deriving
+strings from them (kubeconfigs, PV specs, image URIs, IAM policies) is exercised as it would be
+in `pulumi up`. IDs are derived from the resource name, which keeps evaluations deterministic.
+`aws:iam/getPolicyDocument` renders the real JSON, because IAM checks read the policy text.
+
+Helpers that add a resource type with outputs the program reads: add a rule to
+`RESOURCE_OUTPUTS` (type token → function of name and inputs); keep the rules alphabetical.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from typing import Any
+
+from pulumi.runtime import mocks as pulumi_mocks
+
+from infra.instances import INSTANCE_FACTS
+
+ACCOUNT_ID = "123456789012"
+REGION = "us-west-2"
+AZ_NAMES = [f"{REGION}{suffix}" for suffix in "abcd"]
+AZ_IDS = [f"usw2-az{i}" for i in range(1, 5)]
+
+
+def short_hash(text: str, length: int = 17) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:length]
+
+
+def arn(service: str, resource: str, *, region: str = REGION) -> str:
+    return f"arn:aws:{service}:{region}:{ACCOUNT_ID}:{resource}"
+
+
+OutputRule = Callable[[str, dict[str, Any]], dict[str, Any]]
+
+
+def _eks_cluster(name: str, inputs: dict[str, Any]) -> dict[str, Any]:
+    cluster_name = inputs.get("name", name)
+    issuer = f"https://oidc.eks.{REGION}.amazonaws.com/id/{short_hash(name, 32).upper()}"
+    return {
+        "arn": arn("eks", f"cluster/{cluster_name}"),
+        "name": cluster_name,
+        "endpoint": f"https://{short_hash(name, 32).upper()}.gr7.{REGION}.eks.amazonaws.com",
+        "certificateAuthority": {"data": "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCg=="},
+        "identities": [{"oidcs": [{"issuer": issuer}]}],
+        "vpcConfig": {
+            **inputs.get("vpcConfig", {}),
+            "clusterSecurityGroupId": f"sg-{short_hash(name + 'cluster')}",
+            "vpcId": inputs.get("vpcConfig", {}).get("vpcId", f"vpc-{short_hash(name)}"),
+        },
+        "version": inputs.get("version", "1.33"),
+        "status": "ACTIVE",
+    }
+
+
+def _pulumi_eks_cluster(name: str, inputs: dict[str, Any]) -> dict[str, Any]:
+    eks = _eks_cluster(name, inputs)
+    kubeconfig = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "kubernetes",
+                "cluster": {
+                    "server": eks["endpoint"],
+                    "certificate-authority-data": eks["certificateAuthority"]["data"],
+                },
+            }
+        ],
+        "contexts": [{"name": "aws", "context": {"cluster": "kubernetes", "user": "aws"}}],
+        "current-context": "aws",
+        "users": [
+            {
+                "name": "aws",
+                "user": {
+                    "exec": {
+                        "apiVersion": "client.authentication.k8s.io/v1beta1",
+                        "command": "aws",
+                        "args": ["eks", "get-token", "--cluster-name", eks["name"]],
+                    }
+                },
+            }
+        ],
+    }
+    issuer = eks["identities"][0]["oidcs"][0]["issuer"]
+    return {
+        "kubeconfig": kubeconfig,
+        "kubeconfigJson": json.dumps(kubeconfig),
+        "clusterSecurityGroupId": eks["vpcConfig"]["clusterSecurityGroupId"],
+        "nodeSecurityGroupId": f"sg-{short_hash(name + 'node')}",
+        "oidcProviderArn": f"arn:aws:iam::{ACCOUNT_ID}:oidc-provider/{issuer.removeprefix('https://')}",
+        "oidcProviderUrl": issuer,
+        "oidcIssuer": issuer.removeprefix("https://"),
+        # `eksCluster`, `core` and other resource-typed outputs are left unset: with references
+        # off they cannot be typed, so the program reads the scalar outputs above instead.
+    }
+
+
+RESOURCE_OUTPUTS: dict[str, OutputRule] = {
+    "aws:cloudwatch/logGroup:LogGroup": lambda name, inputs: {
+        "arn": arn("logs", f"log-group:{inputs.get('name', name)}"),
+        "name": inputs.get("name", name),
+    },
+    "aws:codebuild/project:Project": lambda name, inputs: {
+        "arn": arn("codebuild", f"project/{inputs.get('name', name)}"),
+        "name": inputs.get("name", name),
+    },
+    "aws:ec2/launchTemplate:LaunchTemplate": lambda name, inputs: {
+        "id": f"lt-{short_hash(name)}",
+        "latestVersion": 1,
+        "arn": arn("ec2", f"launch-template/lt-{short_hash(name)}"),
+    },
+    "aws:ec2/placementGroup:PlacementGroup": lambda name, inputs: {
+        "id": inputs.get("name", name),
+        "name": inputs.get("name", name),
+        "arn": arn("ec2", f"placement-group/{inputs.get('name', name)}"),
+    },
+    "aws:ec2/securityGroup:SecurityGroup": lambda name, inputs: {
+        "id": f"sg-{short_hash(name)}",
+        "arn": arn("ec2", f"security-group/sg-{short_hash(name)}"),
+    },
+    "aws:ec2/subnet:Subnet": lambda name, inputs: {
+        "id": f"subnet-{short_hash(name)}",
+        "arn": arn("ec2", f"subnet/subnet-{short_hash(name)}"),
+    },
+    "aws:ec2/vpc:Vpc": lambda name, inputs: {
+        "id": f"vpc-{short_hash(name)}",
+        "arn": arn("ec2", f"vpc/vpc-{short_hash(name)}"),
+        "defaultSecurityGroupId": f"sg-{short_hash(name + 'default')}",
+        "mainRouteTableId": f"rtb-{short_hash(name + 'main')}",
+    },
+    "aws:ecr/repository:Repository": lambda name, inputs: {
+        "arn": arn("ecr", f"repository/{inputs.get('name', name)}"),
+        "name": inputs.get("name", name),
+        "repositoryUrl": (
+            f"{ACCOUNT_ID}.dkr.ecr.{REGION}.amazonaws.com/{inputs.get('name', name)}"
+        ),
+        "registryId": ACCOUNT_ID,
+    },
+    "aws:eks/cluster:Cluster": _eks_cluster,
+    "aws:eks/nodeGroup:NodeGroup": lambda name, inputs: {
+        "arn": arn("eks", f"nodegroup/{inputs.get('clusterName', 'cluster')}/{name}"),
+        "nodeGroupName": inputs.get("nodeGroupName", name),
+        "status": "ACTIVE",
+    },
+    "aws:fsx/lustreFileSystem:LustreFileSystem": lambda name, inputs: {
+        "id": f"fs-{short_hash(name)}",
+        "arn": arn("fsx", f"file-system/fs-{short_hash(name)}"),
+        "dnsName": f"fs-{short_hash(name)}.fsx.{REGION}.amazonaws.com",
+        "mountName": short_hash(name + "mount", 8),
+    },
+    "aws:iam/role:Role": lambda name, inputs: {
+        "arn": f"arn:aws:iam::{ACCOUNT_ID}:role/{inputs.get('name', name)}",
+        "name": inputs.get("name", name),
+        "uniqueId": f"AROA{short_hash(name, 16).upper()}",
+    },
+    "aws:iam/policy:Policy": lambda name, inputs: {
+        "arn": f"arn:aws:iam::{ACCOUNT_ID}:policy/{inputs.get('name', name)}",
+    },
+    "aws:kms/key:Key": lambda name, inputs: {
+        "arn": arn("kms", f"key/{short_hash(name, 32)}"),
+        "keyId": short_hash(name, 32),
+    },
+    "aws:s3/bucket:Bucket": lambda name, inputs: {
+        "bucket": inputs.get("bucket", f"{name}-{short_hash(name, 7)}"),
+        "arn": f"arn:aws:s3:::{inputs.get('bucket', f'{name}-{short_hash(name, 7)}')}",
+        "bucketRegionalDomainName": (f"{inputs.get('bucket', name)}.s3.{REGION}.amazonaws.com"),
+    },
+    "eks:index:Cluster": _pulumi_eks_cluster,
+}
+
+
+def _policy_document(args: dict[str, Any]) -> dict[str, Any]:
+    """`aws.iam.get_policy_document` → the IAM JSON the real provider would render."""
+    statements = []
+    for stmt in args.get("statements", []):
+        rendered: dict[str, Any] = {"Effect": stmt.get("effect", "Allow")}
+        if "sid" in stmt:
+            rendered["Sid"] = stmt["sid"]
+        for key, out in (
+            ("actions", "Action"),
+            ("notActions", "NotAction"),
+            ("resources", "Resource"),
+            ("notResources", "NotResource"),
+        ):
+            if key in stmt:
+                values = stmt[key]
+                rendered[out] = values[0] if len(values) == 1 else values
+        for key, out in (("principals", "Principal"), ("notPrincipals", "NotPrincipal")):
+            if key in stmt:
+                principal: dict[str, Any] = {}
+                for entry in stmt[key]:
+                    ids = entry["identifiers"]
+                    principal[entry["type"]] = ids[0] if len(ids) == 1 else ids
+                rendered[out] = "*" if principal == {"*": "*"} else principal
+        if "conditions" in stmt:
+            condition: dict[str, dict[str, Any]] = {}
+            for entry in stmt["conditions"]:
+                values = entry["values"]
+                condition.setdefault(entry["test"], {})[entry["variable"]] = (
+                    values[0] if len(values) == 1 else values
+                )
+            rendered["Condition"] = condition
+        statements.append(rendered)
+    document = {"Version": "2012-10-17", "Statement": statements}
+    minified = json.dumps(document, separators=(",", ":"))
+    return {"json": json.dumps(document), "minifiedJson": minified}
+
+
+def _instance_type(args: dict[str, Any]) -> dict[str, Any]:
+    instance_type = args["instanceType"]
+    facts = INSTANCE_FACTS.get(instance_type)
+    if facts is None:
+        return {"instanceType": instance_type, "gpus": [], "efaSupported": False}
+    return {
+        "instanceType": instance_type,
+        "defaultVcpus": facts.vcpus,
+        "memorySize": facts.memory_gib * 1024,
+        "gpus": [
+            {
+                "count": facts.gpus,
+                "manufacturer": "NVIDIA",
+                "name": facts.gpu_model,
+                "memorySize": facts.gpu_memory_gib * 1024,
+            }
+        ],
+        "efaSupported": facts.efa_interfaces > 0,
+        "efaMaximumInterfaces": facts.efa_interfaces,
+        "maximumNetworkCards": max(facts.efa_interfaces, 1),
+    }
+
+
+def _existing_cluster(args: dict[str, Any]) -> dict[str, Any]:
+    eks = _eks_cluster(args["name"], {"name": args["name"]})
+    return {
+        **eks,
+        "id": args["name"],
+        "certificateAuthorities": [eks["certificateAuthority"]],
+        "vpcConfigs": [
+            {
+                **eks["vpcConfig"],
+                "subnetIds": [f"subnet-{short_hash(args['name'] + az)}" for az in AZ_NAMES[:3]],
+                "securityGroupIds": [],
+                "endpointPrivateAccess": True,
+                "endpointPublicAccess": True,
+                "publicAccessCidrs": ["0.0.0.0/0"],
+            }
+        ],
+        "roleArn": f"arn:aws:iam::{ACCOUNT_ID}:role/{args['name']}-cluster",
+        "accessConfigs": [{"authenticationMode": "API_AND_CONFIG_MAP"}],
+    }
+
+
+INVOKE_RESULTS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "aws:ec2/getInstanceType:getInstanceType": _instance_type,
+    "aws:eks/getCluster:getCluster": _existing_cluster,
+    "aws:iam/getPolicyDocument:getPolicyDocument": _policy_document,
+    "aws:index/getAvailabilityZones:getAvailabilityZones": lambda args: {
+        "names": AZ_NAMES,
+        "zoneIds": AZ_IDS,
+        "id": REGION,
+    },
+    "aws:index/getCallerIdentity:getCallerIdentity": lambda args: {
+        "accountId": ACCOUNT_ID,
+        "arn": f"arn:aws:iam::{ACCOUNT_ID}:user/deployer",
+        "userId": "AIDAEXAMPLE",
+        "id": ACCOUNT_ID,
+    },
+    "aws:index/getPartition:getPartition": lambda args: {
+        "partition": "aws",
+        "dnsSuffix": "amazonaws.com",
+        "id": "aws",
+    },
+    "aws:index/getRegion:getRegion": lambda args: {
+        "name": REGION,
+        "region": REGION,
+        "id": REGION,
+        "endpoint": f"ec2.{REGION}.amazonaws.com",
+    },
+    "aws:ssm/getParameter:getParameter": lambda args: {
+        "name": args["name"],
+        "value": f"ami-{short_hash(args['name'])}",
+        "type": "String",
+        "id": args["name"],
+    },
+}
+
+
+class FakeCloud(pulumi_mocks.Mocks):
+    """Answers registrations and invokes with AWS-shaped values; records the invokes made."""
+
+    def __init__(self) -> None:
+        self.invokes: list[tuple[str, dict[str, Any]]] = []
+
+    def new_resource(self, args: pulumi_mocks.MockResourceArgs) -> tuple[str, dict[str, Any]]:
+        rule = RESOURCE_OUTPUTS.get(args.typ)
+        outputs = rule(args.name, dict(args.inputs)) if rule else {}
+        resource_id = str(outputs.pop("id", f"{args.name}-id"))
+        return resource_id, {**args.inputs, **outputs}
+
+    def call(self, args: pulumi_mocks.MockCallArgs) -> tuple[dict[str, Any], list[Any]]:
+        self.invokes.append((args.token, dict(args.args)))
+        handler = INVOKE_RESULTS.get(args.token)
+        return (handler(dict(args.args)) if handler else {}), []

@@ -1,0 +1,226 @@
+"""Evaluate the real Pulumi program with no engine, no CLI and no cloud credentials.
+
+The Pulumi SDK's mock runtime answers every resource registration and invoke in-process. Two
+things make it fit for whole-stack evaluation rather than one-resource unit tests:
+
+* Resource references are switched off in the monitor's feature set. With them on, a resource
+  passed as an input (pulumi-eks's `ManagedNodeGroup(cluster=...)`, a provider, a parent) is
+  rehydrated inside the monitor, which can await a future that belongs to another event loop and
+  hang or fail intermittently. With them off, the SDK sends the reference as its URN or ID, which
+  is all a plan needs.
+* Every registration is recorded with its parent, options and dependencies, so tests and the
+  offline plan can assert wiring (`depends_on`, providers, `retain_on_delete`) and not only inputs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pulumi
+from google.protobuf import empty_pb2
+from pulumi.runtime import mocks as pulumi_mocks
+from pulumi.runtime import rpc, settings
+from pulumi.runtime.proto import resource_pb2
+from pulumi.runtime.stack import wait_for_rpcs
+from pulumi.runtime.sync_await import _sync_await
+
+from infra.offline.outputs import FakeCloud
+
+STACK_TYPE = "pulumi:pulumi:Stack"
+
+
+@dataclass
+class RecordedResource:
+    """One registration the program made, as the engine would have received it."""
+
+    urn: str
+    type: str
+    name: str
+    inputs: dict[str, Any]
+    outputs: dict[str, Any]
+    parent: str
+    custom: bool
+    remote: bool
+    provider: str
+    dependencies: list[str]
+    retain_on_delete: bool
+    delete_before_replace: bool
+    replace_on_changes: list[str]
+    ignore_changes: list[str]
+
+
+@dataclass
+class Evaluation:
+    """What one evaluation of the program produced."""
+
+    resources: list[RecordedResource]
+    stack_outputs: dict[str, Any]
+    invokes: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+
+    def of_type(self, type_token: str) -> list[RecordedResource]:
+        return [r for r in self.resources if r.type == type_token]
+
+    def one(self, type_token: str, name: str | None = None) -> RecordedResource:
+        """The single resource of `type_token` (and `name`, when given); anything else fails."""
+        matches = [r for r in self.of_type(type_token) if name is None or r.name == name]
+        assert len(matches) == 1, (
+            f"expected one {type_token} {name or ''}, found {[r.name for r in matches]}"
+        )
+        return matches[0]
+
+    def by_urn(self, urn: str) -> RecordedResource:
+        for resource in self.resources:
+            if resource.urn == urn:
+                return resource
+        raise KeyError(urn)
+
+    def ancestors(self, resource: RecordedResource) -> list[RecordedResource]:
+        """Parents of `resource`, nearest first (the stack itself excluded)."""
+        chain = []
+        parent = resource.parent
+        while parent:
+            try:
+                owner = self.by_urn(parent)
+            except KeyError:
+                break
+            chain.append(owner)
+            parent = owner.parent
+        return chain
+
+    def depends_on(self, resource: RecordedResource, other: RecordedResource) -> bool:
+        """Whether `resource` (or one of its component parents) declares a dependency on `other`.
+
+        Pulumi treats a dependency on a component as a dependency on all of its children, and a
+        child inherits the wait of a parent's `depends_on`; both are honoured here.
+        """
+        targets = {other.urn} | {a.urn for a in self.ancestors(other)}
+        holders = [resource, *self.ancestors(resource)]
+        return any(targets & set(holder.dependencies) for holder in holders)
+
+
+class _RecordingMonitor(pulumi_mocks.MockMonitor):
+    """A MockMonitor that records whole registrations and never rehydrates references."""
+
+    def __init__(self, mocks: FakeCloud) -> None:
+        super().__init__(mocks)
+        self.fake_cloud = mocks
+        self.recorded: list[RecordedResource] = []
+
+    def GetDeploymentInfo(self, request: Any) -> Any:  # noqa: N802 - gRPC method name
+        info = super().GetDeploymentInfo(request)
+        features = [
+            f
+            for f in info.supportedFeatures
+            if f != resource_pb2.RESOURCE_MONITOR_FEATURE_RESOURCE_REFERENCES
+        ]
+        return resource_pb2.DeploymentInfo(supportedFeatures=features)
+
+    def SupportsFeature(self, request: Any) -> Any:  # noqa: N802 - gRPC method name
+        supported = request.id not in ("outputValues", "resourceReferences")
+        return type("SupportsFeatureResponse", (object,), {"hasSupport": supported})
+
+    def RegisterResource(self, request: Any) -> Any:  # noqa: N802 - gRPC method name
+        urn = self.make_urn(request.parent, request.type, request.name)
+        if request.type == STACK_TYPE:
+            return resource_pb2.RegisterResourceResponse(urn=urn)
+        inputs = rpc.deserialize_properties(request.object)
+        args = pulumi_mocks.MockResourceArgs(
+            typ=request.type,
+            name=request.name,
+            inputs=inputs,
+            provider=request.provider,
+            resource_id=request.importId,
+            custom=request.custom or False,
+        )
+        mock_id, state = self.mocks.new_resource(args)
+        id_ = mock_id or ""
+        self.resources[urn] = pulumi_mocks.MockMonitor.ResourceRegistration(urn, id_, state)
+        self.recorded.append(
+            RecordedResource(
+                urn=urn,
+                type=request.type,
+                name=request.name,
+                inputs=inputs,
+                outputs=state,
+                parent=request.parent,
+                custom=bool(request.custom),
+                remote=bool(request.remote),
+                provider=request.provider,
+                dependencies=list(request.dependencies),
+                retain_on_delete=bool(request.retainOnDelete),
+                delete_before_replace=bool(request.deleteBeforeReplace),
+                replace_on_changes=list(request.replaceOnChanges),
+                ignore_changes=list(request.ignoreChanges),
+            )
+        )
+        state_proto = _sync_await(rpc.serialize_properties(state, {}))
+        return resource_pb2.RegisterResourceResponse(urn=urn, id=id_, object=state_proto)
+
+    def RegisterResourceOutputs(self, request: Any) -> Any:  # noqa: N802 - gRPC method name
+        return empty_pb2.Empty()
+
+
+def _config_entries(project: str, config: Mapping[str, Any]) -> dict[str, str]:
+    """Stack-file config (`key` or `namespace:key` → value) as the engine hands it over.
+
+    Pulumi passes every value as a string; structured values arrive as JSON.
+    """
+    entries = {}
+    for key, value in config.items():
+        full_key = key if ":" in key else f"{project}:{key}"
+        entries[full_key] = value if isinstance(value, str) else json.dumps(value)
+    return entries
+
+
+def evaluate(
+    program: Callable[[], None],
+    *,
+    config: Mapping[str, Any],
+    secret_keys: Sequence[str] = (),
+    project: str = "fsdp-eks",
+    stack: str = "dev",
+    fake_cloud: FakeCloud | None = None,
+) -> Evaluation:
+    """Run `program` under the mock runtime with `config` and return what it registered.
+
+    `config` maps `key` (project namespace implied) or `namespace:key` to values as in a stack
+    file. An exception raised by the program propagates after pending registrations settle, so
+    callers can check that a rejected config registered nothing.
+    """
+    cloud = fake_cloud or FakeCloud()
+    monitor = _RecordingMonitor(cloud)
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        settings.ROOT.set(None)
+        entries = _config_entries(project, config)
+        secrets = [k if ":" in k else f"{project}:{k}" for k in secret_keys]
+        pulumi.runtime.set_all_config(entries, secret_keys=secrets)
+        pulumi_mocks.set_mocks(cloud, project=project, stack=stack, preview=False, monitor=monitor)
+        error: BaseException | None = None
+        try:
+            program()
+        except BaseException as exc:
+            error = exc
+        _sync_await(wait_for_rpcs())
+        if error is not None:
+            raise error
+        root = settings.get_root_resource()
+        exported = dict(getattr(root, "outputs", {}) or {})
+        stack_outputs = {
+            name: _sync_await(pulumi.Output.from_input(value).future())
+            for name, value in exported.items()
+        }
+        return Evaluation(
+            resources=list(monitor.recorded),
+            stack_outputs=stack_outputs,
+            invokes=list(cloud.invokes),
+        )
+    finally:
+        settings.ROOT.set(None)
+        loop.close()
+        asyncio.set_event_loop(None)
