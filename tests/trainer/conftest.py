@@ -1,0 +1,13 @@
+"""Fixtures shared by all trainer tests: tiny offline assets, built once per test session."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainer.tiny_assets import TinyAssets, ensure_tiny_assets
+
+
+@pytest.fixture(scope="session")
+def tiny_assets(tmp_path_factory: pytest.TempPathFactory) -> TinyAssets:
+    """The tiny corpus (train + validation jsonl) and a tokenizer trained on it (no network)."""
+    return ensure_tiny_assets(tmp_path_factory.mktemp("tiny_assets"))
