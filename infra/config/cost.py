@@ -1,0 +1,60 @@
+"""The `cost` section: the spending ceiling a stack promises to stay under, and how to price it.
+
+A reviewer approves an experiment partly on what it may cost, so the ceiling is written in
+the stack file next to the experiment instead of living in someone's head. The estimate it
+is checked against is "GPU nodes' $/hour x run hours" (see `infra.pricing`); the price table
+is a published list price, so teams with negotiated rates, savings plans, a quoted capacity
+block price or another region's prices can put the price they really pay here.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from infra.config.base import ConfigSection
+
+DEFAULT_MAX_USD_PER_RUN = 100.0
+"""Low on purpose: a stack that may spend more has to say so in a file a reviewer reads."""
+
+
+class CostConfig(ConfigSection):
+    """`fsdp-eks:cost`: the per-run cost ceiling and the inputs of the cost estimate."""
+
+    max_usd_per_run: float | None = Field(
+        default=DEFAULT_MAX_USD_PER_RUN,
+        gt=0,
+        description=(
+            "Ceiling in USD for one run: the estimated $/hour of the GPU nodes times the run "
+            "hours must not exceed it (the policy pack and the offline plan reject the stack "
+            "otherwise). null switches the ceiling off."
+        ),
+    )
+    max_run_hours: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "Hours to price one run at when the job has no deadline (job.maxRunHours); a run "
+            "bounded only by training.maxSteps has no known length, so the stack states one. "
+            "When the job has a deadline, the deadline is the worst case and is used instead."
+        ),
+    )
+    usd_per_instance_hour: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "Price actually paid per GPU node per hour (negotiated rate, savings plan, quoted "
+            "capacity block price, another region). Default: the list price in infra/pricing.py "
+            "for gpuNodes.instanceType and gpuNodes.capacity.type."
+        ),
+    )
+
+    def run_hours(self, job_max_run_hours: float | None) -> float | None:
+        """Hours one run is priced at: the job's deadline, else this section's `max_run_hours`.
+
+        The deadline wins because the operator kills the job there, so it is the real worst
+        case. None when neither is set: the ceiling cannot be checked without a length, and the
+        stack model / the policy pack reject that combination.
+        """
+        if job_max_run_hours is not None:
+            return job_max_run_hours
+        return self.max_run_hours
