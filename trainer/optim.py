@@ -163,9 +163,12 @@ def build_lr_scheduler(
     if not 0 <= min_lr <= lr:
         raise ValueError(f"min_lr must be in [0, lr={lr}], got {min_lr}")
     for group in optimizer.param_groups:
-        if group["lr"] != lr:
+        # A scheduler built earlier on this optimizer has already moved "lr" and kept the
+        # construction value as "initial_lr", which is what LambdaLR scales.
+        base = group.get("initial_lr", group["lr"])
+        if base != lr:
             raise ValueError(
-                f"optimizer group lr {group['lr']} differs from the schedule's lr {lr}: "
+                f"optimizer group lr {base} differs from the schedule's lr {lr}: "
                 "build the optimizer and the schedule from the same lr"
             )
 

@@ -1,0 +1,303 @@
+"""Checkpoint round trip, crash safety and pruning, in one process (with and without a gloo
+process group; the multi-process FSDP2 resume is exercised by the torchrun tests)."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+
+from trainer import checkpoint as ckpt_module
+from trainer.checkpoint import (
+    COMPLETE_MARKER,
+    CheckpointError,
+    CheckpointManager,
+    capture_rng_state,
+    find_latest,
+    restore_rng_state,
+)
+from trainer.optim import build_lr_scheduler, build_optimizer, lr_at
+
+DIM = 16
+
+
+class TinyNet(nn.Module):
+    """Small enough to be fast; dropout makes the torch RNG matter to the loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(DIM, 32)
+        self.drop = nn.Dropout(0.2)
+        self.norm = nn.LayerNorm(32)
+        self.out = nn.Linear(32, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.norm(self.drop(torch.relu(self.inp(x)))))
+
+
+class CountingLoader:
+    """A stand-in for the data loader: a position it must resume from, plus python and numpy
+    randomness so those RNGs matter too."""
+
+    def __init__(self) -> None:
+        self.position = 0
+        self.table = torch.linspace(-1, 1, 64 * DIM).reshape(64, DIM)
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = [(self.position * 4 + i) % 64 for i in range(4)]
+        self.position += 1
+        noise = random.random() + float(np.random.rand())
+        x = self.table[rows] + noise
+        return x, x.sum(dim=1, keepdim=True).sin()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.position = state["position"]
+
+
+class Run:
+    """Model + optimizer + schedule + loader, as the trainer holds them."""
+
+    def __init__(self, seed: int, shard: bool) -> None:
+        torch.manual_seed(seed)
+        self.model = TinyNet()
+        if shard:
+            fully_shard(self.model)
+        self.optimizer = build_optimizer(
+            self.model, lr=1e-2, weight_decay=0.1, beta1=0.9, beta2=0.95
+        )
+        self.scheduler = build_lr_scheduler(
+            self.optimizer, warmup_steps=2, max_steps=10, decay_style="cosine", lr=1e-2, min_lr=1e-3
+        )
+        self.loader = CountingLoader()
+
+    def step(self) -> float:
+        x, y = self.loader.next_batch()
+        loss = nn.functional.mse_loss(self.model(x), y)
+        loss.backward()
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad()
+        return loss.item()
+
+    def train_state(self) -> dict[str, Any]:
+        return {"data": self.loader.state_dict(), "rng": capture_rng_state()}
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+@pytest.fixture
+def gloo_world_of_one(tmp_path: Path) -> Iterator[None]:
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'pg-store'}", rank=0, world_size=1
+    )
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _round_trip(ckpt_dir: Path, *, shard: bool) -> None:
+    _seed_everything(0)
+    uninterrupted = Run(seed=0, shard=shard)
+    manager = CheckpointManager(ckpt_dir, keep_last=2)
+    for _ in range(3):
+        uninterrupted.step()
+    saved = manager.save(
+        3,
+        model=uninterrupted.model,
+        optimizer=uninterrupted.optimizer,
+        lr_scheduler=uninterrupted.scheduler,
+        train_state=uninterrupted.train_state(),
+    )
+    expected = [uninterrupted.step() for _ in range(3)]
+
+    _seed_everything(1234)  # a restarted process: different RNG, different init, fresh loader
+    resumed = Run(seed=1, shard=shard)
+    path = manager.latest()
+    assert path == saved
+    step, train_state = manager.load(
+        path, model=resumed.model, optimizer=resumed.optimizer, lr_scheduler=resumed.scheduler
+    )
+    assert step == 3
+    resumed.loader.load_state_dict(train_state["data"])
+    restore_rng_state(train_state["rng"])
+    assert resumed.scheduler.last_epoch == 3
+    assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(
+        lr_at(4, warmup_steps=2, max_steps=10, decay_style="cosine", lr=1e-2, min_lr=1e-3)
+    )
+    got = [resumed.step() for _ in range(3)]
+    assert got == expected  # exact: same weights, moments, lr, data and dropout masks
+
+    # Negative control: the same resume without the optimizer moments diverges, so the
+    # equality above depends on the optimizer state being restored.
+    _seed_everything(1234)
+    weights_only = Run(seed=1, shard=shard)
+    _, state = manager.load(path, model=weights_only.model, optimizer=None, lr_scheduler=None)
+    weights_only.loader.load_state_dict(state["data"])
+    restore_rng_state(state["rng"])
+    assert [weights_only.step() for _ in range(3)] != expected
+
+
+def test_round_trip_without_process_group_continues_identically(tmp_path):
+    assert not dist.is_initialized()
+    _round_trip(tmp_path / "ckpt", shard=False)
+
+
+def test_round_trip_fsdp2_gloo_world_of_one_continues_identically(tmp_path, gloo_world_of_one):
+    _round_trip(tmp_path / "ckpt", shard=True)
+    saved = CheckpointManager(tmp_path / "ckpt", keep_last=2).latest()
+    assert saved is not None
+    assert json.loads((saved / COMPLETE_MARKER).read_text())["world_size"] == 1
+
+
+def _save(manager: CheckpointManager, step: int, run: Run) -> Path:
+    return manager.save(
+        step,
+        model=run.model,
+        optimizer=run.optimizer,
+        lr_scheduler=run.scheduler,
+        train_state={"step_seen": step},
+    )
+
+
+def test_latest_skips_dirs_without_marker_and_temp_dirs(tmp_path):
+    run = Run(seed=0, shard=False)
+    manager = CheckpointManager(tmp_path, keep_last=0)
+    good = _save(manager, 5, run)
+    half = tmp_path / "step-9"
+    half.mkdir()
+    (half / ".metadata").write_bytes(b"partial")
+    (tmp_path / ".tmp-step-12").mkdir()
+    (tmp_path / "step-notanumber").mkdir()
+    assert manager.latest() == good
+    assert find_latest(tmp_path) == good
+    assert find_latest(good) == good  # --resume_from_checkpoint may name the step dir itself
+    assert find_latest(half) is None
+    assert find_latest(tmp_path / "missing") is None
+    with pytest.raises(CheckpointError, match="not a complete checkpoint"):
+        manager.load(half, model=run.model, optimizer=run.optimizer, lr_scheduler=run.scheduler)
+
+
+def test_crash_during_save_leaves_previous_checkpoint_as_latest(tmp_path, monkeypatch):
+    run = Run(seed=0, shard=False)
+    manager = CheckpointManager(tmp_path, keep_last=3)
+    first = _save(manager, 1, run)
+    run.step()
+
+    real_save = ckpt_module.dcp.save
+
+    def dying_save(state, *, checkpoint_id, **kwargs):
+        real_save(state, checkpoint_id=checkpoint_id, **kwargs)  # data fully written...
+        raise KeyboardInterrupt("node lost")  # ...but the process dies before publishing
+
+    monkeypatch.setattr(ckpt_module.dcp, "save", dying_save)
+    with pytest.raises(KeyboardInterrupt):
+        _save(manager, 2, run)
+    monkeypatch.setattr(ckpt_module.dcp, "save", real_save)
+
+    assert (tmp_path / ".tmp-step-2" / ".metadata").is_file()  # the crash left its files...
+    assert not (tmp_path / "step-2").exists()
+    assert manager.latest() == first  # ...but resume never picks them
+    second = _save(manager, 2, run)  # the retried save replaces the stray temp dir
+    assert manager.latest() == second
+    assert not (tmp_path / ".tmp-step-2").exists()
+    _, state = manager.load(
+        second, model=run.model, optimizer=run.optimizer, lr_scheduler=run.scheduler
+    )
+    assert state == {"step_seen": 2}
+
+
+def test_keep_last_prunes_oldest_and_stray_temp_dirs(tmp_path):
+    run = Run(seed=0, shard=False)
+    manager = CheckpointManager(tmp_path, keep_last=2)
+    (tmp_path / ".tmp-step-0").mkdir(parents=True)  # left by a crashed save of an earlier run
+    foreign = tmp_path / "step-100"
+    foreign.mkdir()  # no marker: not ours to delete
+    for step in (1, 2, 3, 4):
+        _save(manager, step, run)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["step-100", "step-3", "step-4"]
+    assert manager.latest() == tmp_path / "step-4"
+
+    newest_only = CheckpointManager(tmp_path, keep_last=1)
+    _save(newest_only, 5, run)
+    assert [p.name for p in sorted(tmp_path.iterdir())] == ["step-100", "step-5"]
+
+
+def test_saving_the_same_step_twice_keeps_the_newer(tmp_path):
+    run = Run(seed=0, shard=False)
+    manager = CheckpointManager(tmp_path, keep_last=2)
+    manager.save(7, model=run.model, optimizer=None, lr_scheduler=None, train_state={"version": 1})
+    manager.save(7, model=run.model, optimizer=None, lr_scheduler=None, train_state={"version": 2})
+    _, state = manager.load(tmp_path / "step-7", model=run.model, optimizer=None, lr_scheduler=None)
+    assert state == {"version": 2}
+    assert [p.name for p in tmp_path.iterdir()] == ["step-7"]
+
+
+def test_world_size_change_is_an_error_unless_allowed(tmp_path):
+    run = Run(seed=0, shard=False)
+    manager = CheckpointManager(tmp_path, keep_last=2)
+    path = _save(manager, 3, run)
+    marker = path / COMPLETE_MARKER
+    record = json.loads(marker.read_text())
+    marker.write_text(json.dumps(record | {"world_size": 8}))
+    kwargs: dict[str, Any] = {
+        "model": run.model,
+        "optimizer": run.optimizer,
+        "lr_scheduler": run.scheduler,
+    }
+    fresh = Run(seed=5, shard=False)
+    before = [p.detach().clone() for p in fresh.model.parameters()]
+    with pytest.raises(CheckpointError, match="written by 8 ranks but this run has 1"):
+        manager.load(path, model=fresh.model, optimizer=fresh.optimizer, lr_scheduler=None)
+    assert all(torch.equal(a, b) for a, b in zip(before, fresh.model.parameters(), strict=True))
+    step, state = manager.load(path, allow_world_size_change=True, **kwargs)
+    assert (step, state) == (3, {})
+
+
+def test_rng_capture_restore_replays_every_generator():
+    state = capture_rng_state()
+    first = (random.random(), float(np.random.rand()), torch.rand(1).item())
+    restore_rng_state(state)
+    assert (random.random(), float(np.random.rand()), torch.rand(1).item()) == first
+
+
+def test_keep_last_must_not_be_negative(tmp_path):
+    with pytest.raises(ValueError, match="keep_last must be >= 0"):
+        CheckpointManager(tmp_path, keep_last=-1)
+
+
+def test_resume_follows_the_current_schedule_flags(tmp_path):
+    """A resume with a longer --max_steps continues on the new schedule, not the saved LR."""
+    run = Run(seed=0, shard=False)
+    for _ in range(4):
+        run.step()
+    manager = CheckpointManager(tmp_path, keep_last=1)
+    path = _save(manager, 4, run)
+    longer = Run(seed=0, shard=False)
+    longer.scheduler = build_lr_scheduler(
+        longer.optimizer, warmup_steps=2, max_steps=100, decay_style="cosine", lr=1e-2, min_lr=1e-3
+    )
+    manager.load(
+        path, model=longer.model, optimizer=longer.optimizer, lr_scheduler=longer.scheduler
+    )
+    new_lr = lr_at(5, warmup_steps=2, max_steps=100, decay_style="cosine", lr=1e-2, min_lr=1e-3)
+    old_lr = lr_at(5, warmup_steps=2, max_steps=10, decay_style="cosine", lr=1e-2, min_lr=1e-3)
+    assert new_lr != pytest.approx(old_lr)
+    assert [g["lr"] for g in longer.optimizer.param_groups] == pytest.approx([new_lr, new_lr])
