@@ -1,0 +1,172 @@
+"""The `addons` section: the cluster software a GPU training job needs beyond EKS itself.
+
+The NVIDIA AMI carries the driver and the EFA host stack but not the device plugins, so without
+them nodes advertise no `nvidia.com/gpu` or `vpc.amazonaws.com/efa` and NCCL quietly falls back
+to TCP. Every version is an exact pin: an unpinned chart or manifest URL turns the next
+`pulumi up` into an unreviewed upgrade. Each add-on has an `install` switch so a stack on an
+existing cluster installs only what that cluster lacks and never touches what it already runs.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import Field, field_validator
+
+from infra.config.base import ConfigSection
+
+_EXACT_VERSION = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)$")
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+NVIDIA_DEVICE_PLUGIN_CHART_VERSION = "0.18.2"
+"""nvidia-device-plugin chart (https://nvidia.github.io/k8s-device-plugin), app v0.18.2."""
+
+EFA_DEVICE_PLUGIN_CHART_VERSION = "v0.5.30"
+"""aws-efa-k8s-device-plugin chart (https://aws.github.io/eks-charts), app v0.5.20."""
+
+EFA_DEVICE_PLUGIN_MIN_CHART_VERSION = (0, 5, 18)
+"""First chart that ships plugin v0.5.10, the oldest that handles P6 (B200) instances."""
+
+TRAINING_OPERATOR_IMAGES: dict[str, str] = {
+    "v1.9.0": "kubeflow/training-operator:v1-5170a36",
+}
+"""Kubeflow training operator releases this project has checked, with the image each release's
+standalone overlay pins. Adding a v1.9.x release means adding its image here."""
+
+TRAINING_OPERATOR_VERSION = "v1.9.0"
+
+
+def _version_tuple(key: str, version: str) -> tuple[int, int, int]:
+    match = _EXACT_VERSION.match(version)
+    if match is None:
+        raise ValueError(
+            f"{key} {version!r} is not an exact version: pin one release such as "
+            "'1.2.3' or 'v1.2.3' (no ranges, wildcards or 'latest')"
+        )
+    major, minor, patch = (int(part) for part in match.groups())
+    return major, minor, patch
+
+
+class NvidiaDevicePluginConfig(ConfigSection):
+    """NVIDIA's device plugin DaemonSet: advertises `nvidia.com/gpu` on the GPU nodes."""
+
+    install: bool = Field(
+        default=True,
+        description="Install the Helm release (false: the cluster already runs the plugin).",
+    )
+    version: str = Field(
+        default=NVIDIA_DEVICE_PLUGIN_CHART_VERSION,
+        description="Exact nvidia-device-plugin Helm chart version.",
+    )
+
+    @field_validator("version")
+    @classmethod
+    def _exact(cls, version: str) -> str:
+        _version_tuple("addons.nvidiaDevicePlugin.version", version)
+        return version
+
+
+class EfaDevicePluginConfig(ConfigSection):
+    """AWS's EFA device plugin DaemonSet: advertises `vpc.amazonaws.com/efa` on EFA nodes.
+
+    Installed only when the GPU instance type has EFA interfaces; a pod that does not request
+    `vpc.amazonaws.com/efa` gets no EFA device and NCCL uses sockets.
+    """
+
+    install: bool = Field(
+        default=True,
+        description=(
+            "Install the Helm release on EFA-capable GPU nodes (false: the cluster already "
+            "runs the plugin). Ignored for instance types without EFA."
+        ),
+    )
+    version: str = Field(
+        default=EFA_DEVICE_PLUGIN_CHART_VERSION,
+        description="Exact aws-efa-k8s-device-plugin Helm chart version (v0.5.18 or later).",
+    )
+
+    @field_validator("version")
+    @classmethod
+    def _exact_and_recent(cls, version: str) -> str:
+        key = "addons.efaDevicePlugin.version"
+        if _version_tuple(key, version) < EFA_DEVICE_PLUGIN_MIN_CHART_VERSION:
+            floor = "v" + ".".join(str(p) for p in EFA_DEVICE_PLUGIN_MIN_CHART_VERSION)
+            raise ValueError(
+                f"{key} {version!r} is too old: use chart {floor} or later (plugin v0.5.10+, "
+                "needed for P6 instances)"
+            )
+        return version
+
+
+class TrainingOperatorConfig(ConfigSection):
+    """The Kubeflow training operator (v1), which runs PyTorchJobs.
+
+    Only the PyTorchJob scheme is enabled and only its CRD is applied, so a cluster that runs
+    the MPI operator keeps its own MPIJob CRD.
+    """
+
+    install: bool = Field(
+        default=True,
+        description=(
+            "Install the operator and the PyTorchJob CRD (false: the cluster already runs a "
+            "v1.9 training operator)."
+        ),
+    )
+    version: str = Field(
+        default=TRAINING_OPERATOR_VERSION,
+        description=f"Operator release, one of: {', '.join(sorted(TRAINING_OPERATOR_IMAGES))}.",
+    )
+    image: str | None = Field(
+        default=None,
+        description=(
+            "Operator image override (e.g. a mirror in ECR for clusters without internet "
+            "access); unset: the image the release pins."
+        ),
+    )
+    namespace: str = Field(
+        default="kubeflow",
+        description="Namespace the operator runs in (created by the stack).",
+    )
+
+    @field_validator("version")
+    @classmethod
+    def _known_release(cls, version: str) -> str:
+        if version not in TRAINING_OPERATOR_IMAGES:
+            allowed = ", ".join(sorted(TRAINING_OPERATOR_IMAGES))
+            raise ValueError(
+                f"addons.trainingOperator.version {version!r} is not a release this project "
+                f"has checked; allowed: {allowed}"
+            )
+        return version
+
+    @field_validator("namespace")
+    @classmethod
+    def _valid_namespace(cls, namespace: str) -> str:
+        if not _DNS1123_LABEL.match(namespace):
+            raise ValueError(
+                f"addons.trainingOperator.namespace {namespace!r} is not a valid namespace "
+                "name (lowercase letters, digits and '-', at most 63 characters)"
+            )
+        return namespace
+
+    @property
+    def resolved_image(self) -> str:
+        """The image to run: the override, or the one the release pins."""
+        return self.image or TRAINING_OPERATOR_IMAGES[self.version]
+
+
+class AddonsConfig(ConfigSection):
+    """Device plugins and the training operator."""
+
+    nvidia_device_plugin: NvidiaDevicePluginConfig = Field(
+        default_factory=NvidiaDevicePluginConfig,
+        description="NVIDIA device plugin (Helm).",
+    )
+    efa_device_plugin: EfaDevicePluginConfig = Field(
+        default_factory=EfaDevicePluginConfig,
+        description="EFA device plugin (Helm).",
+    )
+    training_operator: TrainingOperatorConfig = Field(
+        default_factory=TrainingOperatorConfig,
+        description="Kubeflow training operator with the PyTorchJob CRD.",
+    )

@@ -1,0 +1,90 @@
+"""The `storage` section: safe defaults (retain), S3/FSx rules enforced with errors naming keys."""
+
+import pytest
+from pydantic import BaseModel, ValidationError
+
+from infra.config.storage import BucketConfig, FsxConfig, StorageConfig
+
+
+def _all_fields_described(model: type[BaseModel]) -> list[str]:
+    missing = []
+    for name, field in model.model_fields.items():
+        if not field.description:
+            missing.append(f"{model.__name__}.{name}")
+    return missing
+
+
+def test_every_field_has_a_description():
+    for model in (StorageConfig, BucketConfig, FsxConfig):
+        assert _all_fields_described(model) == []
+
+
+def test_defaults_retain_data_and_create_a_linked_file_system():
+    config = StorageConfig.model_validate({})
+    assert config.data_policy == "retain"
+    assert config.bucket.create is True
+    assert config.fsx.creates_file_system
+    assert config.fsx.auto_export and config.fsx.auto_import
+    assert config.fsx.storage_capacity_gib == 1200
+    assert config.fsx.mount_path == "/fsx"
+
+
+def test_camel_case_keys_from_a_stack_file():
+    config = StorageConfig.model_validate(
+        {
+            "bucket": {"create": False, "name": "team-datasets"},
+            "fsx": {
+                "storageCapacityGiB": 4800,
+                "perUnitStorageThroughput": 500,
+                "dataRepositoryPrefix": "runs/",
+                "installCsiDriver": False,
+            },
+            "dataPolicy": "delete",
+        }
+    )
+    assert config.bucket.name == "team-datasets"
+    assert config.fsx.storage_capacity_gib == 4800
+    assert config.fsx.per_unit_storage_throughput == 500
+    assert config.fsx.data_repository_prefix == "runs/"
+    assert config.fsx.install_csi_driver is False
+    assert config.data_policy == "delete"
+
+
+@pytest.mark.parametrize(
+    ("data", "key"),
+    [
+        ({"bucket": {"create": False}}, "storage.bucket.name"),
+        ({"bucket": {"name": "Bad_Name"}}, "storage.bucket.name"),
+        ({"bucket": {"name": "ab"}}, "storage.bucket.name"),
+        ({"fsx": {"storageCapacityGiB": 2000}}, "storage.fsx.storageCapacityGiB"),
+        ({"fsx": {"storageCapacityGiB": 0}}, "storage.fsx.storageCapacityGiB"),
+        ({"fsx": {"perUnitStorageThroughput": 200}}, "perUnitStorageThroughput"),
+        ({"fsx": {"dataRepositoryPrefix": "s3://x/y"}}, "storage.fsx.dataRepositoryPrefix"),
+        ({"fsx": {"mountPath": "fsx"}}, "storage.fsx path"),
+        ({"fsx": {"existingClaimName": "Claim_1"}}, "storage.fsx.existingClaimName"),
+        ({"fsx": {"enabled": False, "existingClaimName": "c"}}, "existingClaimName"),
+        ({"dataPolicy": "keep"}, "dataPolicy"),
+        ({"fsx": {"sizeGiB": 1200}}, "sizeGiB"),
+    ],
+)
+def test_bad_values_are_rejected_naming_the_key(data, key):
+    with pytest.raises(ValidationError) as error:
+        StorageConfig.model_validate(data)
+    assert key in str(error.value)
+
+
+@pytest.mark.parametrize("gib", [1200, 2400, 4800, 9600])
+def test_persistent_2_sizes_are_accepted(gib):
+    assert FsxConfig.model_validate({"storageCapacityGiB": gib}).storage_capacity_gib == gib
+
+
+def test_existing_claim_means_no_file_system_is_created():
+    fsx = FsxConfig.model_validate({"existingClaimName": "shared-fsx"})
+    assert fsx.enabled and not fsx.creates_file_system
+    assert not FsxConfig.model_validate({"enabled": False}).creates_file_system
+
+
+def test_sections_are_frozen():
+    config = StorageConfig.model_validate({})
+    with pytest.raises(ValidationError):
+        config.data_policy = "delete"  # type: ignore[misc]
