@@ -1,0 +1,517 @@
+"""The `cluster` and `gpuNodes` sections: where the training run's nodes come from.
+
+`cluster` says whether the stack owns the whole platform (`create`: VPC, EKS, node groups) or
+deploys onto a cluster that already exists (`existing`, by name). `gpuNodes` describes the GPU
+node group; in `existing` mode it still describes the nodes the job lands on (the job's GPU and
+EFA requests and the cost estimate are derived from it) but no node group is created.
+
+Checks that only need one section live here (an EFA request on an instance without EFA, a
+placement group together with a capacity reservation, an existing VPC without its subnets), so
+the error names the key the user wrote; checks across sections live in `infra.config.stack`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from infra.config.base import ConfigSection
+from infra.instances import INSTANCE_FACTS, InstanceFacts, instance_facts
+
+DEFAULT_KUBERNETES_VERSION = "1.33"
+"""A version EKS supports in standard support and the AL2023 NVIDIA AMI is published for."""
+
+GPU_TAINT_KEY = "nvidia.com/gpu"
+"""Taint on every GPU node: only pods that tolerate it (the job, GPU plugins) land there."""
+
+ControlPlaneLogType = Literal["api", "audit", "authenticator", "controllerManager", "scheduler"]
+CapacityType = Literal["on-demand", "spot", "reservation", "block"]
+TaintEffect = Literal["NoSchedule", "NoExecute", "PreferNoSchedule"]
+DEFAULT_LOG_TYPES: tuple[ControlPlaneLogType, ...] = ("api", "audit", "authenticator")
+
+_AZ_PATTERN = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
+_IAM_ROLE_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]+$")
+_KMS_KEY_ARN = re.compile(r"^arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:(key|alias)/[\w/-]+$")
+_RESERVATION_ID = re.compile(r"^cr-[0-9a-f]{8,17}$")
+_LABEL_KEY = re.compile(
+    r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+
+
+class NetworkConfig(ConfigSection):
+    """`cluster.network`: a new VPC (default) or an existing one given by its IDs."""
+
+    vpc_cidr: str = Field(
+        default="10.0.0.0/16",
+        description=(
+            "CIDR of the new VPC (create a VPC only). Split into one private subnet per system "
+            "AZ, one GPU subnet in the GPU nodes' AZ and small public subnets for the NAT "
+            "gateway; a prefix between /16 and /20."
+        ),
+    )
+    availability_zones: list[str] | None = Field(
+        default=None,
+        description=(
+            "AZs (names, e.g. us-west-2a) for the control plane and system node subnets of a new "
+            "VPC; at least 2 (EKS requires 2). Default: the first `azCount` AZs of the region."
+        ),
+    )
+    az_count: int = Field(
+        default=2,
+        ge=2,
+        le=4,
+        description="How many of the region's AZs to use when `availabilityZones` is not given.",
+    )
+    single_nat_gateway: bool = Field(
+        default=True,
+        description=(
+            "One NAT gateway for the whole VPC (cheaper) instead of one per AZ (survives an AZ "
+            "outage). GPU nodes sit in one AZ anyway, so one NAT is the default."
+        ),
+    )
+    vpc_id: str | None = Field(
+        default=None,
+        description=(
+            "ID of an existing VPC to use instead of creating one (with `privateSubnetIds` and "
+            "`gpuSubnetId`). The stack then creates no VPC, subnet, NAT or endpoint."
+        ),
+    )
+    private_subnet_ids: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Existing VPC only: private subnets in at least 2 AZs for the control plane and the "
+            "system nodes (they need a route to the internet or VPC endpoints for ECR/EKS/S3)."
+        ),
+    )
+    gpu_subnet_id: str | None = Field(
+        default=None,
+        description=(
+            "Existing VPC only: the private subnet for the GPU nodes (and FSx), in the AZ of the "
+            "GPU capacity. In existing-cluster mode: the subnet FSx is placed in."
+        ),
+    )
+
+    @field_validator("vpc_cidr")
+    @classmethod
+    def _cidr_is_splittable(cls, value: str) -> str:
+        try:
+            network = ipaddress.IPv4Network(value)
+        except ValueError as exc:
+            raise ValueError(f"cluster.network.vpcCidr {value!r} is not an IPv4 CIDR") from exc
+        if not 16 <= network.prefixlen <= 20:
+            raise ValueError(
+                f"cluster.network.vpcCidr {value!r} has prefix /{network.prefixlen}; "
+                "allowed: /16 to /20 (room for GPU pods' IPs)"
+            )
+        return value
+
+    @field_validator("availability_zones")
+    @classmethod
+    def _azs_are_names(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return None
+        if len(value) < 2 or len(set(value)) != len(value):
+            raise ValueError(
+                f"cluster.network.availabilityZones {value} must name at least 2 distinct AZs"
+            )
+        bad = [az for az in value if not _AZ_PATTERN.match(az)]
+        if bad:
+            raise ValueError(
+                f"cluster.network.availabilityZones: {bad} are not AZ names (e.g. us-west-2a)"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _existing_vpc_is_complete(self) -> NetworkConfig:
+        if self.vpc_id is None:
+            stray = [
+                key
+                for key, value in (
+                    ("privateSubnetIds", self.private_subnet_ids),
+                    ("gpuSubnetId", self.gpu_subnet_id),
+                )
+                if value
+            ]
+            if stray:
+                raise ValueError(
+                    f"cluster.network.{', '.join(stray)} given without cluster.network.vpcId: "
+                    "subnet IDs belong to an existing VPC; set vpcId or remove them"
+                )
+            return self
+        if len(set(self.private_subnet_ids)) < 2:
+            raise ValueError(
+                "cluster.network.privateSubnetIds must list at least 2 subnets (in 2 AZs) when "
+                f"cluster.network.vpcId is set; got {self.private_subnet_ids}"
+            )
+        if self.gpu_subnet_id is None:
+            raise ValueError(
+                "cluster.network.gpuSubnetId is required when cluster.network.vpcId is set: the "
+                "GPU nodes need one subnet in the AZ of their capacity"
+            )
+        return self
+
+    @property
+    def creates_vpc(self) -> bool:
+        """Whether the stack creates (and owns) the VPC."""
+        return self.vpc_id is None
+
+
+class SystemNodesConfig(ConfigSection):
+    """`cluster.systemNodes`: the CPU node group that runs add-ons and operators."""
+
+    instance_type: str = Field(
+        default="m6i.xlarge",
+        description="EC2 instance type of the system (CPU) nodes.",
+    )
+    desired_size: int = Field(default=2, ge=1, description="Nodes to start with.")
+    min_size: int = Field(default=1, ge=1, description="Lower bound of the node group.")
+    max_size: int = Field(default=4, ge=1, description="Upper bound of the node group.")
+    disk_size_gib: int = Field(
+        default=50,
+        ge=20,
+        le=1000,
+        alias="diskSizeGiB",
+        description="Root volume size (GiB) of each system node.",
+    )
+
+    @model_validator(mode="after")
+    def _sizes_are_ordered(self) -> SystemNodesConfig:
+        if not self.min_size <= self.desired_size <= self.max_size:
+            raise ValueError(
+                "cluster.systemNodes needs minSize <= desiredSize <= maxSize; got "
+                f"{self.min_size} / {self.desired_size} / {self.max_size}"
+            )
+        return self
+
+
+class ClusterConfig(ConfigSection):
+    """`fsdp-eks:cluster`: create the EKS platform, or reuse an existing cluster by name."""
+
+    mode: Literal["create", "existing"] = Field(
+        default="create",
+        description=(
+            "`create`: the stack owns VPC, EKS and node groups and destroys them on `pulumi "
+            "destroy`. `existing`: deploy onto the cluster named `name`; nothing of the "
+            "cluster is created or changed."
+        ),
+    )
+    name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=100,
+        pattern=r"^[0-9A-Za-z][A-Za-z0-9\-_]*$",
+        description=(
+            "EKS cluster name. Required in `existing` mode. In `create` mode default: "
+            "`<project>-<stack>`."
+        ),
+    )
+    kubernetes_version: str = Field(
+        default=DEFAULT_KUBERNETES_VERSION,
+        pattern=r"^1\.\d{2}$",
+        description='Kubernetes minor version of a created cluster (e.g. "1.33").',
+    )
+    endpoint_public_access: bool = Field(
+        default=True,
+        description=(
+            "Expose the API server endpoint publicly (restricted by `publicAccessCidrs`). "
+            "`pulumi up` talks to the API server, so switch it off only when running Pulumi "
+            "from inside the VPC."
+        ),
+    )
+    endpoint_private_access: bool = Field(
+        default=True,
+        description="Expose the API server endpoint inside the VPC (nodes use it).",
+    )
+    public_access_cidrs: list[str] = Field(
+        default_factory=lambda: ["0.0.0.0/0"],
+        min_length=1,
+        description="CIDRs allowed to reach the public endpoint; narrow this to your network.",
+    )
+    admin_role_arn: str | None = Field(
+        default=None,
+        description=(
+            "IAM role granted cluster admin through an EKS access entry, in addition to the "
+            "deployer (the principal running `pulumi up`, admitted as the cluster creator)."
+        ),
+    )
+    secrets_kms_key_arn: str | None = Field(
+        default=None,
+        description=(
+            "KMS key for envelope encryption of Kubernetes secrets. Default: the stack creates "
+            "a key with rotation on."
+        ),
+    )
+    log_types: list[ControlPlaneLogType] = Field(
+        default_factory=lambda: list(DEFAULT_LOG_TYPES),
+        description="Control-plane log types sent to CloudWatch (empty list: none).",
+    )
+    log_retention_days: int = Field(
+        default=30,
+        description="Days CloudWatch keeps control-plane logs (the stack owns the log group).",
+    )
+    pod_identity_agent: bool | None = Field(
+        default=None,
+        description=(
+            "Install the `eks-pod-identity-agent` add-on (FSx CSI and S3 access use Pod "
+            "Identity). Default: yes in `create` mode; no in `existing` mode, where the cluster "
+            "usually has it; set true to install it on an existing cluster that lacks it."
+        ),
+    )
+    platform_stack: str | None = Field(
+        default=None,
+        description=(
+            "Existing mode only: fully qualified name (`org/project/stack`) of the stack that "
+            "created the cluster; its outputs (e.g. `gpuSubnetId`) fill what the cluster "
+            "look-up cannot tell."
+        ),
+    )
+    network: NetworkConfig = Field(
+        default_factory=NetworkConfig, description="VPC and subnets (create mode)."
+    )
+    system_nodes: SystemNodesConfig = Field(
+        default_factory=SystemNodesConfig,
+        description="The CPU node group for add-ons and operators (create mode).",
+    )
+
+    @field_validator("admin_role_arn")
+    @classmethod
+    def _admin_is_role(cls, value: str | None) -> str | None:
+        if value is not None and not _IAM_ROLE_ARN.match(value):
+            raise ValueError(
+                f"cluster.adminRoleArn {value!r} is not an IAM role ARN "
+                "(arn:aws:iam::<account>:role/<name>)"
+            )
+        return value
+
+    @field_validator("secrets_kms_key_arn")
+    @classmethod
+    def _kms_is_arn(cls, value: str | None) -> str | None:
+        if value is not None and not _KMS_KEY_ARN.match(value):
+            raise ValueError(
+                f"cluster.secretsKmsKeyArn {value!r} is not a KMS key ARN "
+                "(arn:aws:kms:<region>:<account>:key/<id>)"
+            )
+        return value
+
+    @field_validator("public_access_cidrs")
+    @classmethod
+    def _cidrs_parse(cls, value: list[str]) -> list[str]:
+        for cidr in value:
+            try:
+                ipaddress.IPv4Network(cidr)
+            except ValueError as exc:
+                raise ValueError(
+                    f"cluster.publicAccessCidrs entry {cidr!r} is not an IPv4 CIDR"
+                ) from exc
+        return value
+
+    @field_validator("log_retention_days")
+    @classmethod
+    def _retention_is_cloudwatch_value(cls, value: int) -> int:
+        # CloudWatch accepts only these retention periods.
+        allowed = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1827, 3653)
+        if value not in allowed:
+            raise ValueError(f"cluster.logRetentionDays {value} is not one of {list(allowed)}")
+        return value
+
+    @model_validator(mode="after")
+    def _mode_keys_are_consistent(self) -> ClusterConfig:
+        if self.mode == "existing":
+            if self.name is None:
+                raise ValueError("cluster.name is required when cluster.mode is 'existing'")
+            return self
+        if self.platform_stack is not None:
+            raise ValueError(
+                "cluster.platformStack is only read in cluster.mode 'existing'; remove it or "
+                "set mode: existing"
+            )
+        if not (self.endpoint_public_access or self.endpoint_private_access):
+            raise ValueError(
+                "cluster.endpointPublicAccess and cluster.endpointPrivateAccess are both false: "
+                "the API server would be unreachable"
+            )
+        return self
+
+    @property
+    def installs_pod_identity_agent(self) -> bool:
+        """Whether the stack installs (and owns) the pod identity agent add-on."""
+        if self.pod_identity_agent is None:
+            return self.mode == "create"
+        return self.pod_identity_agent
+
+
+class CapacityConfig(ConfigSection):
+    """`gpuNodes.capacity`: how the GPU instances are bought."""
+
+    type: CapacityType = Field(
+        default="on-demand",
+        description=(
+            "`on-demand`, `spot`, `reservation` (an On-Demand Capacity Reservation, ODCR) or "
+            "`block` (an EC2 Capacity Block for ML). The last two need `reservationId`."
+        ),
+    )
+    reservation_id: str | None = Field(
+        default=None,
+        description="Capacity reservation ID (`cr-...`) for `reservation` and `block`.",
+    )
+
+    @model_validator(mode="after")
+    def _reservation_matches_type(self) -> CapacityConfig:
+        reserved = self.type in ("reservation", "block")
+        if reserved and self.reservation_id is None:
+            raise ValueError(
+                f"gpuNodes.capacity.reservationId is required for capacity type {self.type!r}"
+            )
+        if not reserved and self.reservation_id is not None:
+            raise ValueError(
+                f"gpuNodes.capacity.reservationId is only used with type 'reservation' or "
+                f"'block', not {self.type!r}"
+            )
+        if self.reservation_id is not None and not _RESERVATION_ID.match(self.reservation_id):
+            raise ValueError(
+                f"gpuNodes.capacity.reservationId {self.reservation_id!r} is not a capacity "
+                "reservation ID (cr- followed by 8 or 17 hex digits)"
+            )
+        return self
+
+    @property
+    def is_reserved(self) -> bool:
+        """Whether the nodes run in a reservation or capacity block (no placement group then)."""
+        return self.type in ("reservation", "block")
+
+
+class TaintConfig(ConfigSection):
+    """One extra Kubernetes taint for the GPU nodes."""
+
+    key: str = Field(description="Taint key.")
+    value: str = Field(default="true", description="Taint value.")
+    effect: TaintEffect = Field(default="NoSchedule", description="Taint effect.")
+
+
+class GpuNodesConfig(ConfigSection):
+    """`fsdp-eks:gpuNodes`: the GPU (and EFA) node group the training job runs on."""
+
+    instance_type: str = Field(
+        description="GPU instance type (one of infra/instances.py), e.g. p5.48xlarge."
+    )
+    count: int = Field(
+        ge=1, description="Number of GPU nodes (the job runs one worker pod per node)."
+    )
+    availability_zone: str | None = Field(
+        default=None,
+        description=(
+            "AZ of the GPU capacity (a reservation/block lives in one AZ; EFA needs all nodes "
+            "in one). Default: the first AZ of a new VPC; ignored with an existing GPU subnet."
+        ),
+    )
+    capacity: CapacityConfig = Field(
+        default_factory=CapacityConfig, description="How the instances are bought."
+    )
+    placement_group: Literal["auto"] | bool = Field(
+        default="auto",
+        description=(
+            "Put the nodes in a cluster placement group. `auto`: yes with EFA and without a "
+            "reservation/capacity block (those fix the placement themselves)."
+        ),
+    )
+    efa: Literal["auto"] | bool = Field(
+        default="auto",
+        description=(
+            "Attach EFA interfaces (one per network card). `auto`: yes when the instance "
+            "type supports EFA."
+        ),
+    )
+    root_volume_gib: int = Field(
+        default=500,
+        alias="rootVolumeGiB",
+        ge=100,
+        le=16384,
+        description="gp3 root volume per node (GiB): container images, caches, local checkpoints.",
+    )
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra Kubernetes labels on the GPU nodes (added to the built-in ones).",
+    )
+    taints: list[TaintConfig] = Field(
+        default_factory=list,
+        description=f"Extra taints on the GPU nodes (the {GPU_TAINT_KEY} taint is always set).",
+    )
+
+    @field_validator("instance_type")
+    @classmethod
+    def _known_instance(cls, value: str) -> str:
+        if value not in INSTANCE_FACTS:
+            raise ValueError(
+                f"gpuNodes.instanceType {value!r} is not a known GPU instance type; "
+                f"allowed: {', '.join(sorted(INSTANCE_FACTS))}"
+            )
+        return value
+
+    @field_validator("availability_zone")
+    @classmethod
+    def _az_is_name(cls, value: str | None) -> str | None:
+        if value is not None and not _AZ_PATTERN.match(value):
+            raise ValueError(
+                f"gpuNodes.availabilityZone {value!r} is not an AZ name (e.g. us-west-2a)"
+            )
+        return value
+
+    @field_validator("labels")
+    @classmethod
+    def _labels_are_valid(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not _LABEL_KEY.match(key) or len(key) > 316:
+                raise ValueError(f"gpuNodes.labels key {key!r} is not a Kubernetes label key")
+            if "kubernetes.io/" in key or "k8s.io/" in key:
+                raise ValueError(
+                    f"gpuNodes.labels key {key!r} uses a prefix EKS reserves "
+                    "(kubernetes.io, k8s.io)"
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _efa_and_placement_fit(self) -> GpuNodesConfig:
+        facts = instance_facts(self.instance_type)
+        if self.efa is True and facts.efa_interfaces == 0:
+            raise ValueError(
+                f"gpuNodes.efa is true but gpuNodes.instanceType {self.instance_type!r} has no "
+                "EFA support; use an EFA type (e.g. g5.8xlarge, p5.48xlarge) or efa: auto"
+            )
+        if self.placement_group is True and self.capacity.is_reserved:
+            raise ValueError(
+                "gpuNodes.placementGroup is true together with gpuNodes.capacity.type "
+                f"{self.capacity.type!r}: a reservation/capacity block fixes placement itself "
+                "and launches fail in a placement group; use placementGroup: auto or false"
+            )
+        if any(taint.key == GPU_TAINT_KEY for taint in self.taints):
+            raise ValueError(
+                f"gpuNodes.taints must not repeat {GPU_TAINT_KEY!r}: the stack always sets it"
+            )
+        return self
+
+    @property
+    def facts(self) -> InstanceFacts:
+        """Published shape of the instance type."""
+        return instance_facts(self.instance_type)
+
+    @property
+    def efa_enabled(self) -> bool:
+        """Whether the nodes get EFA interfaces (and the job requests `vpc.amazonaws.com/efa`)."""
+        if self.efa == "auto":
+            return self.facts.efa_interfaces > 0
+        return self.efa
+
+    @property
+    def efa_interface_count(self) -> int:
+        """EFA interfaces per node: one per network card, 0 without EFA."""
+        return self.facts.efa_interfaces if self.efa_enabled else 0
+
+    @property
+    def placement_group_enabled(self) -> bool:
+        """Whether the nodes go into a cluster placement group."""
+        if self.placement_group == "auto":
+            return self.efa_enabled and not self.capacity.is_reserved
+        return self.placement_group
