@@ -86,7 +86,7 @@ def _quiet_single_process_dcp() -> Iterator[None]:
         yield
 
 
-def _run_on_rank0(action: Callable[[], None], what: str) -> None:
+def run_on_rank0(action: Callable[[], None], what: str) -> None:
     """Run ``action`` on rank 0 only, and make its failure every rank's failure.
 
     Doubles as a barrier: no rank returns before rank 0 is done. Without the broadcast a failure
@@ -104,7 +104,7 @@ def _run_on_rank0(action: Callable[[], None], what: str) -> None:
         dist.broadcast_object_list(shared, src=0)
         error = shared[0]
     if error is not None:
-        raise CheckpointError(f"checkpoint: {what} failed on rank 0: {error}") from cause
+        raise CheckpointError(f"{what} failed on rank 0: {error}") from cause
 
 
 # --- directory protocol
@@ -265,7 +265,7 @@ class CheckpointManager:
                 shutil.rmtree(temp)
             temp.mkdir(parents=True)
 
-        _run_on_rank0(prepare, f"creating {temp}")
+        run_on_rank0(prepare, f"creating {temp}")
         _write_train_state(temp, rank, train_state)
         with _quiet_single_process_dcp():
             dcp.save(
@@ -294,7 +294,7 @@ class CheckpointManager:
             temp.rename(final)
             _fsync_dir(self.checkpoint_dir)
 
-        _run_on_rank0(publish, f"publishing {final}")
+        run_on_rank0(publish, f"publishing {final}")
         if rank == 0:
             self._prune()
         logger.info("checkpoint: saved %s in %.1fs", final, time.perf_counter() - started)
