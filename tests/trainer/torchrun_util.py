@@ -1,0 +1,111 @@
+"""Launch `python -m trainer` under torchrun on the CPU, the way a real job does, for tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainer.tiny_assets import TinyAssets
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class RunResult:
+    returncode: int
+    output: str
+    metrics: list[dict[str, Any]]
+
+    def train_records(self) -> list[dict[str, Any]]:
+        return [r for r in self.metrics if r.get("kind") == "train"]
+
+    def losses(self) -> dict[int, float]:
+        """Loss by step; for a step logged twice (a resumed run's replay), the last wins."""
+        return {r["step"]: r["loss"] for r in self.train_records()}
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def tiny_args(assets: TinyAssets, **overrides: Any) -> list[str]:
+    """Flags for a few-second CPU run of the tiny preset on the tiny corpus; `None` drops one."""
+    values: dict[str, Any] = {
+        "model": "tiny",
+        "dataset": str(assets.corpus_dir),
+        "tokenizer": str(assets.tokenizer_dir),
+        "max_context_width": 64,
+        "train_batch_size": 4,
+        "max_steps": 20,
+        "lr": 3e-3,
+        "min_lr": 3e-4,
+        "warmup": 2,
+        "weight_decay": 0.0,
+        "bf16": 0,
+        "activation_checkpointing": 0,
+        "logging_freq": 1,
+        "seed": 1234,
+        "device": "cpu",
+        "progress_bar": 0,
+    }
+    values.update(overrides)
+    argv: list[str] = []
+    for name, value in values.items():
+        if value is not None:
+            argv += [f"--{name}", str(int(value) if isinstance(value, bool) else value)]
+    return argv
+
+
+def run_trainer(
+    args: list[str],
+    *,
+    metrics_file: Path,
+    nproc: int = 2,
+    env: dict[str, str] | None = None,
+    timeout: float = 180,
+) -> RunResult:
+    """Run `torchrun --nproc_per_node=nproc -m trainer ARGS`; reads back the JSONL metrics."""
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        f"--master_port={free_port()}",
+        "-m",
+        "trainer",
+        *args,
+        "--metrics_file",
+        str(metrics_file),
+    ]
+    full_env = {
+        **os.environ,
+        # One thread per rank: two ranks share two cores, more threads only contend.
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": str(REPO_ROOT),
+        **(env or {}),
+    }
+    completed = subprocess.run(
+        command,
+        cwd=REPO_ROOT,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    metrics: list[dict[str, Any]] = []
+    if metrics_file.exists():
+        metrics = [json.loads(line) for line in metrics_file.read_text().splitlines() if line]
+    return RunResult(completed.returncode, completed.stdout + completed.stderr, metrics)

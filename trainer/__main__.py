@@ -1,0 +1,25 @@
+"""`python -m trainer` / `torchrun ... -m trainer`: parse flags, train, clean up."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from trainer.config import parse_args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    cfg = parse_args(sys.argv[1:] if argv is None else argv)
+    # Imported after parsing so that `--help` and flag errors answer without loading torch.
+    from trainer.train import Trainer
+
+    trainer = Trainer(cfg)
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

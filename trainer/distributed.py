@@ -1,0 +1,145 @@
+"""Process groups, device choice and the device mesh for each sharding strategy."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from trainer.log import get_logger
+
+logger = get_logger("distributed")
+
+# Long enough for a slow checkpoint write or a first torch.compile on one rank while the
+# others wait in a collective; the seed guides use 30 minutes.
+DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
+REPLICATE_DIM = "replicate"
+SHARD_DIM = "shard"
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process sits in the job (torchrun's environment, or a single process)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    device: torch.device
+    backend: str
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return default if value in (None, "") else int(value)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def pick_device(choice: str, local_rank: int) -> torch.device:
+    """`auto`: this rank's GPU when there is one, else the CPU."""
+    if choice not in ("auto", "cuda", "cpu"):
+        raise ValueError(f"--device {choice!r} is not supported; allowed: auto, cuda, cpu")
+    if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError("--device cuda was requested but torch sees no CUDA device")
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
+
+
+def init_distributed(device_choice: str = "auto") -> DistInfo:
+    """Join (or, without torchrun, create) the default process group: nccl on GPU, gloo on CPU."""
+    world_size = _env_int("WORLD_SIZE", 1)
+    local_rank = _env_int("LOCAL_RANK", 0)
+    local_world_size = _env_int("LOCAL_WORLD_SIZE", world_size)
+    device = pick_device(device_choice, local_rank)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if not dist.is_initialized():
+        if "MASTER_ADDR" in os.environ:
+            dist.init_process_group(backend, timeout=DEFAULT_TIMEOUT)
+        else:
+            # A plain `python -m trainer`: a one-process group, so the same code path runs.
+            dist.init_process_group(
+                backend,
+                init_method=f"tcp://127.0.0.1:{_free_port()}",
+                rank=0,
+                world_size=1,
+                timeout=DEFAULT_TIMEOUT,
+            )
+    return DistInfo(
+        rank=dist.get_rank(),
+        world_size=dist.get_world_size(),
+        local_rank=local_rank,
+        local_world_size=local_world_size,
+        device=device,
+        backend=backend,
+    )
+
+
+def hsdp_shape(world_size: int, shard_size: int) -> tuple[int, int]:
+    """(replicas, shard group size) for hybrid sharding; the shard size must divide the world."""
+    if shard_size < 1 or world_size % shard_size:
+        raise ValueError(
+            f"hybrid sharding needs a shard group size that divides the world size {world_size}, "
+            f"got {shard_size} (set --hsdp_shard_size, default LOCAL_WORLD_SIZE)"
+        )
+    return world_size // shard_size, shard_size
+
+
+def build_mesh(info: DistInfo, strategy: str, hsdp_shard_size: int = 0) -> DeviceMesh:
+    """The mesh `fully_shard` gets: 1-D for full/shard_grad_op, 2-D (replicate, shard) otherwise.
+
+    `fully_shard` on a 2-D mesh is HSDP: parameters are sharded along `shard` and replicated
+    along `replicate`, gradients reduce-scattered within a shard group then all-reduced across
+    replicas. `no_shard` is the degenerate case with shard groups of one rank, i.e. DDP.
+    """
+    device_type = info.device.type
+    if strategy in ("full", "shard_grad_op"):
+        return init_device_mesh(device_type, (info.world_size,), mesh_dim_names=(SHARD_DIM,))
+    if strategy == "hybrid":
+        shape = hsdp_shape(info.world_size, hsdp_shard_size or info.local_world_size)
+    elif strategy == "no_shard":
+        shape = (info.world_size, 1)
+    else:
+        raise ValueError(
+            f"--sharding_strategy {strategy!r} is not supported; "
+            "allowed: full, hybrid, shard_grad_op, no_shard"
+        )
+    return init_device_mesh(device_type, shape, mesh_dim_names=(REPLICATE_DIM, SHARD_DIM))
+
+
+def shard_coordinate(mesh: DeviceMesh) -> int:
+    """This rank's index along the mesh's shard dimension (0 for every rank of a replica set)."""
+    return mesh.get_local_rank(SHARD_DIM)
+
+
+def all_reduce_mean(value: torch.Tensor) -> torch.Tensor:
+    """Mean over all ranks. Collective: every rank must call it at the same point."""
+    reduced = value.detach().clone()
+    dist.all_reduce(reduced, op=dist.ReduceOp.SUM)
+    return reduced / dist.get_world_size()
+
+
+def all_reduce_max(value: torch.Tensor) -> torch.Tensor:
+    reduced = value.detach().clone()
+    dist.all_reduce(reduced, op=dist.ReduceOp.MAX)
+    return reduced
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

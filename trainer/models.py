@@ -1,0 +1,211 @@
+"""Hugging Face causal LMs built from a preset shape, on the meta device, then materialised.
+
+The life of a model here: `build_model` constructs it on the meta device (no memory), the
+caller shards it (`trainer.parallelize`), then `materialize` allocates only this rank's shards
+and initialises them with the model's own `_init_weights` (normal(0, initializer_range) for
+matrices, ones for norms, rotary `inv_freq` recomputed), and `load_pretrained` optionally
+overwrites them with published weights read slice by slice from safetensors. No process ever
+holds the full weights of a sharded model.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    set_model_state_dict,
+)
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    LlamaConfig,
+    MistralConfig,
+    MixtralConfig,
+    PretrainedConfig,
+    PreTrainedModel,
+)
+
+from trainer.log import get_logger
+from trainer.presets import ModelShape
+
+logger = get_logger("models")
+
+_CONFIG_CLASSES: dict[str, type[PretrainedConfig]] = {
+    "llama": LlamaConfig,
+    "mistral": MistralConfig,
+    "mixtral": MixtralConfig,
+}
+META = torch.device("meta")
+
+
+def hf_config_from(
+    shape: ModelShape,
+    *,
+    attn_implementation: str = "sdpa",
+    initializer_range: float = 0.02,
+    **overrides: Any,
+) -> PretrainedConfig:
+    """The transformers config for a preset shape; `overrides` are passed to the config as is."""
+    kwargs: dict[str, Any] = {
+        "vocab_size": shape.vocab_size,
+        "hidden_size": shape.hidden_size,
+        "intermediate_size": shape.intermediate_size,
+        "num_hidden_layers": shape.num_layers,
+        "num_attention_heads": shape.num_heads,
+        "num_key_value_heads": shape.num_key_value_heads,
+        "max_position_embeddings": shape.max_position_embeddings,
+        "rope_theta": shape.rope_theta,
+        "rms_norm_eps": shape.rms_norm_eps,
+        "tie_word_embeddings": shape.tie_word_embeddings,
+        "initializer_range": initializer_range,
+        # Training never decodes incrementally; a KV cache would only cost memory.
+        "use_cache": False,
+    }
+    if shape.rope_scaling is not None:
+        kwargs["rope_scaling"] = dict(shape.rope_scaling)
+    if shape.model_type in ("mistral", "mixtral"):
+        kwargs["sliding_window"] = shape.sliding_window
+    if shape.model_type == "mixtral":
+        kwargs["num_local_experts"] = shape.num_local_experts
+        kwargs["num_experts_per_tok"] = shape.num_experts_per_tok
+    kwargs.update(overrides)
+    config = _CONFIG_CLASSES[shape.model_type](**kwargs)
+    config._attn_implementation = attn_implementation
+    return config
+
+
+def pretrained_config(name_or_path: str, *, attn_implementation: str = "sdpa") -> PretrainedConfig:
+    """The architecture of a published model (hub id or local dir), for `--init_from`."""
+    config = AutoConfig.from_pretrained(name_or_path)
+    if getattr(config, "model_type", None) not in _CONFIG_CLASSES:
+        raise ValueError(
+            f"--init_from {name_or_path!r} is a {config.model_type!r} model; "
+            f"supported: {', '.join(_CONFIG_CLASSES)}"
+        )
+    config.use_cache = False
+    config._attn_implementation = attn_implementation
+    return config
+
+
+def build_model(
+    config: PretrainedConfig,
+    *,
+    device: torch.device = META,
+    init_from: str | None = None,
+    seed: int = 0,
+) -> PreTrainedModel:
+    """Construct the model on the meta device (no memory, any size).
+
+    With a real `device`, also materialise and initialise it unsharded (single-process uses:
+    tests, export checks, benchmarks of small models). For sharded training keep the default
+    and call `materialize` (and `load_pretrained`) after `fully_shard`.
+    """
+    with torch.device(META):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if device.type != "meta":
+        materialize(model, device=device, seed=seed)
+        if init_from is not None:
+            load_pretrained(model, init_from)
+    return model
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The stack of transformer blocks: the unit of sharding, checkpointing and compiling."""
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise TypeError(
+            f"{type(model).__name__} has no `model.layers` ModuleList of decoder layers"
+        )
+    return layers
+
+
+@torch.no_grad()
+def materialize(model: PreTrainedModel, *, device: torch.device, seed: int) -> None:
+    """Allocate (this rank's shards of) the parameters on `device` and initialise them.
+
+    `seed` must be equal on ranks that hold the same shard (replicas) and should differ
+    between shards; `trainer.train` passes the base seed plus the rank's shard coordinate.
+    Random ops on a sharded parameter draw only the local shard.
+    """
+    model.to_empty(device=device)
+    # Marks left by an earlier init would make transformers skip these (now garbage) tensors.
+    for module in model.modules():
+        if hasattr(module, "_is_hf_initialized"):
+            del module._is_hf_initialized
+    torch.manual_seed(seed)
+    with warnings.catch_warnings():
+        # On a CPU mesh DTensor draws each shard from the local generator, which is why the
+        # caller seeds per shard; the warning says just that.
+        warnings.filterwarnings("ignore", message="DTensor random operators may not have")
+        model.initialize_weights()
+    model.tie_weights()
+    model.train()
+    _check_finite(model)
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if callable(to_local) else tensor
+
+
+def _check_finite(model: nn.Module) -> None:
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        local = _local(tensor)
+        if local.is_floating_point() and not bool(torch.isfinite(local).all()):
+            raise RuntimeError(f"{name} is not finite after initialisation")
+
+
+def resolve_pretrained_dir(name_or_path: str) -> Path:
+    """A local directory holding the model's safetensors: the path itself, or a hub download."""
+    path = Path(name_or_path)
+    if path.is_dir():
+        return path
+    from huggingface_hub import snapshot_download
+
+    # Every rank calls this; the hub client's file locks let one download while others wait.
+    return Path(snapshot_download(name_or_path, allow_patterns=["*.json", "*.safetensors"]))
+
+
+@torch.no_grad()
+def load_pretrained(model: PreTrainedModel, name_or_path: str) -> None:
+    """Overwrite the (possibly sharded) parameters with published safetensors weights.
+
+    Collective when the model is sharded. Distributed checkpoint's Hugging Face reader reads
+    only the slices this rank owns, so a 70B model loads without any rank holding it whole.
+    """
+    directory = resolve_pretrained_dir(name_or_path)
+    reader = dcp.HuggingFaceStorageReader(str(directory))
+    available = set(reader.read_metadata().state_dict_metadata)
+    state = get_model_state_dict(model)
+    missing = sorted(set(state) - available)
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    if tied and "lm_head.weight" in missing:
+        # A tied head is the embedding; checkpoints of tied models leave it out.
+        state.pop("lm_head.weight")
+        missing.remove("lm_head.weight")
+    if missing:
+        raise ValueError(
+            f"--init_from {name_or_path!r} lacks {len(missing)} weights the model needs, "
+            f"e.g. {missing[:3]}; is it the same architecture?"
+        )
+    dcp.load(state, storage_reader=reader)
+    set_model_state_dict(model, state, options=StateDictOptions(strict=not tied))
+    model.tie_weights()
+    _check_finite(model)
+    logger.info("loaded pretrained weights from %s", directory)
+
+
+def count_parameters(config: PretrainedConfig) -> int:
+    """Parameters of the model `config` describes, counted on the meta device (no memory).
+
+    Tied weights count once, as in the published figures.
+    """
+    model = build_model(config)
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,126 @@
+"""Apply activation checkpointing, torch.compile and FSDP2 to a model, in that order.
+
+The order matters: checkpoint wrappers and compiled blocks must be inside the FSDP units so
+that each decoder layer's all-gather, compute and recompute are one schedulable unit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
+
+from trainer.log import get_logger
+from trainer.models import decoder_layers
+
+logger = get_logger("parallelize")
+
+
+@dataclass(frozen=True)
+class ParallelPlan:
+    """The parallelism choices `parallelize_model` applies (from `--sharding_strategy` etc.)."""
+
+    sharding_strategy: str = "full"
+    bf16: bool = True
+    activation_checkpointing: bool = False
+    ac_mode: str = "full"
+    ac_every: int = 1
+    compile: bool = False
+    cpu_offload: bool = False
+
+
+def checkpointed_layer_indices(num_layers: int, mode: str, every: int) -> list[int]:
+    """Which decoder layers recompute their activations: all, or one in every `every`."""
+    if mode == "full":
+        return list(range(num_layers))
+    if mode == "selective":
+        return [i for i in range(num_layers) if i % every == 0]
+    raise ValueError(f"--ac_mode {mode!r} is not supported; allowed: full, selective")
+
+
+def apply_activation_checkpointing(model: nn.Module, mode: str, every: int) -> int:
+    """Wrap the chosen decoder layers in non-reentrant checkpointing; returns how many."""
+    layers = decoder_layers(model)
+    chosen = checkpointed_layer_indices(len(layers), mode, every)
+    for index in chosen:
+        # preserve_rng_state=False: these models have no dropout in training, and saving the
+        # RNG state per layer costs a device sync.
+        layers[index] = checkpoint_wrapper(layers[index], preserve_rng_state=False)
+    return len(chosen)
+
+
+def apply_compile(model: nn.Module) -> None:
+    """Compile each decoder layer in place: identical blocks share one compiled graph."""
+    for layer in decoder_layers(model):
+        layer.compile(fullgraph=False)
+
+
+def mixed_precision_policy(bf16: bool) -> MixedPrecisionPolicy:
+    """bf16 compute and all-gathers, fp32 gradient reduction (keeps small updates exact)."""
+    if bf16:
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+def reshard_after_forward(strategy: str) -> bool:
+    """Free gathered parameters after forward (ZeRO-3) or keep them until backward (ZeRO-2).
+
+    With shard groups of one rank (`no_shard`) there is nothing to free.
+    """
+    return strategy in ("full", "hybrid")
+
+
+def apply_fsdp(model: nn.Module, mesh: DeviceMesh, plan: ParallelPlan) -> None:
+    """`fully_shard` every decoder layer, then the root (embeddings, final norm, LM head)."""
+    offload = OffloadPolicy()
+    if plan.cpu_offload:
+        offload = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+    mp_policy = mixed_precision_policy(plan.bf16)
+    reshard = reshard_after_forward(plan.sharding_strategy)
+    layers = decoder_layers(model)
+    for index, layer in enumerate(layers):
+        # The last layer's parameters are needed again first thing in backward: keep them.
+        last = index == len(layers) - 1
+        fully_shard(
+            layer,
+            mesh=mesh,
+            reshard_after_forward=reshard and not last,
+            mp_policy=mp_policy,
+            offload_policy=offload,
+        )
+    fully_shard(
+        model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp_policy, offload_policy=offload
+    )
+
+
+def parallelize_model(model: nn.Module, mesh: DeviceMesh, plan: ParallelPlan) -> FSDPModule:
+    """Activation checkpointing → compile → FSDP2, on a model still on the meta device."""
+    checkpointed = 0
+    if plan.activation_checkpointing:
+        checkpointed = apply_activation_checkpointing(model, plan.ac_mode, plan.ac_every)
+    if plan.compile:
+        apply_compile(model)
+    apply_fsdp(model, mesh, plan)
+    logger.info(
+        "parallelized: strategy=%s mesh=%s bf16=%s checkpointed_layers=%d/%d compile=%s "
+        "cpu_offload=%s",
+        plan.sharding_strategy,
+        dict(zip(mesh.mesh_dim_names or (), mesh.shape, strict=True)),
+        plan.bf16,
+        checkpointed,
+        len(decoder_layers(model)),
+        plan.compile,
+        plan.cpu_offload,
+    )
+    assert isinstance(model, FSDPModule), type(model)
+    return model

@@ -1,0 +1,445 @@
+"""The Trainer: one fixed setup sequence, then a loop that reads top-down.
+
+`train()` → `train_step()` → `forward_backward_step()`. The loss is reduced across ranks only
+on logging steps: every other step runs without a host-device sync.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+import os
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from trainer.checkpoint import CheckpointManager, capture_rng_state, find_latest, restore_rng_state
+from trainer.config import TrainConfig
+from trainer.data import build_train_loader, build_val_loader, load_tokenizer
+from trainer.distributed import (
+    all_reduce_mean,
+    build_mesh,
+    init_distributed,
+    shard_coordinate,
+    shutdown,
+)
+from trainer.log import get_logger, setup_logging
+from trainer.metrics import (
+    StepTimer,
+    ThroughputModel,
+    build_sinks,
+    flops_per_token,
+    matmul_params_per_token,
+    peak_flops,
+    peak_memory_gib,
+)
+from trainer.models import build_model, hf_config_from, load_pretrained, materialize
+from trainer.models import pretrained_config as load_pretrained_config
+from trainer.optim import build_lr_scheduler, build_optimizer
+from trainer.parallelize import ParallelPlan, parallelize_model
+
+logger = get_logger("train")
+
+# `--fail_at_step` exits with this code, so a test (or an operator) can tell the simulated
+# crash from a real failure.
+FAIL_AT_STEP_EXIT_CODE = 17
+
+
+def clip_grad_norm_(parameters: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Global gradient norm over all shards (and clip to `max_norm` when > 0).
+
+    With FSDP2 the gradients are DTensor shards: the norm of the local pieces is a partial
+    result, and `full_tensor()` reduces it over the mesh, so every rank sees (and clips with)
+    the norm of the whole model's gradient.
+    """
+    grads = [p.grad for p in parameters if p.grad is not None]
+    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+    if isinstance(total, DTensor):
+        total = total.full_tensor()
+    if max_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total)
+    return total
+
+
+def batch_digest(batch: torch.Tensor) -> str:
+    """A short fingerprint of a batch's tokens, to show which rank read what."""
+    return hashlib.sha1(batch.cpu().numpy().tobytes()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What `train_step` hands to logging; tensors stay on the device until a logging step."""
+
+    loss: torch.Tensor  # this rank's mean loss over the step's micro-batches
+    grad_norm: torch.Tensor  # global, before clipping
+    lr: float  # the learning rate this step used
+    digest: str  # fingerprint of the first micro-batch
+
+
+class Trainer:
+    """Owns every long-lived object of a run; `train()` runs it to `--max_steps`."""
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        self.cfg = cfg
+        # Device and process groups.
+        self.dist = init_distributed(cfg.parallel.device)
+        setup_logging(self.dist.rank)
+        self.device = self.dist.device
+        self.seed = cfg.optim.seed
+        torch.manual_seed(self.seed)
+
+        # Tokenizer and model config (a preset shape, or the pretrained model's own).
+        self.tokenizer = load_tokenizer(cfg.data.tokenizer)
+        if cfg.model.init_from is not None:
+            self.hf_config = load_pretrained_config(
+                cfg.model.init_from, attn_implementation=cfg.model.attn_implementation
+            )
+        else:
+            self.hf_config = hf_config_from(
+                cfg.model.shape(), attn_implementation=cfg.model.attn_implementation
+            )
+        if len(self.tokenizer) > self.hf_config.vocab_size:
+            raise ValueError(
+                f"--tokenizer {cfg.data.tokenizer!r} has {len(self.tokenizer)} tokens but the "
+                f"model's vocab_size is {self.hf_config.vocab_size}; pass a larger --vocab_size"
+            )
+
+        # Data: each rank reads its own part; FSDP is data-parallel over every rank.
+        self.seq_len = cfg.model.max_context_width
+        self.train_loader = build_train_loader(
+            dataset=cfg.data.dataset,
+            dataset_config_name=cfg.data.dataset_config_name,
+            tokenizer=self.tokenizer,
+            seq_len=self.seq_len,
+            batch_size=cfg.data.train_batch_size,
+            dp_rank=self.dist.rank,
+            dp_world_size=self.dist.world_size,
+            seed=self.seed,
+            text_column=cfg.data.text_column,
+            num_workers=cfg.data.num_workers,
+        )
+        self._train_iter: Iterator[dict[str, torch.Tensor]] | None = None
+        # Built once: the validation batches are the same on every pass.
+        self.val_loader: Iterable[dict[str, torch.Tensor]] | None = None
+        if cfg.logging.validation_freq:
+            self.val_loader = build_val_loader(
+                dataset=cfg.data.dataset,
+                dataset_config_name=cfg.data.dataset_config_name,
+                tokenizer=self.tokenizer,
+                seq_len=self.seq_len,
+                batch_size=cfg.data.val_batch_size,
+                max_batches=cfg.logging.validation_batches,
+                dp_rank=self.dist.rank,
+                dp_world_size=self.dist.world_size,
+                seed=self.seed,
+                text_column=cfg.data.text_column,
+            )
+
+        # Model on the meta device, sharded, then materialised shard by shard.
+        self.model = build_model(self.hf_config)
+        self.mesh = build_mesh(
+            self.dist, cfg.parallel.sharding_strategy, cfg.parallel.hsdp_shard_size
+        )
+        plan = ParallelPlan(
+            sharding_strategy=cfg.parallel.sharding_strategy,
+            bf16=cfg.parallel.bf16,
+            activation_checkpointing=cfg.parallel.activation_checkpointing,
+            ac_mode=cfg.parallel.ac_mode,
+            ac_every=cfg.parallel.ac_every,
+            compile=cfg.parallel.compile,
+            cpu_offload=cfg.parallel.cpu_offload,
+        )
+        parallelize_model(self.model, self.mesh, plan)
+        # Equal seeds on replicas of a shard, different seeds on different shards.
+        materialize(self.model, device=self.device, seed=self.seed + shard_coordinate(self.mesh))
+        if cfg.model.init_from is not None:
+            load_pretrained(self.model, cfg.model.init_from)
+        self.parameters = [p for p in self.model.parameters() if p.requires_grad]
+
+        # Optimizer and learning-rate schedule.
+        self.optimizer = build_optimizer(
+            self.model,
+            lr=cfg.optim.lr,
+            weight_decay=cfg.optim.weight_decay,
+            beta1=cfg.optim.beta1,
+            beta2=cfg.optim.beta2,
+        )
+        self.lr_scheduler = build_lr_scheduler(
+            self.optimizer,
+            warmup_steps=cfg.optim.warmup_steps,
+            max_steps=cfg.optim.max_steps,
+            decay_style=cfg.optim.lr_decay_style,
+            lr=cfg.optim.lr,
+            min_lr=cfg.optim.min_lr,
+        )
+
+        # Checkpoints: resume from the newest complete one, if any.
+        self.step = 0
+        self.checkpoints: CheckpointManager | None = None
+        if cfg.checkpoint.checkpoint_dir is not None:
+            self.checkpoints = CheckpointManager(
+                cfg.checkpoint.checkpoint_dir, keep_last=cfg.checkpoint.keep_last_checkpoints
+            )
+        self._last_saved_step = -1
+        if cfg.checkpoint.resume_from_checkpoint:
+            self._resume(cfg.checkpoint.resume_from_checkpoint)
+
+        # Metrics: sinks on rank 0, and what one step processes.
+        metrics_file = cfg.logging.metrics_file
+        if metrics_file is None and cfg.checkpoint.checkpoint_dir is not None:
+            metrics_file = str(Path(cfg.checkpoint.checkpoint_dir) / "metrics.jsonl")
+        self.sinks = build_sinks(
+            is_main=self.dist.is_main,
+            metrics_file=metrics_file,
+            tensorboard_dir=cfg.logging.tensorboard_dir,
+        )
+        accumulation = cfg.optim.gradient_accumulation_steps
+        self.throughput = ThroughputModel(
+            samples_per_step=cfg.data.train_batch_size * accumulation * self.dist.world_size,
+            seq_len=self.seq_len,
+            world_size=self.dist.world_size,
+            flops_per_token=flops_per_token(self.hf_config, self.seq_len),
+            peak_flops_per_device=peak_flops(self.device),
+        )
+        self._log_summary()
+
+    # --- setup helpers
+
+    def _resume(self, location: str) -> None:
+        latest = find_latest(location)
+        if latest is None:
+            logger.info("no complete checkpoint in %s: starting from step 0", location)
+            return
+        manager = self.checkpoints or CheckpointManager(
+            location, keep_last=self.cfg.checkpoint.keep_last_checkpoints
+        )
+        step, train_state = manager.load(
+            latest, model=self.model, optimizer=self.optimizer, lr_scheduler=self.lr_scheduler
+        )
+        if "data" in train_state:
+            self.train_loader.load_state_dict(train_state["data"])
+        if "rng" in train_state:
+            restore_rng_state(train_state["rng"])
+        self.step = self._last_saved_step = step
+        logger.info("resumed from %s at step %d", latest, step)
+
+    def _log_summary(self) -> None:
+        cfg = self.cfg
+        total_params = sum(p.numel() for p in self.model.parameters())
+        tokens_per_step = self.throughput.samples_per_step * self.seq_len
+        logger.info(
+            "run: model=%s params=%.3fB (matmul %.3fB/token) | world=%d device=%s backend=%s "
+            "| batch %d seq x %d accum x %d ranks = %d tokens/step | steps %d→%d | "
+            "%.3g FLOPs/token",
+            cfg.model.init_from or cfg.model.preset_name,
+            total_params / 1e9,
+            matmul_params_per_token(self.hf_config) / 1e9,
+            self.dist.world_size,
+            self.device,
+            self.dist.backend,
+            cfg.data.train_batch_size,
+            cfg.optim.gradient_accumulation_steps,
+            self.dist.world_size,
+            tokens_per_step,
+            self.step,
+            cfg.optim.max_steps,
+            self.throughput.flops_per_token,
+        )
+
+    # --- the loop
+
+    def train(self) -> None:
+        """Run from the current step to exactly `--max_steps`, then save and export."""
+        cfg = self.cfg
+        timer = StepTimer(start_step=self.step, max_steps=cfg.optim.max_steps)
+        with self._progress_bar() as progress:
+            while self.step < cfg.optim.max_steps:
+                result = self.train_step()
+                self.step += 1
+                step = self.step
+                if step % cfg.logging.logging_freq == 0 or step == cfg.optim.max_steps:
+                    self._log_train(step, result, timer)
+                if cfg.logging.validation_freq and step % cfg.logging.validation_freq == 0:
+                    self.validate(step)
+                if self._checkpoint_due(step):
+                    self.save(step)
+                if progress is not None:
+                    progress.update(1)
+                if step == cfg.checkpoint.fail_at_step:
+                    logger.warning("--fail_at_step %d: exiting abruptly", step)
+                    sys.stderr.flush()
+                    os._exit(FAIL_AT_STEP_EXIT_CODE)
+        if self.checkpoints is not None and self._last_saved_step != self.step:
+            self.save(self.step)
+        if cfg.checkpoint.export_dir is not None:
+            self.export(Path(cfg.checkpoint.export_dir))
+
+    def train_step(self) -> StepResult:
+        """One optimizer step over `gradient_accumulation_steps` micro-batches."""
+        accumulation = self.cfg.optim.gradient_accumulation_steps
+        self.model.train()
+        loss_sum = torch.zeros((), device=self.device)
+        digest = ""
+        for micro in range(accumulation):
+            batch = next(self._train_batches())
+            if micro == 0:
+                digest = batch_digest(batch["input_ids"])
+            loss = self.forward_backward_step(batch, scale=1.0 / accumulation)
+            loss_sum += loss
+        grad_norm = clip_grad_norm_(self.parameters, self.cfg.optim.grad_clip)
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        self.optimizer.step()
+        self.lr_scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return StepResult(loss=loss_sum, grad_norm=grad_norm, lr=lr, digest=digest)
+
+    def forward_backward_step(
+        self, batch: dict[str, torch.Tensor], *, scale: float
+    ) -> torch.Tensor:
+        """Forward and backward of one micro-batch; returns its (scaled, detached) loss."""
+        input_ids = batch["input_ids"].to(self.device, non_blocking=True)
+        labels = batch["labels"].to(self.device, non_blocking=True)
+        # Packed sequences of exactly seq_len tokens: nothing to pad, nothing to mask. The
+        # model shifts labels itself and averages over the seq_len - 1 predicted tokens.
+        outputs = self.model(input_ids=input_ids, labels=labels)
+        loss = outputs.loss * scale
+        loss.backward()
+        return loss.detach()
+
+    def _train_batches(self) -> Iterator[dict[str, torch.Tensor]]:
+        if self._train_iter is None:
+            self._train_iter = iter(self.train_loader)
+        return self._train_iter
+
+    # --- validation, logging, checkpoints
+
+    @torch.no_grad()
+    def validate(self, step: int) -> float:
+        """Mean loss over up to `--validation_batches` batches per rank, averaged over ranks."""
+        cfg = self.cfg
+        if self.val_loader is None:
+            raise RuntimeError("validate() needs --validation_freq > 0 (no validation loader)")
+        self.model.eval()
+        batches = self.val_loader
+        total = torch.zeros((), device=self.device)
+        count = 0
+        iterator = iter(batches)
+        for _ in range(cfg.logging.validation_batches):
+            batch = next(iterator, None)
+            # Every rank must run the same number of sharded forwards (each is collective):
+            # stop as soon as any rank runs out.
+            have = torch.tensor(0.0 if batch is None else 1.0, device=self.device)
+            dist.all_reduce(have, op=dist.ReduceOp.MIN)
+            if batch is None or have.item() == 0:
+                break
+            outputs = self.model(
+                input_ids=batch["input_ids"].to(self.device),
+                labels=batch["labels"].to(self.device),
+            )
+            total += outputs.loss.float()
+            count += 1
+        self.model.train()
+        if count == 0:
+            logger.warning("validation at step %d: no batches", step)
+            return math.nan
+        val_loss = float(all_reduce_mean(total / count).item())
+        perplexity = math.exp(min(val_loss, 50.0))
+        logger.info(
+            "Validation at batch %d Loss: %.5f, perplexity: %.3f", step, val_loss, perplexity
+        )
+        self.sinks.write(
+            {
+                "kind": "validation",
+                "step": step,
+                "val_loss": val_loss,
+                "val_perplexity": perplexity,
+                "batches": count,
+            }
+        )
+        return val_loss
+
+    def _log_train(self, step: int, result: StepResult, timer: StepTimer) -> None:
+        # The one sync point of a logging step: the mean loss over ranks.
+        mean_loss = float(all_reduce_mean(result.loss).item())
+        digests: list[str | None] = [None] * self.dist.world_size
+        dist.all_gather_object(digests, result.digest)
+        elapsed, steps = timer.lap(step)
+        step_time = elapsed / max(steps, 1)
+        record = self.throughput.record(
+            step=step,
+            loss=mean_loss,
+            lr=result.lr,
+            grad_norm=float(result.grad_norm.item()),
+            elapsed_s=elapsed,
+            steps=steps,
+            peak_mem_gib=peak_memory_gib(self.device),
+            eta_s=timer.eta_seconds(step, step_time),
+            extra={
+                "micro_batch_shape": [self.cfg.data.train_batch_size, self.seq_len],
+                "batch_digests": digests,
+            },
+        )
+        logger.info(record.log_line())
+        self.sinks.write(record.to_json())
+
+    def _checkpoint_due(self, step: int) -> bool:
+        freq = self.cfg.checkpoint.checkpoint_freq
+        return self.checkpoints is not None and freq > 0 and step % freq == 0
+
+    def save(self, step: int) -> None:
+        """Collective: model, optimizer, schedule, and this rank's data position and RNG."""
+        assert self.checkpoints is not None
+        train_state: dict[str, Any] = {
+            "data": self.train_loader.state_dict(),
+            "rng": capture_rng_state(),
+            "step": step,
+        }
+        self.checkpoints.save(
+            step,
+            model=self.model,
+            optimizer=self.optimizer,
+            lr_scheduler=self.lr_scheduler,
+            train_state=train_state,
+        )
+        self._last_saved_step = step
+
+    def export(self, out_dir: Path) -> None:
+        """Collective: a Hugging Face safetensors model that `transformers` loads back."""
+        from trainer.export import export_hf
+
+        export_hf(self.model, hf_config=self.hf_config, tokenizer=self.tokenizer, out_dir=out_dir)
+        logger.info("exported Hugging Face model to %s", out_dir)
+
+    @contextlib.contextmanager
+    def _progress_bar(self) -> Iterator[Any]:
+        """tqdm on rank 0 of interactive runs, with log lines printed above the bar."""
+        wanted = self.cfg.logging.progress_bar
+        if wanted is None:
+            wanted = sys.stderr.isatty()
+        if not (wanted and self.dist.is_main):
+            yield None
+            return
+        from tqdm import tqdm
+        from tqdm.contrib.logging import logging_redirect_tqdm
+
+        with (
+            logging_redirect_tqdm(loggers=[get_logger()]),
+            tqdm(
+                total=self.cfg.optim.max_steps,
+                initial=self.step,
+                unit="step",
+                dynamic_ncols=True,
+            ) as bar,
+        ):
+            yield bar
+
+    def close(self) -> None:
+        self.sinks.close()
+        shutdown()
