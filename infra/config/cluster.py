@@ -127,17 +127,9 @@ class NetworkConfig(ConfigSection):
     @model_validator(mode="after")
     def _existing_vpc_is_complete(self) -> NetworkConfig:
         if self.vpc_id is None:
-            stray = [
-                key
-                for key, value in (
-                    ("privateSubnetIds", self.private_subnet_ids),
-                    ("gpuSubnetId", self.gpu_subnet_id),
-                )
-                if value
-            ]
-            if stray:
+            if self.private_subnet_ids:
                 raise ValueError(
-                    f"cluster.network.{', '.join(stray)} given without cluster.network.vpcId: "
+                    "cluster.network.privateSubnetIds given without cluster.network.vpcId: "
                     "subnet IDs belong to an existing VPC; set vpcId or remove them"
                 )
             return self
@@ -322,7 +314,17 @@ class ClusterConfig(ConfigSection):
         if self.mode == "existing":
             if self.name is None:
                 raise ValueError("cluster.name is required when cluster.mode is 'existing'")
+            if self.network.vpc_id is not None:
+                raise ValueError(
+                    "cluster.network.vpcId is not used in cluster.mode 'existing' (the cluster's "
+                    "own VPC is); remove it and give only network.gpuSubnetId if FSx needs one"
+                )
             return self
+        if self.network.vpc_id is None and self.network.gpu_subnet_id is not None:
+            raise ValueError(
+                "cluster.network.gpuSubnetId given without cluster.network.vpcId: a new VPC makes "
+                "its own GPU subnet; set vpcId (existing VPC) or remove gpuSubnetId"
+            )
         if self.platform_stack is not None:
             raise ValueError(
                 "cluster.platformStack is only read in cluster.mode 'existing'; remove it or "

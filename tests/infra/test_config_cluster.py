@@ -86,7 +86,20 @@ def test_camel_case_keys_from_a_stack_file() -> None:
             {"network": {"vpcId": "vpc-1", "privateSubnetIds": ["subnet-a", "subnet-b"]}},
             r"gpuSubnetId is required",
         ),
-        ({"network": {"gpuSubnetId": "subnet-g"}}, r"without cluster\.network\.vpcId"),
+        ({"network": {"gpuSubnetId": "subnet-g"}}, r"gpuSubnetId given without"),
+        ({"network": {"privateSubnetIds": ["subnet-a"]}}, r"privateSubnetIds given without"),
+        (
+            {
+                "mode": "existing",
+                "name": "team",
+                "network": {
+                    "vpcId": "vpc-1",
+                    "privateSubnetIds": ["subnet-a", "subnet-b"],
+                    "gpuSubnetId": "subnet-g",
+                },
+            },
+            r"vpcId is not used in cluster\.mode 'existing'",
+        ),
         ({"systemNodes": {"minSize": 3, "desiredSize": 2}}, r"minSize <= desiredSize"),
     ],
 )
@@ -102,6 +115,13 @@ def test_existing_mode_needs_only_a_name_and_skips_the_agent_by_default() -> Non
         {"mode": "existing", "name": "team-gpu", "podIdentityAgent": True}
     )
     assert asked.installs_pod_identity_agent
+
+
+def test_existing_mode_may_name_the_fsx_subnet() -> None:
+    config = ClusterConfig.model_validate(
+        {"mode": "existing", "name": "team", "network": {"gpuSubnetId": "subnet-g"}}
+    )
+    assert config.network.gpu_subnet_id == "subnet-g"
 
 
 def test_existing_vpc_with_subnets() -> None:
