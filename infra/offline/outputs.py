@@ -305,3 +305,46 @@ class FakeCloud(pulumi_mocks.Mocks):
         self.invokes.append((args.token, dict(args.args)))
         handler = INVOKE_RESULTS.get(args.token)
         return (handler(dict(args.args)) if handler else {}), []
+
+
+# --- PLATFORM-A: network look-ups, the deployer's role, platform stack outputs -----------------
+
+
+def _subnet(args: dict[str, Any]) -> dict[str, Any]:
+    subnet_id = args.get("id", "subnet-unknown")
+    return {
+        "id": subnet_id,
+        "arn": arn("ec2", f"subnet/{subnet_id}"),
+        "availabilityZone": AZ_NAMES[0],
+        "availabilityZoneId": AZ_IDS[0],
+        "vpcId": f"vpc-{short_hash(subnet_id)}",
+        "cidrBlock": "10.0.128.0/18",
+    }
+
+
+def _session_context(args: dict[str, Any]) -> dict[str, Any]:
+    """An assumed-role session ARN → the role's IAM ARN, as `aws.iam.get_session_context` does."""
+    session_arn = args["arn"]
+    if ":assumed-role/" not in session_arn:
+        return {"arn": session_arn, "issuerArn": session_arn, "id": session_arn}
+    role_name, session_name = session_arn.split(":assumed-role/", 1)[1].split("/", 1)
+    return {
+        "arn": session_arn,
+        "issuerArn": f"arn:aws:iam::{ACCOUNT_ID}:role/{role_name}",
+        "issuerName": role_name,
+        "sessionName": session_name,
+        "id": session_arn,
+    }
+
+
+INVOKE_RESULTS["aws:ec2/getSubnet:getSubnet"] = _subnet
+INVOKE_RESULTS["aws:iam/getSessionContext:getSessionContext"] = _session_context
+RESOURCE_OUTPUTS["pulumi:pulumi:StackReference"] = lambda name, inputs: {
+    # What a create-mode stack of this project exports (see infra/__main__.py).
+    "outputs": {
+        "clusterName": f"{inputs.get('name', name).rsplit('/', 1)[-1]}-cluster",
+        "gpuSubnetId": f"subnet-{short_hash(inputs.get('name', name) + 'gpu')}",
+        "vpcId": f"vpc-{short_hash(inputs.get('name', name))}",
+    },
+    "secretOutputNames": [],
+}

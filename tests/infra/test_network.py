@@ -1,0 +1,129 @@
+"""The network: private subnets in >= 2 AZs, a zonal GPU subnet, NAT, S3 endpoint; or nothing."""
+
+import ipaddress
+from typing import Any
+
+import pulumi
+import pytest
+
+from infra.config.cluster import NetworkConfig
+from infra.network import Network, NetworkArgs, plan_subnets
+from infra.offline import Evaluation, evaluate
+
+SUBNET = "aws:ec2/subnet:Subnet"
+
+
+def build(network: dict[str, Any], gpu_az: str | None = None) -> Evaluation:
+    def program() -> None:
+        net = Network(
+            "net",
+            NetworkArgs(config=NetworkConfig.model_validate(network), gpu_availability_zone=gpu_az),
+        )
+        pulumi.export("vpcId", net.vpc_id)
+        pulumi.export("private", net.private_subnet_ids)
+        pulumi.export("gpuSubnet", net.gpu_subnet_id)
+        pulumi.export("gpuAz", net.gpu_availability_zone)
+
+    return evaluate(program, config={})
+
+
+def test_plan_splits_the_vpc_without_overlap() -> None:
+    plan = plan_subnets("10.0.0.0/16", ["us-west-2a", "us-west-2b", "us-west-2c"])
+    blocks = [*plan.system.values(), plan.gpu, *plan.public.values()]
+    networks = [ipaddress.IPv4Network(b) for b in blocks]
+    vpc = ipaddress.IPv4Network("10.0.0.0/16")
+    assert all(n.subnet_of(vpc) for n in networks)
+    assert not any(a.overlaps(b) for i, a in enumerate(networks) for b in networks[i + 1 :])
+    assert ipaddress.IPv4Network(plan.gpu).prefixlen == 18
+    assert {ipaddress.IPv4Network(c).prefixlen for c in plan.system.values()} == {19}
+    assert {ipaddress.IPv4Network(c).prefixlen for c in plan.public.values()} == {24}
+
+
+def test_smallest_vpc_still_has_valid_public_subnets() -> None:
+    plan = plan_subnets("10.0.0.0/20", ["a", "b", "c", "d"])
+    assert {ipaddress.IPv4Network(c).prefixlen for c in plan.public.values()} == {28}
+
+
+def test_new_vpc_has_two_private_azs_a_zonal_gpu_subnet_nat_and_s3_endpoint() -> None:
+    result = build({}, gpu_az="us-west-2c")
+    subnets = result.of_type(SUBNET)
+    private = [s for s in subnets if s.inputs["tags"].get("kubernetes.io/role/internal-elb")]
+    assert sorted(s.inputs["availabilityZone"] for s in private) == ["us-west-2a", "us-west-2b"]
+    gpu = result.one(SUBNET, "net-gpu")
+    assert gpu.inputs["availabilityZone"] == "us-west-2c"
+    assert result.stack_outputs["gpuAz"] == "us-west-2c"
+    assert result.stack_outputs["gpuSubnet"].startswith("subnet-")
+    assert len(result.stack_outputs["private"]) == 2
+    assert all(not s.inputs.get("mapPublicIpOnLaunch", False) for s in subnets)
+    nats = result.of_type("aws:ec2/natGateway:NatGateway")
+    assert len(nats) == 1  # single NAT by default
+    endpoint = result.one("aws:ec2/vpcEndpoint:VpcEndpoint")
+    assert endpoint.inputs["serviceName"] == "com.amazonaws.us-west-2.s3"
+    assert endpoint.inputs["vpcEndpointType"] == "Gateway"
+    private_rts = [
+        r for r in result.of_type("aws:ec2/routeTable:RouteTable") if "private" in r.name
+    ]
+    assert len(endpoint.inputs["routeTableIds"]) == len(private_rts) == 1
+    # every private and GPU subnet routes through the NAT's route table
+    associations = {
+        a.name: a.inputs["routeTableId"]
+        for a in result.of_type("aws:ec2/routeTableAssociation:RouteTableAssociation")
+    }
+    assert associations["net-gpu"] == associations["net-private-us-west-2a"]
+    default_routes = result.of_type("aws:ec2/route:Route")
+    assert any("natGatewayId" in r.inputs for r in default_routes)
+
+
+def test_gpu_subnet_defaults_to_the_first_az() -> None:
+    result = build({})
+    assert result.one(SUBNET, "net-gpu").inputs["availabilityZone"] == "us-west-2a"
+
+
+def test_nat_per_az_gives_each_az_its_own_route() -> None:
+    result = build({"singleNatGateway": False, "azCount": 3}, gpu_az="us-west-2b")
+    assert len(result.of_type("aws:ec2/natGateway:NatGateway")) == 3
+    endpoint = result.one("aws:ec2/vpcEndpoint:VpcEndpoint")
+    assert len(endpoint.inputs["routeTableIds"]) == 3
+    associations = {
+        a.name: a.inputs["routeTableId"]
+        for a in result.of_type("aws:ec2/routeTableAssociation:RouteTableAssociation")
+    }
+    assert associations["net-gpu"] == associations["net-private-us-west-2b"]
+    assert associations["net-gpu"] != associations["net-private-us-west-2a"]
+
+
+def test_explicit_azs_are_used() -> None:
+    result = build({"availabilityZones": ["us-west-2b", "us-west-2d"]})
+    azs = sorted(
+        s.inputs["availabilityZone"] for s in result.of_type(SUBNET) if "private" in s.name
+    )
+    assert azs == ["us-west-2b", "us-west-2d"]
+
+
+@pytest.mark.parametrize(
+    ("network", "gpu_az", "message"),
+    [
+        ({}, "eu-west-1a", r"gpuNodes\.availabilityZone 'eu-west-1a' is not available"),
+        ({"availabilityZones": ["us-west-2a", "us-east-1a"]}, None, r"\['us-east-1a'\]"),
+    ],
+)
+def test_unavailable_azs_fail_before_anything_is_created(
+    network: dict[str, Any], gpu_az: str | None, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        build(network, gpu_az)
+
+
+def test_existing_vpc_creates_nothing() -> None:
+    result = build(
+        {
+            "vpcId": "vpc-0abc",
+            "privateSubnetIds": ["subnet-a", "subnet-b"],
+            "gpuSubnetId": "subnet-g",
+        }
+    )
+    assert [r.type for r in result.resources] == ["fsdp-eks:network:Network"]
+    assert result.stack_outputs["vpcId"] == "vpc-0abc"
+    assert result.stack_outputs["private"] == ["subnet-a", "subnet-b"]
+    assert result.stack_outputs["gpuSubnet"] == "subnet-g"
+    assert result.stack_outputs["gpuAz"] == "us-west-2a"  # looked up from the subnet
