@@ -1,0 +1,512 @@
+"""The whole stack config: every section, the checks between them, and the ways to load it.
+
+One stack file is one training run, so this model is the single source of truth for every
+component: the node group, the storage, the image and the PyTorchJob all read the same parsed
+object. Loading fails *before* any resource is registered, with one line per problem that names
+the key as written in the stack file (`gpuNodes.instanceType`), the bad value and what is
+allowed, because a reviewer or a CI log should say what to change, not where pydantic failed.
+
+Three entry points share one parser (`parse_stack_config`):
+* `load_stack_config()` inside the Pulumi program (reads every key the engine passed),
+* `read_stack_file()` / `load_stack_file()` for the offline plan, tests and the local run,
+  which have a `stacks/Pulumi.<name>.yaml` file but no Pulumi engine.
+This module imports neither pulumi nor torch at import time: the local run uses it too.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
+from pydantic_core import ErrorDetails
+
+from infra.config.addons import AddonsConfig
+from infra.config.base import ConfigSection
+from infra.config.cluster import ClusterConfig, GpuNodesConfig
+from infra.config.cost import CostConfig
+from infra.config.image import ImageConfig
+from infra.config.job import DataConfig, JobConfig, ModelConfig, TrainingConfig
+from infra.config.storage import StorageConfig
+from infra.instances import InstanceFacts
+from infra.pricing import CostEstimate, PriceUnknownError, estimate_cost
+from trainer.presets import ModelShape, get_preset
+
+PROJECT = "fsdp-eks"
+"""The Pulumi project name, and so the namespace of every stack-config key."""
+
+HF_TOKEN_KEY = "hfToken"
+
+# Hub organisations whose models and tokenizers are gated: downloading them needs a token.
+GATED_HUB_ORGS = ("meta-llama/", "mistralai/")
+
+
+class StackConfigError(ValueError):
+    """A stack config that cannot run; `problems` holds one message per problem."""
+
+    def __init__(self, problems: list[str], *, source: str = "stack config") -> None:
+        self.problems = problems
+        lines = "\n".join(f"  - {problem}" for problem in problems)
+        super().__init__(f"{source} is invalid ({len(problems)} problem(s)):\n{lines}")
+
+
+class StackConfig(ConfigSection):
+    """Every key of one stack file (`fsdp-eks:<key>`), validated together."""
+
+    cluster: ClusterConfig = Field(
+        default_factory=ClusterConfig,
+        description="The EKS cluster: create one, or use an existing one by name.",
+    )
+    gpu_nodes: GpuNodesConfig = Field(
+        description="The GPU nodes the job runs on (instance type, count, capacity, EFA)."
+    )
+    storage: StorageConfig = Field(
+        default_factory=StorageConfig,
+        description="S3 bucket and FSx for Lustre volume for data and checkpoints.",
+    )
+    addons: AddonsConfig = Field(
+        default_factory=AddonsConfig,
+        description="Device plugins and the Kubeflow training operator.",
+    )
+    image: ImageConfig = Field(
+        default_factory=ImageConfig,
+        description="The trainer image: built by `pulumi up`, or your own `uri`.",
+    )
+    job: JobConfig = Field(
+        default_factory=JobConfig, description="The PyTorchJob: name, lifetime, restarts, env."
+    )
+    model: ModelConfig = Field(
+        default_factory=ModelConfig, description="The model preset, shape overrides, weights."
+    )
+    data: DataConfig = Field(default_factory=DataConfig, description="Dataset and tokenizer.")
+    training: TrainingConfig = Field(
+        default_factory=TrainingConfig,
+        description="Steps, batch sizes, context, optimizer, sharding, checkpoints.",
+    )
+    cost: CostConfig = Field(
+        default_factory=CostConfig, description="Per-run cost ceiling and pricing inputs."
+    )
+    hf_token: SecretStr | None = Field(
+        default=None,
+        description=(
+            "Hugging Face token for gated models, datasets and tokenizers. Secret only: "
+            "`pulumi config set --secret hfToken hf_...`; a plaintext value is rejected."
+        ),
+    )
+
+    @field_validator("hf_token")
+    @classmethod
+    def _empty_token_is_none(cls, value: SecretStr | None) -> SecretStr | None:
+        # Pulumi.yaml declares hfToken with an empty default so that it stays optional.
+        if value is not None and not value.get_secret_value():
+            return None
+        return value
+
+    # Derived figures: computed once here so that node groups, the job and the plan agree.
+
+    @property
+    def instance(self) -> InstanceFacts:
+        return self.gpu_nodes.facts
+
+    @property
+    def gpus_per_node(self) -> int:
+        """Trainer processes per node (PyTorchJob `nprocPerNode`)."""
+        return self.job.gpus_per_node or self.instance.gpus
+
+    @property
+    def world_size(self) -> int:
+        """Trainer processes in the whole job."""
+        return self.gpu_nodes.count * self.gpus_per_node
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        """Micro-batches per optimizer step: given, else derived from the global batch size."""
+        training = self.training
+        if training.gradient_accumulation_steps is not None:
+            return training.gradient_accumulation_steps
+        if training.global_batch_size is not None:
+            return max(1, training.global_batch_size // self._sequences_per_micro_step)
+        return 1
+
+    @property
+    def global_batch_size(self) -> int:
+        """Sequences per optimizer step over all GPUs."""
+        return self._sequences_per_micro_step * self.gradient_accumulation_steps
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch_size * self.training.context_width
+
+    @property
+    def _sequences_per_micro_step(self) -> int:
+        return self.training.micro_batch_size * self.world_size
+
+    def model_shape(self) -> ModelShape:
+        """The preset's published shape with the stack's overrides applied."""
+        model = self.model
+        return get_preset(model.preset).with_overrides(
+            num_layers=model.num_layers,
+            hidden_size=model.hidden_size,
+            num_heads=model.num_heads,
+            num_key_value_heads=model.num_key_value_heads,
+            intermediate_size=model.intermediate_size,
+            vocab_size=model.vocab_size,
+        )
+
+
+def cross_section_problems(config: StackConfig) -> list[str]:
+    """Problems that only show when sections are read together, one message each."""
+    problems: list[str] = []
+    facts = config.instance
+    nodes = config.gpu_nodes
+    training = config.training
+
+    if config.job.gpus_per_node is not None and config.job.gpus_per_node > facts.gpus:
+        problems.append(
+            f"job.gpusPerNode {config.job.gpus_per_node} exceeds the {facts.gpus} GPU(s) of "
+            f"gpuNodes.instanceType {nodes.instance_type!r}; allowed: 1 to {facts.gpus}"
+        )
+        return problems  # every figure below depends on a possible GPU count
+
+    per_micro_step = training.micro_batch_size * config.world_size
+    if training.global_batch_size is not None:
+        if training.global_batch_size % per_micro_step:
+            problems.append(
+                f"training.globalBatchSize {training.global_batch_size} is not a multiple of "
+                f"microBatchSize {training.micro_batch_size} x {config.world_size} GPUs "
+                f"({nodes.count} nodes x {config.gpus_per_node}) = {per_micro_step}; allowed: "
+                f"{per_micro_step}, {2 * per_micro_step}, {4 * per_micro_step}, ..."
+            )
+        elif (
+            training.gradient_accumulation_steps is not None
+            and training.gradient_accumulation_steps * per_micro_step != training.global_batch_size
+        ):
+            problems.append(
+                f"training.globalBatchSize {training.global_batch_size} disagrees with "
+                f"microBatchSize {training.micro_batch_size} x {config.world_size} GPUs x "
+                f"gradientAccumulationSteps {training.gradient_accumulation_steps} = "
+                f"{training.gradient_accumulation_steps * per_micro_step}; set one of the two"
+            )
+
+    if training.sharding_strategy == "hybrid":
+        shard = training.hsdp_shard_size or config.gpus_per_node
+        if config.world_size % shard:
+            problems.append(
+                f"training.hsdpShardSize {shard} does not divide the world size "
+                f"{config.world_size} ({nodes.count} nodes x {config.gpus_per_node} GPUs)"
+            )
+
+    try:
+        shape = config.model_shape()
+    except ValueError as err:
+        problems.append(f"model: the overrides give an impossible shape: {err}")
+    else:
+        if training.context_width > shape.max_position_embeddings:
+            problems.append(
+                f"training.contextWidth {training.context_width} is longer than the "
+                f"{shape.max_position_embeddings}-token context of model.preset "
+                f"{config.model.preset!r}; allowed: up to {shape.max_position_embeddings}"
+            )
+
+    shm = config.job.shm_size_gib
+    if shm is not None and shm >= facts.memory_gib // 2:
+        problems.append(
+            f"job.shmSizeGiB {shm} leaves too little of the {facts.memory_gib} GiB of "
+            f"{nodes.instance_type} for the trainer; allowed: below {facts.memory_gib // 2}"
+        )
+
+    if config.hf_token is None:
+        gated = [
+            f"{key} {value!r}"
+            for key, value in (
+                ("model.initFrom", config.model.init_from),
+                ("data.tokenizer", config.data.tokenizer),
+                ("data.dataset", config.data.dataset),
+            )
+            if value is not None and value.startswith(GATED_HUB_ORGS)
+        ]
+        if gated:
+            problems.append(
+                f"{', '.join(gated)} is gated on the Hugging Face hub and hfToken is not set; "
+                "add it with `pulumi config set --secret hfToken hf_...`"
+            )
+
+    cluster = config.cluster
+    fsx = config.storage.fsx
+    if (
+        cluster.mode == "existing"
+        and fsx.creates_file_system
+        and cluster.network.gpu_subnet_id is None
+        and cluster.platform_stack is None
+    ):
+        problems.append(
+            "storage.fsx would create a file system on the existing cluster but no subnet is "
+            "known: set cluster.network.gpuSubnetId (with vpcId and privateSubnetIds), "
+            "cluster.platformStack, or storage.fsx.existingClaimName / enabled: false"
+        )
+
+    problems.extend(_cost_problems(config))
+    return problems
+
+
+def cost_estimate(config: StackConfig) -> CostEstimate:
+    """The GPU nodes' estimated cost (infra.pricing), as plans and stack outputs show it."""
+    nodes, cost = config.gpu_nodes, config.cost
+    return estimate_cost(
+        nodes.instance_type,
+        nodes.count,
+        nodes.capacity.type,
+        run_hours=cost.run_hours(config.job.max_run_hours),
+        max_usd_per_run=cost.max_usd_per_run,
+        usd_per_instance_hour=cost.usd_per_instance_hour,
+    )
+
+
+def _cost_problems(config: StackConfig) -> list[str]:
+    """A run must be priced, and priced under its ceiling, before anything is created."""
+    cost = config.cost
+    try:
+        estimate = cost_estimate(config)
+    except PriceUnknownError as err:
+        return [f"gpuNodes.instanceType: {err}"]
+    if not estimate.exceeds_ceiling:
+        return []
+    if estimate.usd_per_run is None:
+        return [
+            f"cost.maxUsdPerRun {cost.max_usd_per_run} needs a run length to check against: "
+            "set job.maxRunHours (a deadline, recommended) or cost.maxRunHours, or "
+            "cost.maxUsdPerRun: null to switch the ceiling off"
+        ]
+    return [
+        f"cost.maxUsdPerRun {cost.max_usd_per_run:g} is below the estimate "
+        f"${estimate.usd_per_run:,.2f} ({estimate.summary()}); raise the ceiling, shorten "
+        "job.maxRunHours or use fewer/cheaper gpuNodes"
+    ]
+
+
+# --- turning pydantic's errors into messages that name stack-file keys -------------------------
+
+
+def _allowed_keys(model: type[BaseModel]) -> list[str]:
+    return sorted(field.alias or name for name, field in model.model_fields.items())
+
+
+def _model_at(path: tuple[int | str, ...]) -> type[BaseModel] | None:
+    """The config model found at `path` (aliases) under StackConfig, if the path leads to one."""
+    model: type[BaseModel] = StackConfig
+    for part in path:
+        if isinstance(part, int):
+            continue
+        by_alias = {field.alias or name: field for name, field in model.model_fields.items()}
+        field = by_alias.get(part)
+        if field is None:
+            return None
+        annotation = field.annotation
+        candidates = [annotation, *getattr(annotation, "__args__", ())]
+        nested = [c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)]
+        if not nested:
+            return None
+        model = nested[0]
+    return model
+
+
+def _describe_error(error: ErrorDetails) -> str:
+    path = tuple(error["loc"])
+    key = ".".join(str(part) for part in path) or "stack config"
+    kind = error["type"]
+    value = error.get("input")
+    if kind == "extra_forbidden":
+        parent = _model_at(path[:-1])
+        allowed = _allowed_keys(parent) if parent else []
+        hint = difflib.get_close_matches(str(path[-1]), allowed, n=1)
+        suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
+        return f"{key}: unknown key{suggestion}; allowed keys here: {', '.join(allowed)}"
+    if kind == "missing":
+        return f"{key} is required and missing"
+    if kind == "value_error":
+        message = str(error["msg"]).removeprefix("Value error, ")
+        # Section validators already name their keys; add the path only when they did not.
+        return message if path and str(path[0]) in message else f"{key}: {message}"
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        return f"{key} must be a mapping of keys, got {value!r}"
+    message = str(error["msg"])
+    return f"{key} = {value!r}: {message[0].lower()}{message[1:]}"
+
+
+def format_validation_error(err: ValidationError) -> list[str]:
+    """One message per pydantic error, naming the camelCase key path."""
+    return [_describe_error(error) for error in err.errors()]
+
+
+# --- parsing --------------------------------------------------------------------------------
+
+
+def config_keys() -> list[str]:
+    """The keys a stack may set in the `fsdp-eks:` namespace."""
+    return _allowed_keys(StackConfig)
+
+
+def _unqualified(key: str) -> str | None:
+    """`fsdp-eks:gpuNodes` or `gpuNodes` → `gpuNodes`; another namespace → None."""
+    namespace, sep, name = key.rpartition(":")
+    if not sep:
+        return key
+    return name if namespace == PROJECT else None
+
+
+def dns_name(stack_name: str) -> str:
+    """A stack name as a DNS-1123 label, for the default job name."""
+    name = re.sub(r"[^a-z0-9-]+", "-", stack_name.lower()).strip("-")
+    return name[:48].rstrip("-") or "training"
+
+
+def parse_stack_config(
+    values: Mapping[str, Any],
+    *,
+    stack_name: str,
+    secret_keys: Collection[str] = (),
+    source: str | None = None,
+) -> StackConfig:
+    """Validate raw stack-config values (`[fsdp-eks:]key` → value) into a StackConfig.
+
+    Values may be Python objects or JSON text (as the engine passes them). `secret_keys` are
+    the keys that were Pulumi secrets. Raises StackConfigError listing every problem.
+    """
+    where = source or f"stack {stack_name!r}"
+    problems: list[str] = []
+    sections: dict[str, Any] = {}
+    allowed = config_keys()
+    secret_names = {_unqualified(key) for key in secret_keys}
+    for key, raw in values.items():
+        name = _unqualified(key)
+        if name is None:
+            continue  # provider config such as aws:region belongs to its provider
+        if name not in allowed:
+            hint = difflib.get_close_matches(name, allowed, n=1)
+            suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
+            problems.append(
+                f"{PROJECT}:{name} is not a stack config key{suggestion}; "
+                f"allowed: {', '.join(allowed)}"
+            )
+            continue
+        if name == HF_TOKEN_KEY:
+            if raw not in (None, "") and name not in secret_names:
+                problems.append(
+                    f"{PROJECT}:{HF_TOKEN_KEY} is stored in plaintext; a token must be a "
+                    f"Pulumi secret: `pulumi config set --secret {HF_TOKEN_KEY} hf_...` "
+                    "(and rotate the exposed token)"
+                )
+                continue
+            sections[name] = raw
+            continue
+        value = raw
+        if isinstance(raw, str):
+            try:
+                value = json.loads(raw)
+            except json.JSONDecodeError:
+                value = raw
+        if value is None:
+            continue
+        if not isinstance(value, dict):
+            problems.append(
+                f"{PROJECT}:{name} must be a mapping of keys (e.g. {name}: {{...}}), got {value!r}"
+            )
+            continue
+        sections[name] = value
+    if problems:
+        raise StackConfigError(problems, source=where)
+    try:
+        config = StackConfig.model_validate(sections)
+    except ValidationError as err:
+        raise StackConfigError(format_validation_error(err), source=where) from None
+    if config.job.name is None:
+        job = config.job.model_copy(update={"name": dns_name(stack_name)})
+        config = config.model_copy(update={"job": job})
+    problems = cross_section_problems(config)
+    if problems:
+        raise StackConfigError(problems, source=where)
+    return config
+
+
+# --- sources: the Pulumi engine, or a stack file ----------------------------------------------
+
+
+def load_stack_config() -> StackConfig:
+    """The stack config of the running Pulumi program, from every key the engine passed.
+
+    Reads the whole config map, not single keys, so that a misspelt key is an error instead of
+    a silently ignored setting (the Pulumi CLI accepts undeclared keys).
+    """
+    import pulumi
+    from pulumi.runtime import config as runtime_config
+
+    values: dict[str, Any] = {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
+    secret_keys = {k for k in values if pulumi.runtime.is_config_secret(k)}
+    secret_keys |= set(runtime_config.get_config_secret_keys_env())
+    return parse_stack_config(values, stack_name=pulumi.get_stack(), secret_keys=secret_keys)
+
+
+SECRET_PLACEHOLDER = "offline-placeholder-secret"
+"""Stands in for an encrypted value when a stack file is read without its secrets provider."""
+
+
+@dataclass(frozen=True)
+class StackFile:
+    """A `Pulumi.<stack>.yaml` as the engine would pass it: values plus which are secret."""
+
+    stack_name: str
+    path: Path
+    config: dict[str, Any]
+    secret_keys: list[str]
+
+
+def stack_file_path(stack: str | Path, stacks_dir: Path | None = None) -> Path:
+    """`dev`, `Pulumi.dev.yaml` or a path → the stack file's path."""
+    candidate = Path(stack)
+    if candidate.suffix in (".yaml", ".yml") and candidate.exists():
+        return candidate
+    directory = stacks_dir or Path(__file__).resolve().parents[2] / "stacks"
+    path = directory / f"Pulumi.{stack}.yaml"
+    if not path.exists():
+        known = sorted(
+            p.name.removeprefix("Pulumi.").removesuffix(".yaml")
+            for p in directory.glob("Pulumi.*.yaml")
+        )
+        raise FileNotFoundError(f"no stack file {path}; stacks: {', '.join(known)}")
+    return path
+
+
+def read_stack_file(stack: str | Path, stacks_dir: Path | None = None) -> StackFile:
+    """Read a stack file; `secure:` values become a placeholder and are listed as secret."""
+    path = stack_file_path(stack, stacks_dir)
+    name = path.name.removeprefix("Pulumi.").rsplit(".", 1)[0]
+    document = yaml.safe_load(path.read_text()) or {}
+    raw = document.get("config") or {}
+    if not isinstance(raw, dict):
+        raise StackConfigError([f"{path.name}: 'config' must be a mapping"], source=str(path))
+    config: dict[str, Any] = {}
+    secret_keys: list[str] = []
+    for key, value in raw.items():
+        if isinstance(value, dict) and set(value) == {"secure"}:
+            config[key] = SECRET_PLACEHOLDER
+            secret_keys.append(key)
+        else:
+            config[key] = value
+    return StackFile(stack_name=name, path=path, config=config, secret_keys=secret_keys)
+
+
+def load_stack_file(stack: str | Path, stacks_dir: Path | None = None) -> StackConfig:
+    """Read and validate a stack file without the Pulumi engine (plan, tests, local run)."""
+    stack_file = read_stack_file(stack, stacks_dir)
+    return parse_stack_config(
+        stack_file.config,
+        stack_name=stack_file.stack_name,
+        secret_keys=stack_file.secret_keys,
+        source=str(stack_file.path.name),
+    )

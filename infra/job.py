@@ -1,0 +1,183 @@
+"""The training run itself: a Kubeflow PyTorchJob (plus its HF-token Secret) on the cluster.
+
+The manifest comes from `infra.job_manifest` (pure, also printed by the offline plan); this
+component only registers it. Two choices matter for `pulumi up` on a changed experiment:
+
+* The PyTorchJob keeps its name (`job.name`) and any change to its `spec` replaces it, old one
+  deleted first (`replace_on_changes=["spec"]`, `delete_before_replace=True`). The operator
+  does not restart running pods when a spec is edited in place, and Kubernetes refuses a second
+  job of the same name, so delete-then-create is the only clean relaunch. A config hash in the
+  name would allow create-before-delete, but the new job's pods would then wait for GPUs the
+  old job still holds while `up` waits for the new job to run: a deadlock on a full node group.
+* `pulumi.com/waitFor: condition=Running` makes `up` return once every worker runs, not when
+  training ends; a job that never starts fails `up` at the create timeout.
+
+Construction (`infra/program.py`):
+
+    namespace = JobNamespace("job-namespace", JobNamespaceArgs(config=stack.job,
+        k8s_provider=cluster.k8s_provider, depends_on=cluster.ready))
+    job = TrainingJob("job", TrainingJobArgs(
+        config=stack, image_uri=image.image_uri, k8s_provider=cluster.k8s_provider,
+        namespace=namespace.name, pvc_name=storage.pvc_name, mount_path=storage.mount_path,
+        placement=Placement(cluster.gpu_node_selector, cluster.gpu_tolerations),
+        depends_on=[*cluster.ready, *addons.ready, *storage.ready]))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from infra.config.job import JobConfig
+from infra.config.stack import StackConfig
+from infra.job_manifest import (
+    API_VERSION,
+    HF_TOKEN_SECRET_KEY,
+    KIND,
+    JobManifest,
+    Placement,
+    kubectl_commands,
+    render_job,
+)
+
+CREATE_TIMEOUT = "60m"
+"""GPU nodes scaling up and a 20 GB image pull can take most of an hour before pods run."""
+
+
+@dataclass
+class JobNamespaceArgs:
+    config: JobConfig
+    k8s_provider: pulumi.ProviderResource
+    depends_on: Sequence[pulumi.Resource] = ()
+
+
+class JobNamespace(pulumi.ComponentResource):
+    """The job's namespace: created by the stack, or an existing one referenced by name.
+
+    Separate from TrainingJob because the FSx claim (Storage) must live in it before the job.
+    """
+
+    name: pulumi.Output[str]
+
+    def __init__(
+        self, name: str, args: JobNamespaceArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("fsdp-eks:job:JobNamespace", name, None, opts)
+        if args.config.create_namespace:
+            namespace = k8s.core.v1.Namespace(
+                f"{name}-namespace",
+                metadata={
+                    "name": args.config.namespace,
+                    "labels": {"app.kubernetes.io/part-of": "fsdp-eks"},
+                },
+                opts=pulumi.ResourceOptions(
+                    parent=self, provider=args.k8s_provider, depends_on=list(args.depends_on)
+                ),
+            )
+            self.name = namespace.metadata.apply(lambda meta: str(meta["name"]))
+        else:
+            self.name = pulumi.Output.from_input(args.config.namespace)
+        self.register_outputs({"name": self.name})
+
+
+@dataclass
+class TrainingJobArgs:
+    config: StackConfig
+    """The whole validated stack config (the job reads model/data/training/job/gpuNodes)."""
+    image_uri: pulumi.Input[str]
+    """Digest-pinned image (TrainerImage.image_uri) or image.uri from the config."""
+    k8s_provider: pulumi.ProviderResource
+    namespace: pulumi.Input[str]
+    """JobNamespace.name, so the job waits for its namespace."""
+    pvc_name: pulumi.Input[str] | None = None
+    """FSx claim in the namespace (Storage.pvc_name); None: a pod-local checkpoint volume."""
+    mount_path: str | None = None
+    """Where the claim is mounted (Storage.mount_path); default storage.fsx.mountPath."""
+    placement: Placement | None = None
+    """GPU node selector and tolerations from the cluster; default: by instance type."""
+    depends_on: Sequence[pulumi.Resource] = field(default_factory=list)
+    """Node groups, device plugins, training operator, storage: all must exist first."""
+    service_account_name: str | None = None
+
+
+class TrainingJob(pulumi.ComponentResource):
+    """`fsdp-eks:job:TrainingJob`: the PyTorchJob running `torchrun ... -m trainer <args>`."""
+
+    job_name: pulumi.Output[str]
+    namespace: pulumi.Output[str]
+    image: pulumi.Output[str]
+    run_id: str
+    checkpoint_path: str
+    manifest: JobManifest
+    kubectl: dict[str, str]
+
+    def __init__(
+        self, name: str, args: TrainingJobArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("fsdp-eks:job:TrainingJob", name, None, opts)
+        config = args.config
+        job_name = config.job.name
+        assert job_name is not None  # filled from the stack name by parse_stack_config
+        k8s_opts = pulumi.ResourceOptions(parent=self, provider=args.k8s_provider)
+
+        secret_name = None
+        if config.hf_token is not None:
+            secret_name = f"{job_name}-hf-token"
+            k8s.core.v1.Secret(
+                f"{name}-hf-token",
+                metadata={"name": secret_name, "namespace": args.namespace},
+                type="Opaque",
+                string_data={
+                    HF_TOKEN_SECRET_KEY: pulumi.Output.secret(config.hf_token.get_secret_value())
+                },
+                opts=k8s_opts,
+            )
+
+        self.manifest = render_job(
+            config,
+            image=args.image_uri,
+            pvc_name=args.pvc_name,
+            mount_path=args.mount_path,
+            placement=args.placement,
+            hf_secret_name=secret_name,
+            service_account_name=args.service_account_name,
+        )
+        metadata = {**self.manifest.metadata, "namespace": args.namespace}
+        job = k8s.apiextensions.CustomResource(
+            f"{name}-pytorchjob",
+            api_version=API_VERSION,
+            kind=KIND,
+            metadata=metadata,
+            spec=self.manifest.spec,
+            opts=pulumi.ResourceOptions.merge(
+                k8s_opts,
+                pulumi.ResourceOptions(
+                    depends_on=list(args.depends_on),
+                    # Same-name relaunch: the old job must be gone before the new one exists.
+                    delete_before_replace=True,
+                    replace_on_changes=["spec"],
+                    custom_timeouts=pulumi.CustomTimeouts(
+                        create=CREATE_TIMEOUT, update=CREATE_TIMEOUT
+                    ),
+                ),
+            ),
+        )
+        # Derived from the job's id so that anything reading the name waits for the job.
+        self.job_name = job.id.apply(lambda _: job_name)
+        self.namespace = pulumi.Output.from_input(args.namespace)
+        self.image = pulumi.Output.from_input(args.image_uri)
+        self.run_id = self.manifest.run_id
+        self.checkpoint_path = self.manifest.paths.run_dir
+        self.kubectl = kubectl_commands(job_name, config.job.namespace)
+        self.register_outputs(
+            {
+                "jobName": self.job_name,
+                "namespace": self.namespace,
+                "image": self.image,
+                "runId": self.run_id,
+                "checkpointPath": self.checkpoint_path,
+            }
+        )

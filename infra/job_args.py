@@ -1,0 +1,156 @@
+"""The trainer's command line, rendered from the stack config.
+
+The PyTorchJob, the offline plan and the local run all print or execute the command this module
+renders, and a test parses it with the trainer's own parser (`trainer.config.parse_args`), so a
+stack file can never produce a flag the trainer would reject at minute twenty of a GPU run.
+No pulumi and no torch here: the local run imports it on a laptop.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from infra.config.job import RENDERED_TRAINER_FLAGS
+from infra.config.stack import StackConfig
+from trainer.config import format_args
+
+CHECKPOINTS_DIR = "checkpoints"
+"""Directory under the shared mount that holds one sub-directory per run."""
+LOCAL_CHECKPOINT_MOUNT = "/checkpoints"
+"""Where runs keep checkpoints when the stack has no shared FSx volume (a pod-local volume)."""
+
+
+def trainer_flags(config: StackConfig) -> dict[str, Any]:
+    """Every trainer flag the experiment sets, except the run's paths (`{flag: value}`).
+
+    Values left `None` keep the trainer's default. `dataset_config_name` is rendered as ''
+    when the stack sets it to null, because the trainer's own default is 'en'.
+    """
+    model, data, training = config.model, config.data, config.training
+    flags: dict[str, Any] = {
+        "model": model.preset,
+        "num_layers": model.num_layers,
+        "hidden_width": model.hidden_size,
+        "num_heads": model.num_heads,
+        "num_key_value_heads": model.num_key_value_heads,
+        "intermediate_size": model.intermediate_size,
+        "vocab_size": model.vocab_size,
+        "max_context_width": training.context_width,
+        "init_from": model.init_from,
+        "attn_implementation": model.attn_implementation,
+        "dataset": data.dataset,
+        "dataset_config_name": data.dataset_config_name or "",
+        "tokenizer": data.tokenizer,
+        "text_column": data.text_column,
+        "num_workers": data.num_workers,
+        "train_batch_size": training.micro_batch_size,
+        "sharding_strategy": training.sharding_strategy,
+        "hsdp_shard_size": training.hsdp_shard_size,
+        "bf16": training.bf16,
+        "activation_checkpointing": training.activation_checkpointing,
+        "cpu_offload": training.cpu_offload,
+        "compile": training.compile,
+        "max_steps": training.max_steps,
+        "lr": training.lr,
+        "min_lr": training.min_lr,
+        "warmup": training.warmup,
+        "lr_decay_style": training.lr_decay_style,
+        "weight_decay": training.weight_decay,
+        "beta1": training.beta1,
+        "beta2": training.beta2,
+        "grad_clip": training.grad_clip,
+        "gradient_accumulation_steps": config.gradient_accumulation_steps,
+        "seed": training.seed,
+        "checkpoint_freq": training.checkpoint_every,
+        "keep_last_checkpoints": training.keep_last_checkpoints,
+        "logging_freq": training.logging_every,
+        "validation_freq": training.validation_every,
+        "validation_batches": training.validation_batches,
+    }
+    return {**flags, **training.extra_args}
+
+
+def run_id(config: StackConfig) -> str:
+    """The run's directory name: `job.runId`, else the job name plus a hash of the flags.
+
+    A pod that restarts (same flags) finds its checkpoints and resumes; an edited experiment
+    (other flags, so another hash) starts fresh instead of loading an incompatible checkpoint.
+    """
+    if config.job.run_id is not None:
+        return config.job.run_id
+    text = json.dumps(trainer_flags(config), sort_keys=True, default=str)
+    return f"{config.job.name}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Where one run keeps its state inside the container."""
+
+    mount_path: str
+    """Shared volume (FSx) mount, or the pod-local checkpoint volume."""
+    shared: bool
+    """Whether the volume outlives the pod (FSx): only then does a rescheduled pod resume."""
+    run_dir: str
+    export_dir: str | None
+    tensorboard_dir: str
+
+
+def run_paths(
+    config: StackConfig, *, shared: bool | None = None, mount_path: str | None = None
+) -> RunPaths:
+    """Paths of the run under the FSx mount, or a pod-local volume when there is no claim.
+
+    `shared` defaults to whether the stack mounts FSx; `mount_path` to storage.fsx.mountPath.
+    """
+    fsx = config.storage.fsx
+    if shared is None:
+        shared = fsx.enabled
+    mount = mount_path or (fsx.mount_path if shared else LOCAL_CHECKPOINT_MOUNT)
+    run_dir = f"{mount.rstrip('/')}/{CHECKPOINTS_DIR}/{run_id(config)}"
+    return RunPaths(
+        mount_path=mount,
+        shared=shared,
+        run_dir=run_dir,
+        export_dir=f"{run_dir}/export" if config.training.export_model else None,
+        tensorboard_dir=f"{run_dir}/tensorboard",
+    )
+
+
+def trainer_argv(config: StackConfig, paths: RunPaths) -> list[str]:
+    """Arguments after `-m trainer`: the experiment's flags plus the run's paths.
+
+    `--resume_from_checkpoint` is the checkpoint directory itself: the trainer resumes from the
+    newest complete step there and starts fresh when there is none, so a restarted pod resumes.
+    """
+    flags = {
+        **trainer_flags(config),
+        "checkpoint_dir": paths.run_dir,
+        "resume_from_checkpoint": paths.run_dir,
+        "export_dir": paths.export_dir,
+        "tensorboard_dir": paths.tensorboard_dir,
+    }
+    return format_args(flags)
+
+
+def torchrun_command(config: StackConfig, paths: RunPaths) -> list[str]:
+    """The container's whole command line.
+
+    torchrun takes the node rank and master address from the `PET_*` variables the training
+    operator injects; the node and process counts are written out so the manifest shows them.
+    """
+    return [
+        "torchrun",
+        f"--nnodes={config.gpu_nodes.count}",
+        f"--nproc_per_node={config.gpus_per_node}",
+        "-m",
+        "trainer",
+        *trainer_argv(config, paths),
+    ]
+
+
+def rendered_flag_names() -> frozenset[str]:
+    """Flags this module renders itself (extraArgs may not set them)."""
+    return RENDERED_TRAINER_FLAGS

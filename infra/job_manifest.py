@@ -1,0 +1,273 @@
+"""The PyTorchJob manifest, rendered from the stack config alone (no pulumi, no cloud calls).
+
+Kept apart from the Pulumi component so that the offline plan can print exactly what will be
+applied, tests can validate it against the operator's CRD schema, and the numbers in it (GPUs,
+EFA interfaces, CPU, memory, /dev/shm) come from the same instance facts as the node group.
+Values that only exist at deploy time (the image digest, the FSx claim name) are passed in and
+may be Pulumi outputs; they are placed into the structure untouched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from infra.config.cluster import GPU_TAINT_KEY
+from infra.config.stack import StackConfig
+from infra.job_args import RunPaths, run_paths, torchrun_command
+
+API_VERSION = "kubeflow.org/v1"
+KIND = "PyTorchJob"
+CONTAINER_NAME = "pytorch"  # the training operator finds the trainer container by this name
+GPU_RESOURCE = "nvidia.com/gpu"
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+HF_TOKEN_SECRET_KEY = "HF_TOKEN"
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+WAIT_FOR_ANNOTATION = "pulumi.com/waitFor"
+WAIT_FOR_RUNNING = "condition=Running"
+"""pulumi-kubernetes >= 4.18: `up` returns once every worker pod runs. Waiting for Succeeded
+would hold `up` (and the CI runner) for the whole training run."""
+TRITON_CACHE_DIR = "/tmp/triton_cache"
+
+# Headroom left on a node for the kubelet, the CNI, device plugins and the FSx client.
+_RESERVED_CPU_FRACTION = 1 / 16
+_MIN_RESERVED_CPUS = 2
+_MEMORY_FRACTION = 0.85
+_MAX_DEFAULT_SHM_GIB = 256
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the worker pods may run: the GPU nodes' selector and the taints they tolerate."""
+
+    node_selector: dict[str, str]
+    tolerations: list[dict[str, Any]] = field(default_factory=list)
+
+
+def default_placement(config: StackConfig) -> Placement:
+    """Select nodes by instance type (a label kubelet sets on every EKS node) and tolerate the
+    GPU taint plus the stack's extra taints; used when the cluster component gives none."""
+    tolerations: list[dict[str, Any]] = [
+        {"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    for taint in config.gpu_nodes.taints:
+        tolerations.append(
+            {"key": taint.key, "operator": "Equal", "value": taint.value, "effect": taint.effect}
+        )
+    return Placement(
+        node_selector={INSTANCE_TYPE_LABEL: config.gpu_nodes.instance_type},
+        tolerations=tolerations,
+    )
+
+
+@dataclass(frozen=True)
+class PodSize:
+    """What one worker pod asks of its node."""
+
+    gpus: int
+    efa_interfaces: int
+    cpus: int
+    memory_gib: int
+    shm_gib: int
+
+
+def pod_size(config: StackConfig) -> PodSize:
+    """One worker per node, sized to its share of the node (all of it by default).
+
+    CPU and memory are the node's minus headroom for system daemons, scaled by the share of
+    GPUs the worker uses; EFA devices belong to the node, so the worker takes all of them.
+    """
+    facts = config.instance
+    share = config.gpus_per_node / facts.gpus
+    reserved_cpus = max(_MIN_RESERVED_CPUS, int(facts.vcpus * _RESERVED_CPU_FRACTION))
+    cpus = max(1, int((facts.vcpus - reserved_cpus) * share))
+    memory = max(1, int(facts.memory_gib * _MEMORY_FRACTION * share))
+    shm = config.job.shm_size_gib or max(1, min(_MAX_DEFAULT_SHM_GIB, memory // 4))
+    return PodSize(
+        gpus=config.gpus_per_node,
+        efa_interfaces=config.gpu_nodes.efa_interface_count,
+        cpus=cpus,
+        memory_gib=memory,
+        shm_gib=shm,
+    )
+
+
+def container_resources(size: PodSize) -> dict[str, dict[str, Any]]:
+    """Requests and limits. Extended resources (GPU, EFA) must sit in limits; memory limit =
+    request so the pod is never the first evicted; no CPU limit, which would only throttle."""
+    limits: dict[str, Any] = {GPU_RESOURCE: size.gpus, "memory": f"{size.memory_gib}Gi"}
+    if size.efa_interfaces:
+        # Without this request the pod gets no EFA device and NCCL silently uses TCP sockets.
+        limits[EFA_RESOURCE] = size.efa_interfaces
+    requests: dict[str, Any] = {**limits, "cpu": str(size.cpus)}
+    return {"requests": requests, "limits": limits}
+
+
+def container_env(config: StackConfig, *, hf_secret_name: str | None) -> list[dict[str, Any]]:
+    """The NCCL/EFA environment of the design brief, plus the HF token and `job.extraEnv`.
+
+    The variables that break NCCL over EFA (NCCL_SOCKET_IFNAME, NCCL_PROTO, NCCL_ALGO,
+    NCCL_P2P_DISABLE, CUDA_LAUNCH_BLOCKING) are never set; the config model rejects them in
+    extraEnv. The collective timeout is the trainer's own (30 minutes, trainer.distributed).
+    """
+    values: dict[str, str] = {}
+    if config.gpu_nodes.efa_enabled:
+        values["FI_PROVIDER"] = "efa"
+        values["FI_EFA_USE_HUGE_PAGE"] = "0"  # huge pages fail allocations after fork/GC
+    values.update(
+        {
+            "NCCL_DEBUG": config.job.nccl_debug,
+            "NCCL_NVLS_ENABLE": "0",  # NVLink SHARP causes peer access errors on some nodes
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",  # a failed collective ends the process
+            "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+            "TRITON_CACHE_DIR": TRITON_CACHE_DIR,  # local disk: FSx file locks stall startup
+        }
+    )
+    values.update(config.job.extra_env)
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in values.items()]
+    if hf_secret_name is not None:
+        env.append(
+            {
+                "name": HF_TOKEN_SECRET_KEY,
+                "valueFrom": {"secretKeyRef": {"name": hf_secret_name, "key": HF_TOKEN_SECRET_KEY}},
+            }
+        )
+    return env
+
+
+def _volumes(
+    paths: RunPaths, size: PodSize, pvc_name: Any | None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    volumes: list[dict[str, Any]] = [
+        # NCCL and DataLoader workers exchange tensors through /dev/shm; the container
+        # runtime's 64 MiB default makes them fail, so it is memory-backed and sized.
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{size.shm_gib}Gi"}},
+    ]
+    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    if pvc_name is not None:
+        volumes.append({"name": "shared", "persistentVolumeClaim": {"claimName": pvc_name}})
+    else:
+        # No shared volume: checkpoints survive container restarts in the same pod only.
+        volumes.append({"name": "shared", "emptyDir": {}})
+    mounts.append({"name": "shared", "mountPath": paths.mount_path})
+    return volumes, mounts
+
+
+@dataclass(frozen=True)
+class JobManifest:
+    """The rendered PyTorchJob plus the figures plans and outputs show next to it."""
+
+    name: str
+    namespace: str
+    run_id: str
+    paths: RunPaths
+    size: PodSize
+    command: list[str]
+    metadata: dict[str, Any]
+    spec: dict[str, Any]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "metadata": self.metadata,
+            "spec": self.spec,
+        }
+
+
+def render_job(
+    config: StackConfig,
+    *,
+    image: Any,
+    pvc_name: Any | None,
+    mount_path: str | None = None,
+    placement: Placement | None = None,
+    hf_secret_name: str | None = None,
+    service_account_name: str | None = None,
+) -> JobManifest:
+    """The whole PyTorchJob for `config`.
+
+    `image` (digest-pinned URI) and `pvc_name` may be plain strings or Pulumi outputs.
+    `mount_path` is where the claim is mounted (default: storage.fsx.mountPath).
+    """
+    job = config.job
+    assert job.name is not None  # parse_stack_config fills it from the stack name
+    shared = pvc_name is not None
+    paths = run_paths(config, shared=shared, mount_path=mount_path if shared else None)
+    size = pod_size(config)
+    where = placement or default_placement(config)
+    command = torchrun_command(config, paths)
+    volumes, mounts = _volumes(paths, size, pvc_name)
+    labels = {
+        "app.kubernetes.io/name": "fsdp-eks-trainer",
+        "app.kubernetes.io/instance": job.name,
+        "app.kubernetes.io/part-of": "fsdp-eks",
+    }
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": command[:1],
+        "args": command[1:],
+        "env": container_env(config, hf_secret_name=hf_secret_name),
+        "resources": container_resources(size),
+        "volumeMounts": mounts,
+    }
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "volumes": volumes,
+        "nodeSelector": dict(where.node_selector),
+        "tolerations": list(where.tolerations),
+    }
+    if service_account_name is not None:
+        pod_spec["serviceAccountName"] = service_account_name
+    run_policy: dict[str, Any] = {
+        "cleanPodPolicy": job.clean_pod_policy,
+        "backoffLimit": job.backoff_limit,
+    }
+    if job.max_run_hours is not None:
+        run_policy["activeDeadlineSeconds"] = int(job.max_run_hours * 3600)
+    if job.ttl_hours_after_finished is not None:
+        run_policy["ttlSecondsAfterFinished"] = int(job.ttl_hours_after_finished * 3600)
+    spec: dict[str, Any] = {
+        "nprocPerNode": str(config.gpus_per_node),
+        "runPolicy": run_policy,
+        # Workers only: the operator makes worker 0 the rendezvous master, so every node
+        # runs the same pod template and the workers count equals the GPU nodes.
+        "pytorchReplicaSpecs": {
+            "Worker": {
+                "replicas": config.gpu_nodes.count,
+                "restartPolicy": job.restart_policy,
+                "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+            }
+        },
+    }
+    run_id_label = paths.run_dir.rsplit("/", 1)[-1][:63].rstrip("-_.")
+    metadata: dict[str, Any] = {
+        "name": job.name,
+        "namespace": job.namespace,
+        "labels": {**labels, "fsdp-eks/run-id": run_id_label},
+        "annotations": {WAIT_FOR_ANNOTATION: WAIT_FOR_RUNNING},
+    }
+    return JobManifest(
+        name=job.name,
+        namespace=job.namespace,
+        run_id=paths.run_dir.rsplit("/", 1)[-1],
+        paths=paths,
+        size=size,
+        command=command,
+        metadata=metadata,
+        spec=spec,
+    )
+
+
+def kubectl_commands(name: str, namespace: str) -> dict[str, str]:
+    """The commands a user runs to follow the job (stack outputs and the plan show them)."""
+    selector = f"training.kubeflow.org/job-name={name}"
+    return {
+        "status": f"kubectl -n {namespace} get pytorchjob {name} -o wide",
+        "pods": f"kubectl -n {namespace} get pods -l {selector} -o wide",
+        "logs": f"kubectl -n {namespace} logs -f {name}-worker-0 -c {CONTAINER_NAME}",
+        "events": f"kubectl -n {namespace} describe pytorchjob {name}",
+        "delete": f"kubectl -n {namespace} delete pytorchjob {name}",
+    }

@@ -1,0 +1,253 @@
+"""The PyTorchJob: rendered from the config alone, valid for the operator, registered cleanly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jsonschema  # type: ignore[import-untyped]  # no stubs in the lock file
+import pulumi
+import pulumi_kubernetes as k8s
+import pytest
+import yaml
+
+from infra.config import StackConfig, parse_stack_config
+from infra.job import JobNamespace, JobNamespaceArgs, TrainingJob, TrainingJobArgs
+from infra.job_args import run_id, trainer_argv
+from infra.job_manifest import (
+    EFA_RESOURCE,
+    GPU_RESOURCE,
+    Placement,
+    container_env,
+    kubectl_commands,
+    render_job,
+)
+from infra.offline import evaluate
+from trainer.config import parse_args
+
+SCHEMA_PATH = (
+    Path(__file__).resolve().parents[2].parent
+    / "shared/schemas/kubeflow.org_pytorchjobs.v1.9.0.yaml"
+)
+IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/fsdp@sha256:" + "a" * 64
+FORBIDDEN = {
+    "NCCL_SOCKET_IFNAME",
+    "NCCL_PROTO",
+    "NCCL_ALGO",
+    "NCCL_P2P_DISABLE",
+    "CUDA_LAUNCH_BLOCKING",
+}
+
+
+def make_config(stack: str = "exp", **sections: dict[str, Any]) -> StackConfig:
+    values: dict[str, Any] = {
+        "gpuNodes": {"instanceType": "p5.48xlarge", "count": 4},
+        "job": {"maxRunHours": 0.25},
+        "cost": {"maxUsdPerRun": 10000},
+        **sections,
+    }
+    return parse_stack_config(values, stack_name=stack)
+
+
+@pytest.fixture(scope="module")
+def crd_schema() -> dict[str, Any]:
+    if not SCHEMA_PATH.exists():
+        pytest.skip(f"{SCHEMA_PATH} is not present (shared/ lives outside the repository)")
+    document = yaml.safe_load(SCHEMA_PATH.read_text())
+    return document["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def worker(manifest: dict[str, Any]) -> dict[str, Any]:
+    return manifest["spec"]["pytorchReplicaSpecs"]["Worker"]
+
+
+def container(manifest: dict[str, Any]) -> dict[str, Any]:
+    containers = worker(manifest)["template"]["spec"]["containers"]
+    assert [c["name"] for c in containers] == ["pytorch"]
+    return containers[0]
+
+
+def test_p5_job_requests_every_gpu_and_efa_interface(crd_schema: dict[str, Any]) -> None:
+    manifest = render_job(make_config(), image=IMAGE, pvc_name="fsx-claim").as_dict()
+    jsonschema.validate(manifest, crd_schema)
+    assert worker(manifest)["replicas"] == 4
+    assert manifest["spec"]["nprocPerNode"] == "8"
+    limits = container(manifest)["resources"]["limits"]
+    assert limits[GPU_RESOURCE] == 8
+    assert limits[EFA_RESOURCE] == 32
+    requests = container(manifest)["resources"]["requests"]
+    assert 160 <= int(requests["cpu"]) < 192
+    assert requests["memory"] == limits["memory"]
+    env = {e["name"]: e.get("value") for e in container(manifest)["env"]}
+    assert env["FI_PROVIDER"] == "efa"
+    assert env["FI_EFA_USE_HUGE_PAGE"] == "0"
+    assert env["NCCL_NVLS_ENABLE"] == "0"
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert env["TRITON_CACHE_DIR"].startswith("/tmp/")
+    assert not FORBIDDEN & set(env)
+
+
+def test_job_without_efa_sets_no_efa_provider(crd_schema: dict[str, Any]) -> None:
+    config = make_config(gpuNodes={"instanceType": "g5.12xlarge", "count": 2, "efa": False})
+    manifest = render_job(config, image=IMAGE, pvc_name=None).as_dict()
+    jsonschema.validate(manifest, crd_schema)
+    limits = container(manifest)["resources"]["limits"]
+    assert limits[GPU_RESOURCE] == 4
+    assert EFA_RESOURCE not in limits
+    names = {e["name"] for e in container(manifest)["env"]}
+    assert "FI_PROVIDER" not in names
+
+
+def test_volumes_shm_memory_backed_and_checkpoints_on_the_claim() -> None:
+    config = make_config()
+    job = render_job(config, image=IMAGE, pvc_name="fsx-claim")
+    pod = worker(job.as_dict())["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["dshm"]["emptyDir"]["medium"] == "Memory"
+    assert volumes["shared"]["persistentVolumeClaim"]["claimName"] == "fsx-claim"
+    mounts = {m["name"]: m["mountPath"] for m in container(job.as_dict())["volumeMounts"]}
+    assert mounts == {"dshm": "/dev/shm", "shared": "/fsx"}
+    args = container(job.as_dict())["args"]
+    checkpoint_dir = args[args.index("--checkpoint_dir") + 1]
+    assert checkpoint_dir == f"/fsx/checkpoints/{run_id(config)}"
+    assert args[args.index("--resume_from_checkpoint") + 1] == checkpoint_dir
+
+
+def test_run_policy_and_wait_annotation() -> None:
+    config = make_config(job={"maxRunHours": 2, "ttlHoursAfterFinished": 1, "backoffLimit": 5})
+    manifest = render_job(config, image=IMAGE, pvc_name=None).as_dict()
+    assert manifest["spec"]["runPolicy"] == {
+        "cleanPodPolicy": "Running",
+        "backoffLimit": 5,
+        "activeDeadlineSeconds": 7200,
+        "ttlSecondsAfterFinished": 3600,
+    }
+    assert manifest["metadata"]["annotations"] == {"pulumi.com/waitFor": "condition=Running"}
+
+
+def test_rendered_command_parses_with_the_trainers_parser() -> None:
+    config = make_config(
+        model={"preset": "llama3.1-8b", "numLayers": 8},
+        data={"datasetConfigName": None},
+        training={
+            "contextWidth": 8192,
+            "globalBatchSize": 256,
+            "shardingStrategy": "hybrid",
+            "hsdpShardSize": 8,
+            "exportModel": True,
+            "extraArgs": {"metrics_file": "/tmp/m.jsonl"},
+        },
+    )
+    job = render_job(config, image=IMAGE, pvc_name="claim")
+    command = container(job.as_dict())["command"] + container(job.as_dict())["args"]
+    assert command[:5] == ["torchrun", "--nnodes=4", "--nproc_per_node=8", "-m", "trainer"]
+    parsed = parse_args(command[5:])
+    assert parsed.model.preset_name == "llama3.1-8b"
+    assert parsed.model.num_layers == 8
+    assert parsed.model.max_context_width == 8192
+    assert parsed.optim.gradient_accumulation_steps == 4  # 256 / (2 per GPU x 32 GPUs)
+    assert parsed.parallel.sharding_strategy == "hybrid"
+    assert parsed.parallel.hsdp_shard_size == 8
+    assert parsed.checkpoint.export_dir == f"{job.paths.run_dir}/export"
+    assert parsed.logging.metrics_file == "/tmp/m.jsonl"
+    assert parsed.data.dataset_config_name == ""
+
+
+def test_run_id_changes_with_the_experiment_and_not_with_the_job_wrapper() -> None:
+    base = make_config()
+    assert run_id(base) == run_id(make_config(job={"maxRunHours": 0.25, "backoffLimit": 9}))
+    assert run_id(base) != run_id(make_config(training={"lr": 3e-4}))
+    assert run_id(make_config(job={"maxRunHours": 0.25, "runId": "keep"})) == "keep"
+    assert trainer_argv(base, render_job(base, image=IMAGE, pvc_name=None).paths)
+
+
+def test_extra_env_is_added_and_hf_token_comes_from_a_secret() -> None:
+    config = make_config(job={"maxRunHours": 0.25, "extraEnv": {"NCCL_DEBUG_SUBSYS": "NET"}})
+    env = container_env(config, hf_secret_name="exp-hf-token")
+    by_name = {e["name"]: e for e in env}
+    assert by_name["NCCL_DEBUG_SUBSYS"]["value"] == "NET"
+    assert by_name["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+        "name": "exp-hf-token",
+        "key": "HF_TOKEN",
+    }
+
+
+def test_gpus_per_node_below_the_instance_scales_the_pod() -> None:
+    config = make_config(job={"maxRunHours": 0.25, "gpusPerNode": 4})
+    job = render_job(config, image=IMAGE, pvc_name=None)
+    assert job.spec["nprocPerNode"] == "4"
+    assert job.size.gpus == 4
+    assert job.size.efa_interfaces == 32
+    full = render_job(make_config(), image=IMAGE, pvc_name=None)
+    assert job.size.cpus * 2 <= full.size.cpus + 1
+
+
+def test_kubectl_commands_name_the_job() -> None:
+    commands = kubectl_commands("exp", "training")
+    assert commands["logs"] == "kubectl -n training logs -f exp-worker-0 -c pytorch"
+    assert "training.kubeflow.org/job-name=exp" in commands["pods"]
+
+
+def _job_program(config: StackConfig) -> None:
+    provider = k8s.Provider("k8s", kubeconfig="{}")
+    dependency = k8s.core.v1.ConfigMap(
+        "operator-ready", opts=pulumi.ResourceOptions(provider=provider)
+    )
+    namespace = JobNamespace(
+        "job-namespace", JobNamespaceArgs(config=config.job, k8s_provider=provider)
+    )
+    job = TrainingJob(
+        "job",
+        TrainingJobArgs(
+            config=config,
+            image_uri=IMAGE,
+            k8s_provider=provider,
+            namespace=namespace.name,
+            pvc_name="fsx-claim",
+            placement=Placement(
+                {"nvidia.com/gpu.present": "true"}, [{"key": "x", "operator": "Exists"}]
+            ),
+            depends_on=[dependency],
+        ),
+    )
+    pulumi.export("jobName", job.job_name)
+    pulumi.export("checkpointPath", job.checkpoint_path)
+
+
+def test_component_registers_a_replace_safe_pytorchjob_with_its_secret() -> None:
+    config = parse_stack_config(
+        {
+            "gpuNodes": {"instanceType": "p5.48xlarge", "count": 4},
+            "job": {"maxRunHours": 0.25},
+            "hfToken": "hf_secret_value",
+        },
+        stack_name="llama",
+        secret_keys=["hfToken"],
+    )
+    result = evaluate(lambda: _job_program(config), config={})
+    job = result.one("kubernetes:kubeflow.org/v1:PyTorchJob")
+    assert job.delete_before_replace
+    assert job.replace_on_changes == ["spec"]
+    assert job.provider.startswith(result.one("pulumi:providers:kubernetes").urn)
+    assert result.depends_on(job, result.one("kubernetes:core/v1:ConfigMap"))
+    assert job.inputs["metadata"]["name"] == "llama"
+    assert job.inputs["metadata"]["namespace"] == "training"
+    spec = job.inputs["spec"]
+    pod = spec["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert pod["containers"][0]["image"] == IMAGE
+    secret = result.one("kubernetes:core/v1:Secret")
+    assert secret.inputs["metadata"]["name"] == "llama-hf-token"
+    assert result.one("kubernetes:core/v1:Namespace").inputs["metadata"]["name"] == "training"
+    assert result.stack_outputs["jobName"] == "llama"
+    assert result.stack_outputs["checkpointPath"].startswith("/fsx/checkpoints/llama-")
+
+
+def test_existing_namespace_is_not_created() -> None:
+    config = make_config(job={"maxRunHours": 0.25, "createNamespace": False, "namespace": "team-a"})
+    result = evaluate(lambda: _job_program(config), config={})
+    assert result.of_type("kubernetes:core/v1:Namespace") == []
+    assert (
+        result.one("kubernetes:kubeflow.org/v1:PyTorchJob").inputs["metadata"]["namespace"]
+        == "team-a"
+    )
