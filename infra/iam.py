@@ -1,0 +1,90 @@
+"""IAM building blocks shared by the platform components: trust policies and node roles.
+
+Policies are rendered with `aws.iam.get_policy_document` rather than hand-written JSON so the
+text is what IAM stores (and what the tests read). Roles carry only AWS-managed policies scoped
+to their job; nothing here grants `"Action": "*"`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import pulumi
+import pulumi_aws as aws
+
+POD_IDENTITY_PRINCIPAL = "pods.eks.amazonaws.com"
+"""Service principal EKS Pod Identity assumes roles as (needs sts:TagSession too)."""
+
+NODE_POLICIES = (
+    "AmazonEKSWorkerNodePolicy",  # join the cluster, describe itself
+    "AmazonEKS_CNI_Policy",  # the VPC CNI (aws-node) assigns pod IPs with the node's role
+    "AmazonEC2ContainerRegistryPullOnly",  # pull images (the trainer image, add-ons) from ECR
+)
+"""AWS-managed policies an EKS managed node needs, and no more."""
+
+
+def service_trust_policy(
+    service: str,
+    *,
+    actions: Sequence[str] = ("sts:AssumeRole",),
+    opts: pulumi.InvokeOutputOptions | None = None,
+) -> pulumi.Output[str]:
+    """Trust policy letting the AWS service principal `service` assume a role."""
+    return aws.iam.get_policy_document_output(
+        statements=[
+            aws.iam.GetPolicyDocumentStatementArgs(
+                effect="Allow",
+                actions=list(actions),
+                principals=[
+                    aws.iam.GetPolicyDocumentStatementPrincipalArgs(
+                        type="Service", identifiers=[service]
+                    )
+                ],
+            )
+        ],
+        opts=opts,
+    ).json
+
+
+def pod_identity_trust_policy(
+    opts: pulumi.InvokeOutputOptions | None = None,
+) -> pulumi.Output[str]:
+    """Trust policy for a role that EKS Pod Identity hands to a service account."""
+    return service_trust_policy(
+        POD_IDENTITY_PRINCIPAL, actions=("sts:AssumeRole", "sts:TagSession"), opts=opts
+    )
+
+
+def aws_managed_policy_arn(policy_name: str, partition: pulumi.Input[str]) -> pulumi.Output[str]:
+    """ARN of an AWS-managed policy in `partition` (aws, aws-cn, aws-us-gov)."""
+    return pulumi.Output.concat("arn:", partition, ":iam::aws:policy/", policy_name)
+
+
+def node_role(
+    name: str,
+    *,
+    parent: pulumi.Resource,
+    tags: Mapping[str, str] | None = None,
+) -> aws.iam.Role:
+    """An EC2 role for EKS managed nodes, with exactly the `NODE_POLICIES` attached.
+
+    Attachments are separate resources (not `managed_policy_arns`, deprecated in pulumi-aws 7)
+    and children of `parent`, so `pulumi destroy` detaches them before deleting the role.
+    """
+    invoke_opts = pulumi.InvokeOutputOptions(parent=parent)
+    role = aws.iam.Role(
+        name,
+        assume_role_policy=service_trust_policy("ec2.amazonaws.com", opts=invoke_opts),
+        description="EKS managed node group instances",
+        tags=dict(tags or {}),
+        opts=pulumi.ResourceOptions(parent=parent),
+    )
+    partition = aws.get_partition_output(opts=invoke_opts).partition
+    for policy in NODE_POLICIES:
+        aws.iam.RolePolicyAttachment(
+            f"{name}-{policy}",
+            role=role.name,
+            policy_arn=aws_managed_policy_arn(policy, partition),
+            opts=pulumi.ResourceOptions(parent=parent),
+        )
+    return role
