@@ -13,8 +13,11 @@ rather than ``datasets``' shuffle buffer, whose content a checkpoint would lose.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import logging
+import queue
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -169,24 +172,49 @@ class TrainLoader:
     """Endless ``[batch_size, seq_len]`` token batches for one data-parallel rank.
 
     ``state_dict()`` after k batches, loaded into a fresh loader with the same arguments, makes
-    it yield batch k+1 next. One iterator at a time: a new ``iter()`` continues where the last
-    one stopped.
+    it yield batch k+1 next. One iterator at a time: a new ``iter()`` continues after the last
+    batch the previous one delivered.
+
+    With ``num_workers > 0`` a background thread reads and tokenises that many batches ahead
+    (the tokenizer and Arrow release the GIL, so this overlaps with the training step); each
+    batch travels with the state after it, so read-ahead never leaks into a checkpoint.
     """
 
-    def __init__(self, plan: _Plan, *, batch_size: int) -> None:
+    def __init__(self, plan: _Plan, *, batch_size: int, num_workers: int = 0) -> None:
         self._plan = plan
         self.batch_size = batch_size
         self.seq_len = plan.seq_len
-        self.epoch = 0
+        self.num_workers = num_workers
+        self._epoch = 0
         self._docs_in_epoch = 0
         self._buffer = _TokenBuffer(plan.seq_len)
         self._pending_dataset_state: dict[str, Any] | None = None
         # The IterableDataset being read: its state is the position within the epoch.
         self._live: IterableDataset | None = None
+        # Read-ahead only: the state after the last batch handed out, and the reader thread.
+        self._delivered: dict[str, Any] | None = None
+        self._producer: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the last delivered batch was completed in."""
+        return int(self._delivered["epoch"]) if self._delivered is not None else self._epoch
 
     def __iter__(self) -> Iterator[Batch]:
-        if self._live is not None:
+        self._rewind()
+        if self.num_workers > 0:
+            return self._read_ahead()
+        return self._batches()
+
+    def _rewind(self) -> None:
+        """Put the reading position right after the last batch delivered."""
+        if self._delivered is not None:
+            self.load_state_dict(self._delivered)
+        elif self._live is not None:
             self._pending_dataset_state, self._live = self._live.state_dict(), None
+
+    def _batches(self) -> Iterator[Batch]:
         rows: list[list[int]] = []
         for row in self._rows():
             rows.append(row)
@@ -194,11 +222,46 @@ class TrainLoader:
                 yield _to_batch(rows)
                 rows = []
 
+    def _read_ahead(self) -> Iterator[Batch]:
+        ready: queue.Queue[tuple[Batch, dict[str, Any]] | BaseException] = queue.Queue(
+            maxsize=self.num_workers
+        )
+        stop = self._stop = threading.Event()
+
+        def produce() -> None:
+            try:
+                for batch in self._batches():
+                    if not _put_unless_stopped(ready, (batch, self._snapshot()), stop):
+                        return
+            except BaseException as error:  # re-raised in the training loop's thread
+                _put_unless_stopped(ready, error, stop)
+
+        self._delivered = self._snapshot()
+        self._producer = threading.Thread(
+            target=produce, name=f"data-rank{self._plan.dp_rank}", daemon=True
+        )
+        self._producer.start()
+        try:
+            while True:
+                item = ready.get()
+                if isinstance(item, BaseException):
+                    raise item
+                batch, self._delivered = item
+                yield batch
+        finally:
+            stop.set()  # the reader ends at its next hand-over; joined before any reuse
+
+    def _stop_producer(self) -> None:
+        if self._producer is not None:
+            self._stop.set()
+            self._producer.join()
+            self._producer = None
+
     def _rows(self) -> Iterator[list[int]]:
         plan = self._plan
         heldout = False if plan.holds_out else None
         while True:
-            docs = plan.documents(plan.corpus.train, heldout=heldout, epoch=self.epoch)
+            docs = plan.documents(plan.corpus.train, heldout=heldout, epoch=self._epoch)
             if self._pending_dataset_state is not None:
                 docs.load_state_dict(self._pending_dataset_state)
                 self._pending_dataset_state = None
@@ -210,15 +273,20 @@ class TrainLoader:
             if self._docs_in_epoch == 0:
                 raise DataConfigError(
                     f"--dataset {plan.corpus.name!r}: data-parallel rank {plan.dp_rank} of "
-                    f"{plan.dp_world_size} found no training documents in epoch {self.epoch}."
+                    f"{plan.dp_world_size} found no training documents in epoch {self._epoch}."
                 )
-            logger.info("data: rank %d finished epoch %d", plan.dp_rank, self.epoch)
-            self.epoch += 1
+            logger.info("data: rank %d finished epoch %d", plan.dp_rank, self._epoch)
+            self._epoch += 1
             self._docs_in_epoch = 0
             self._live = None
 
     def state_dict(self) -> dict[str, Any]:
         """Small and picklable: datasets' position, leftover tokens, epoch, and their context."""
+        if self._delivered is not None:
+            return copy.deepcopy(self._delivered)
+        return self._snapshot()
+
+    def _snapshot(self) -> dict[str, Any]:
         dataset_state = (
             self._live.state_dict() if self._live is not None else self._pending_dataset_state
         )
@@ -228,7 +296,7 @@ class TrainLoader:
             "dp_rank": self._plan.dp_rank,
             "dp_world_size": self._plan.dp_world_size,
             "seed": self._plan.seed,
-            "epoch": self.epoch,
+            "epoch": self._epoch,
             "docs_in_epoch": self._docs_in_epoch,
             "dataset_state": dataset_state,
             "leftover_tokens": self._buffer.leftover(),
@@ -241,6 +309,8 @@ class TrainLoader:
                 f"data loader state has version {state.get('version')!r}; this trainer reads "
                 f"version {STATE_VERSION}."
             )
+        self._stop_producer()
+        self._delivered = None
         self._live = None
         layout = {
             "dataset": self._plan.corpus.name,
@@ -256,15 +326,28 @@ class TrainLoader:
                 "data: loader state was saved with a different %s; starting a new epoch",
                 ", ".join(f"{key} ({old!r} -> {now!r})" for key, (old, now) in changed.items()),
             )
-            self.epoch = int(state["epoch"]) + 1 if "dataset" not in changed else 0
+            self._epoch = int(state["epoch"]) + 1 if "dataset" not in changed else 0
             self._docs_in_epoch = 0
             self._pending_dataset_state = None
             self._buffer = _TokenBuffer(self.seq_len)
             return
-        self.epoch = int(state["epoch"])
+        self._epoch = int(state["epoch"])
         self._docs_in_epoch = int(state["docs_in_epoch"])
         self._pending_dataset_state = state["dataset_state"]
         self._buffer = _TokenBuffer(self.seq_len, state["leftover_tokens"])
+
+
+def _put_unless_stopped(
+    ready: queue.Queue[Any], item: object, stop: threading.Event, poll_s: float = 0.1
+) -> bool:
+    """Block until ``item`` is queued or ``stop`` is set (the consumer went away)."""
+    while not stop.is_set():
+        try:
+            ready.put(item, timeout=poll_s)
+            return True
+        except queue.Full:
+            continue
+    return False
 
 
 class ValLoader:
@@ -409,7 +492,7 @@ def build_train_loader(
         seq_len,
         source,
     )
-    return TrainLoader(plan, batch_size=batch_size)
+    return TrainLoader(plan, batch_size=batch_size, num_workers=num_workers)
 
 
 def build_val_loader(
