@@ -348,3 +348,12 @@ RESOURCE_OUTPUTS["pulumi:pulumi:StackReference"] = lambda name, inputs: {
     },
     "secretOutputNames": [],
 }
+
+
+def _existing_cluster_v7(args: dict[str, Any]) -> dict[str, Any]:
+    """pulumi-aws 7's getCluster returns one `vpcConfig` object, subnets and all."""
+    result = _existing_cluster(args)
+    return {**result, "vpcConfig": result["vpcConfigs"][0]}
+
+
+INVOKE_RESULTS["aws:eks/getCluster:getCluster"] = _existing_cluster_v7

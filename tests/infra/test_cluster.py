@@ -1,0 +1,320 @@
+"""The cluster: an owned, encrypted, API-auth EKS platform, or a look-up that owns nothing."""
+
+import json
+from typing import Any
+
+import pulumi
+import pytest
+
+from infra.cluster import Cluster, ClusterArgs, default_cluster_name
+from infra.config.cluster import ClusterConfig, GpuNodesConfig
+from infra.network import Network, NetworkArgs
+from infra.offline import Evaluation, FakeCloud, evaluate
+from infra.offline.outputs import ACCOUNT_ID, INVOKE_RESULTS, short_hash
+
+EKS = "eks:index:Cluster"
+MNG = "eks:index:ManagedNodeGroup"
+NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
+ADDON = "aws:eks/addon:Addon"
+ADMIN_ROLE = f"arn:aws:iam::{ACCOUNT_ID}:role/platform-admins"
+GPU = {"instanceType": "p5.48xlarge", "count": 2, "availabilityZone": "us-west-2b"}
+
+
+def unsecret(value: Any) -> Any:
+    """The plain value of an input that was sent as a Pulumi secret."""
+    if isinstance(value, dict) and "value" in value and len(value) == 2:
+        return value["value"]
+    return value
+
+
+def build(
+    cluster: dict[str, Any], gpu: dict[str, Any] | None = None, fake: FakeCloud | None = None
+) -> Evaluation:
+    cluster_config = ClusterConfig.model_validate(cluster)
+    gpu_config = GpuNodesConfig.model_validate(gpu or GPU)
+
+    def program() -> None:
+        network = None
+        if cluster_config.mode == "create":
+            network = Network(
+                "net",
+                NetworkArgs(
+                    config=cluster_config.network,
+                    gpu_availability_zone=gpu_config.availability_zone,
+                ),
+            )
+        platform = Cluster(
+            "platform", ClusterArgs(cluster=cluster_config, gpu_nodes=gpu_config, network=network)
+        )
+        pulumi.export("name", platform.name)
+        pulumi.export("kubeconfig", platform.kubeconfig)
+        pulumi.export("clusterSg", platform.cluster_security_group_id)
+        pulumi.export("oidc", platform.oidc_provider_arn)
+        pulumi.export("vpcId", platform.vpc_id)
+        pulumi.export("gpuSubnet", platform.gpu_subnet_id)
+        pulumi.export("efa", platform.efa_interfaces_per_node)
+        pulumi.export("selector", platform.gpu_node_selector)
+        pulumi.export("tolerations", platform.gpu_tolerations)
+        pulumi.export("ready", [r.urn for r in platform.ready])
+
+    return evaluate(program, config={}, fake_cloud=fake)
+
+
+@pytest.fixture(scope="module")
+def created() -> Evaluation:
+    return build({"name": "train", "adminRoleArn": ADMIN_ROLE})
+
+
+def test_api_authentication_with_an_admin_access_entry(created: Evaluation) -> None:
+    cluster = created.one(EKS).inputs
+    assert cluster["authenticationMode"] == "API"
+    entry = cluster["accessEntries"]["admin"]
+    assert entry["principalArn"] == ADMIN_ROLE
+    policy = entry["accessPolicies"]["cluster-admin"]
+    assert policy["policyArn"] == (
+        "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
+    )
+    assert policy["accessScope"] == {"type": "cluster"}
+
+
+def test_deployer_is_not_given_a_second_entry() -> None:
+    # The deployer (caller identity → session issuer) is admitted as cluster creator; an
+    # explicit entry for the same principal would collide.
+    deployer = f"arn:aws:iam::{ACCOUNT_ID}:role/ci-deployer"
+    real = INVOKE_RESULTS["aws:index/getCallerIdentity:getCallerIdentity"]
+
+    def assumed_role(args: dict[str, Any]) -> dict[str, Any]:
+        return {**real(args), "arn": f"arn:aws:sts::{ACCOUNT_ID}:assumed-role/ci-deployer/run-7"}
+
+    INVOKE_RESULTS["aws:index/getCallerIdentity:getCallerIdentity"] = assumed_role
+    try:
+        result = build({"name": "train", "adminRoleArn": deployer})
+    finally:
+        INVOKE_RESULTS["aws:index/getCallerIdentity:getCallerIdentity"] = real
+    assert result.one(EKS).inputs.get("accessEntries", {}) == {}
+    tokens = [token for token, _ in result.invokes]
+    assert "aws:iam/getSessionContext:getSessionContext" in tokens
+
+
+def test_secrets_encrypted_with_a_rotating_key_the_control_plane_may_use(
+    created: Evaluation,
+) -> None:
+    key = created.one("aws:kms/key:Key")
+    assert key.inputs["enableKeyRotation"] is True
+    cluster = created.one(EKS).inputs
+    assert cluster["encryptionConfigKeyArn"] == key.outputs["arn"]
+    role = created.one("aws:iam/role:Role", "platform-control-plane")
+    # a resource input is sent as its URN (components) or ID (custom resources)
+    assert cluster["serviceRole"] in (role.urn, f"{role.name}-id")
+    trust = json.loads(role.inputs["assumeRolePolicy"])
+    assert trust["Statement"][0]["Principal"] == {"Service": "eks.amazonaws.com"}
+    (policy,) = created.of_type("aws:iam/rolePolicy:RolePolicy")
+    statement = json.loads(policy.inputs["policy"])["Statement"][0]
+    assert statement["Resource"] == key.outputs["arn"]
+    assert all(action.startswith("kms:") for action in statement["Action"])
+
+
+def test_an_existing_key_is_used_and_none_created() -> None:
+    key_arn = f"arn:aws:kms:us-west-2:{ACCOUNT_ID}:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+    result = build({"name": "train", "secretsKmsKeyArn": key_arn})
+    assert result.of_type("aws:kms/key:Key") == []
+    assert result.one(EKS).inputs["encryptionConfigKeyArn"] == key_arn
+
+
+def test_control_plane_logs_go_to_a_log_group_the_stack_owns(created: Evaluation) -> None:
+    cluster = created.one(EKS)
+    assert cluster.inputs["enabledClusterLogTypes"] == ["api", "audit", "authenticator"]
+    group = created.one("aws:cloudwatch/logGroup:LogGroup")
+    assert group.inputs["name"] == "/aws/eks/train/cluster"
+    assert group.inputs["retentionInDays"] == 30
+    assert created.depends_on(cluster, group)
+
+
+def test_no_logs_no_log_group() -> None:
+    result = build({"name": "train", "logTypes": []})
+    assert result.of_type("aws:cloudwatch/logGroup:LogGroup") == []
+    assert result.one(EKS).inputs.get("enabledClusterLogTypes", []) == []
+
+
+def test_version_endpoint_access_and_subnets_from_config() -> None:
+    result = build(
+        {
+            "name": "train",
+            "kubernetesVersion": "1.32",
+            "endpointPublicAccess": True,
+            "publicAccessCidrs": ["203.0.113.0/24"],
+        }
+    )
+    cluster = result.one(EKS).inputs
+    assert cluster["version"] == "1.32"
+    assert cluster["endpointPrivateAccess"] is True
+    assert cluster["publicAccessCidrs"] == ["203.0.113.0/24"]
+    assert cluster["createOidcProvider"] is True
+    assert cluster["skipDefaultNodeGroup"] is True
+    assert len(cluster["privateSubnetIds"]) == 2
+    private = result.one(EKS).inputs["privateSubnetIds"]
+    assert all(s.startswith("subnet-") for s in private)
+    private_only = build({"name": "train", "endpointPublicAccess": False}).one(EKS).inputs
+    assert private_only["endpointPublicAccess"] is False
+    assert "publicAccessCidrs" not in private_only
+
+
+def test_default_name_is_project_and_stack() -> None:
+    assert build({}).one(EKS).inputs["name"] == "fsdp-eks-dev"
+    assert default_cluster_name("fsdp-eks", "llama.8b") == "fsdp-eks-llama-8b"
+
+
+def test_system_node_group_for_add_ons(created: Evaluation) -> None:
+    system = created.one(MNG, "platform-system").inputs
+    assert system["cluster"] == created.one(EKS).urn
+    assert system["amiType"] == "AL2023_x86_64_STANDARD"
+    assert system["instanceTypes"] == ["m6i.xlarge"]
+    assert system["scalingConfig"] == {"desiredSize": 2, "minSize": 1, "maxSize": 4}
+    assert system["enableIMDSv2"] is True
+    assert "taints" not in system  # add-ons and operators schedule here without tolerations
+
+
+def test_gpu_nodes_in_the_gpu_subnet_after_the_cluster(created: Evaluation) -> None:
+    node_group = created.one(NODE_GROUP)
+    assert node_group.inputs["clusterName"] == "train"
+    gpu_subnet = created.one("aws:ec2/subnet:Subnet", "net-gpu")
+    assert gpu_subnet.inputs["availabilityZone"] == "us-west-2b"
+    assert node_group.inputs["subnetIds"] == [created.stack_outputs["gpuSubnet"]]
+    assert created.depends_on(node_group, created.one(EKS))
+    template = created.one("aws:ec2/launchTemplate:LaunchTemplate").inputs
+    for nic in template["networkInterfaces"]:
+        assert created.stack_outputs["clusterSg"] in nic["securityGroups"]
+    assert created.stack_outputs["efa"] == 32
+
+
+def test_node_roles_are_scoped(created: Evaluation) -> None:
+    roles = {r.name: r for r in created.of_type("aws:iam/role:Role")}
+    assert set(roles) == {"platform-control-plane", "platform-system-nodes", "platform-gpu-nodes"}
+    for name in ("platform-system-nodes", "platform-gpu-nodes"):
+        trust = json.loads(roles[name].inputs["assumeRolePolicy"])
+        assert trust["Statement"][0]["Principal"] == {"Service": "ec2.amazonaws.com"}
+    attached = sorted(
+        a.inputs["policyArn"].rsplit("/", 1)[1]
+        for a in created.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
+        if a.name.startswith("platform-gpu-nodes")
+    )
+    assert attached == [
+        "AmazonEC2ContainerRegistryPullOnly",
+        "AmazonEKSWorkerNodePolicy",
+        "AmazonEKS_CNI_Policy",
+    ]
+
+
+def test_no_wildcard_action_on_wildcard_resource(created: Evaluation) -> None:
+    documents = [
+        json.loads(r.inputs["policy"]) for r in created.of_type("aws:iam/rolePolicy:RolePolicy")
+    ] + [json.loads(r.inputs["assumeRolePolicy"]) for r in created.of_type("aws:iam/role:Role")]
+    assert documents
+    for document in documents:
+        for statement in document["Statement"]:
+            actions = statement.get("Action", [])
+            actions = [actions] if isinstance(actions, str) else actions
+            assert "*" not in actions
+            assert not ("*" in str(statement.get("Resource")) and any("*" in a for a in actions))
+
+
+def test_pod_identity_agent_installed_and_ready(created: Evaluation) -> None:
+    addon = created.one(ADDON)
+    assert addon.inputs["addonName"] == "eks-pod-identity-agent"
+    assert addon.inputs["clusterName"] == "train"
+    assert created.depends_on(addon, created.one(MNG, "platform-system"))
+    assert addon.urn in created.stack_outputs["ready"]
+    assert created.one(NODE_GROUP).urn in created.stack_outputs["ready"]
+    assert created.one(MNG, "platform-system").urn in created.stack_outputs["ready"]
+
+
+def test_kubernetes_provider_and_gpu_scheduling(created: Evaluation) -> None:
+    provider = created.one("pulumi:providers:kubernetes")
+    kubeconfig = json.loads(unsecret(provider.inputs["kubeconfig"]))
+    assert kubeconfig["users"][0]["user"]["exec"]["args"][:2] == ["eks", "get-token"]
+    assert created.stack_outputs["selector"] == {"node.kubernetes.io/instance-type": "p5.48xlarge"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in (
+        created.stack_outputs["tolerations"]
+    )
+
+
+def test_capacity_block_through_the_cluster() -> None:
+    result = build(
+        {"name": "train"},
+        {**GPU, "capacity": {"type": "block", "reservationId": "cr-0123456789abcdef0"}},
+    )
+    assert result.one(NODE_GROUP).inputs["capacityType"] == "CAPACITY_BLOCK"
+    assert result.of_type("aws:ec2/placementGroup:PlacementGroup") == []
+
+
+def test_create_mode_requires_the_network() -> None:
+    def program() -> None:
+        Cluster(
+            "platform",
+            ClusterArgs(
+                cluster=ClusterConfig.model_validate({}),
+                gpu_nodes=GpuNodesConfig.model_validate(GPU),
+            ),
+        )
+
+    with pytest.raises(ValueError, match="needs the Network component"):
+        evaluate(program, config={})
+
+
+# -- existing mode ---------------------------------------------------------------------------
+
+
+def test_existing_cluster_creates_nothing_it_does_not_own() -> None:
+    result = build({"mode": "existing", "name": "team-gpu"})
+    owned = [r.type for r in result.resources if r.custom]
+    assert owned == ["pulumi:providers:kubernetes"]
+    assert result.of_type(EKS) == result.of_type("aws:ec2/vpc:Vpc") == []
+    assert ("aws:eks/getCluster:getCluster", {"name": "team-gpu"}) in result.invokes
+    assert result.stack_outputs["name"] == "team-gpu"
+    assert result.stack_outputs["vpcId"].startswith("vpc-")
+    assert result.stack_outputs["clusterSg"].startswith("sg-")
+    assert result.stack_outputs["oidc"].startswith(
+        f"arn:aws:iam::{ACCOUNT_ID}:oidc-provider/oidc.eks.us-west-2.amazonaws.com/id/"
+    )
+    assert result.stack_outputs["ready"] == []
+    assert result.stack_outputs["efa"] == 32
+
+
+def test_existing_cluster_kubeconfig_uses_aws_eks_get_token() -> None:
+    result = build({"mode": "existing", "name": "team-gpu"})
+    kubeconfig = json.loads(result.stack_outputs["kubeconfig"])
+    cluster = kubeconfig["clusters"][0]["cluster"]
+    assert cluster["server"].startswith("https://")
+    assert cluster["certificate-authority-data"]
+    args = kubeconfig["users"][0]["user"]["exec"]["args"]
+    assert args == [
+        "eks", "get-token", "--cluster-name", "team-gpu", "--region", "us-west-2",
+        "--output", "json",
+    ]  # fmt: skip
+    provider = result.one("pulumi:providers:kubernetes")
+    assert json.loads(unsecret(provider.inputs["kubeconfig"])) == kubeconfig
+
+
+def test_existing_cluster_reads_the_platform_stack() -> None:
+    result = build(
+        {"mode": "existing", "name": "team-gpu", "platformStack": "org/fsdp-eks/platform"}
+    )
+    # A StackReference is read, not registered; the fake answers with the platform's outputs.
+    expected = f"subnet-{short_hash('org/fsdp-eks/platform' + 'gpu')}"
+    assert result.stack_outputs["gpuSubnet"] == expected
+    assert [r.type for r in result.resources if r.custom] == ["pulumi:providers:kubernetes"]
+
+
+def test_existing_cluster_with_a_configured_subnet_and_the_agent() -> None:
+    result = build(
+        {
+            "mode": "existing",
+            "name": "team-gpu",
+            "podIdentityAgent": True,
+            "network": {"gpuSubnetId": "subnet-fsx"},
+        }
+    )
+    assert result.stack_outputs["gpuSubnet"] == "subnet-fsx"
+    addon = result.one(ADDON)
+    assert addon.inputs["clusterName"] == "team-gpu"
+    assert result.stack_outputs["ready"] == [addon.urn]
