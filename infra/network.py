@@ -65,7 +65,8 @@ class NetworkArgs:
 
     config: NetworkConfig
     gpu_availability_zone: str | None = None
-    """AZ of the GPU capacity (new VPC only); default: the first system AZ."""
+    """AZ of the GPU capacity; default: the first system AZ (new VPC) or the GPU subnet's AZ
+    (existing VPC, which must then agree with it)."""
     tags: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -87,7 +88,7 @@ class Network(pulumi.ComponentResource):
         if args.config.creates_vpc:
             self._create(name, args)
         else:
-            self._reuse(args.config)
+            self._reuse(args.config, args.gpu_availability_zone)
         self.register_outputs(
             {
                 "vpcId": self.vpc_id,
@@ -97,15 +98,28 @@ class Network(pulumi.ComponentResource):
             }
         )
 
-    def _reuse(self, config: NetworkConfig) -> None:
+    def _reuse(self, config: NetworkConfig, requested_az: str | None) -> None:
         # Nothing is registered: the stack must never own (or destroy) someone else's VPC.
         assert config.vpc_id is not None and config.gpu_subnet_id is not None
+        gpu_subnet_id = config.gpu_subnet_id
+        subnet_az = aws.ec2.get_subnet_output(
+            id=gpu_subnet_id, opts=pulumi.InvokeOutputOptions(parent=self)
+        ).availability_zone
+
+        def same_az(actual: str) -> str:
+            # Reserved capacity lives in one AZ: nodes in another AZ's subnet never launch.
+            if requested_az is not None and actual != requested_az:
+                raise ValueError(
+                    f"gpuNodes.availabilityZone is {requested_az!r} but "
+                    f"cluster.network.gpuSubnetId {gpu_subnet_id!r} is in {actual!r}; "
+                    "make them agree (or drop gpuNodes.availabilityZone)"
+                )
+            return gpu_subnet_id
+
         self.vpc_id = pulumi.Output.from_input(config.vpc_id)
         self.private_subnet_ids = pulumi.Output.from_input(list(config.private_subnet_ids))
-        self.gpu_subnet_id = pulumi.Output.from_input(config.gpu_subnet_id)
-        self.gpu_availability_zone = aws.ec2.get_subnet_output(
-            id=config.gpu_subnet_id, opts=pulumi.InvokeOutputOptions(parent=self)
-        ).availability_zone
+        self.gpu_subnet_id = subnet_az.apply(same_az)
+        self.gpu_availability_zone = subnet_az
         self.public_subnet_ids = pulumi.Output.from_input([])
 
     def _create(self, name: str, args: NetworkArgs) -> None:

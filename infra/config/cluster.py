@@ -406,7 +406,8 @@ class GpuNodesConfig(ConfigSection):
         default=None,
         description=(
             "AZ of the GPU capacity (a reservation/block lives in one AZ; EFA needs all nodes "
-            "in one). Default: the first AZ of a new VPC; ignored with an existing GPU subnet."
+            "in one). Default: the first AZ of a new VPC; with an existing VPC it must be the "
+            "AZ of cluster.network.gpuSubnetId (checked at deploy time)."
         ),
     )
     capacity: CapacityConfig = Field(

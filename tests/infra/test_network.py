@@ -5,6 +5,7 @@ from typing import Any
 
 import pulumi
 import pytest
+from pulumi.runtime import settings
 
 from infra.config.cluster import NetworkConfig
 from infra.network import Network, NetworkArgs, plan_subnets
@@ -127,3 +128,18 @@ def test_existing_vpc_creates_nothing() -> None:
     assert result.stack_outputs["private"] == ["subnet-a", "subnet-b"]
     assert result.stack_outputs["gpuSubnet"] == "subnet-g"
     assert result.stack_outputs["gpuAz"] == "us-west-2a"  # looked up from the subnet
+
+
+def test_existing_gpu_subnet_must_be_in_the_capacity_az() -> None:
+    existing = {
+        "vpcId": "vpc-0abc",
+        "privateSubnetIds": ["subnet-a", "subnet-b"],
+        "gpuSubnetId": "subnet-g",
+    }
+    assert build(existing, gpu_az="us-west-2a").stack_outputs["gpuSubnet"] == "subnet-g"
+    try:
+        with pytest.raises(ValueError, match=r"'us-west-2c' but .*'subnet-g' is in 'us-west-2a'"):
+            build(existing, gpu_az="us-west-2c")
+    finally:
+        # A failed run leaves pending outputs in the SDK's process-wide set (see test_gpu_nodes).
+        settings.SETTINGS.outputs.clear()
