@@ -1,0 +1,138 @@
+"""Which training run an ops helper talks to: read from a stack's outputs, or given by flags.
+
+After `pulumi up -s <stack>` the stack outputs name the PyTorchJob, its namespace and where
+its checkpoints land in S3; the helpers (status, logs, checkpoints, plot_loss) read them with
+`pulumi stack output --json`, so a user only types the stack name. Every value can also be
+given as a flag, for a run on a cluster without the Pulumi state at hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+logger = logging.getLogger("fsdp_eks.ops")
+
+# Output names, first match wins (STACK exports the first of each; the others are accepted).
+JOB_NAME_KEYS = ("jobName", "job_name")
+NAMESPACE_KEYS = ("namespace", "jobNamespace")
+CHECKPOINT_URI_KEYS = ("checkpointS3Uri", "checkpointUri")
+USD_PER_HOUR_KEYS = ("estimatedUsdPerHour", "usdPerHour")
+
+
+class TargetError(RuntimeError):
+    """The run cannot be identified: the message says which flag or output is missing."""
+
+
+@dataclass(frozen=True)
+class RunTarget:
+    job_name: str | None
+    namespace: str
+    checkpoint_uri: str | None
+    """s3://bucket/prefix of the run's checkpoint directory (FSx exports it there)."""
+    usd_per_hour: float | None
+    kube_context: str | None = None
+
+    def require_job(self) -> str:
+        if not self.job_name:
+            raise TargetError("no job name: pass --job NAME or --stack STACK (after pulumi up)")
+        return self.job_name
+
+    def require_checkpoint_uri(self) -> str:
+        if not self.checkpoint_uri:
+            raise TargetError(
+                "no checkpoint location: pass --s3-uri s3://BUCKET/PREFIX or --stack STACK "
+                "(its checkpointS3Uri output)"
+            )
+        return self.checkpoint_uri
+
+    def kubectl(self, *args: str) -> list[str]:
+        """A kubectl command line for this run's namespace (and context, when given)."""
+        command = ["kubectl", "-n", self.namespace]
+        if self.kube_context:
+            command += ["--context", self.kube_context]
+        return [*command, *args]
+
+
+def add_target_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("which run")
+    group.add_argument("--stack", "-s", help="Pulumi stack whose outputs name the run")
+    group.add_argument("--job", help="PyTorchJob name (default: the stack's jobName output)")
+    group.add_argument("--namespace", "-n", help="namespace (default: the stack's output)")
+    group.add_argument("--s3-uri", help="checkpoint location s3://BUCKET/PREFIX")
+    group.add_argument("--context", help="kubectl context (default: the current one)")
+
+
+def read_stack_outputs(stack: str, *, cwd: Path = ROOT) -> dict[str, Any]:
+    """`pulumi stack output --json` of `stack` (secrets stay hidden)."""
+    if shutil.which("pulumi") is None:
+        raise TargetError(
+            "the pulumi CLI is not on PATH; install it, or pass --job/--namespace/--s3-uri"
+        )
+    result = subprocess.run(
+        ["pulumi", "stack", "output", "--json", "--stack", stack],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        error = result.stderr.strip()
+        raise TargetError(f"pulumi stack output for stack {stack!r} failed: {error}")
+    outputs = json.loads(result.stdout or "{}")
+    if not isinstance(outputs, dict):
+        raise TargetError(f"stack {stack!r} outputs are not a JSON object: {result.stdout[:200]}")
+    return outputs
+
+
+def first(outputs: Mapping[str, Any], keys: Sequence[str]) -> Any:
+    for key in keys:
+        if outputs.get(key) is not None:
+            return outputs[key]
+    return None
+
+
+def resolve(options: argparse.Namespace) -> RunTarget:
+    """Flags first, then the stack's outputs, then defaults."""
+    outputs = read_stack_outputs(options.stack) if options.stack else {}
+    usd = first(outputs, USD_PER_HOUR_KEYS)
+    cost = outputs.get("cost")
+    if usd is None and isinstance(cost, Mapping):
+        usd = cost.get("usdPerHour")
+    return RunTarget(
+        job_name=options.job or first(outputs, JOB_NAME_KEYS),
+        namespace=options.namespace or first(outputs, NAMESPACE_KEYS) or "default",
+        checkpoint_uri=options.s3_uri or first(outputs, CHECKPOINT_URI_KEYS),
+        usd_per_hour=float(usd) if isinstance(usd, int | float) else None,
+        kube_context=options.context,
+    )
+
+
+def kubectl_json(target: RunTarget, *args: str) -> dict[str, Any]:
+    """Run `kubectl ... -o json` and parse it; a failure names the command and its error."""
+    command = target.kubectl(*args, "-o", "json")
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise TargetError(f"{' '.join(command)} failed: {result.stderr.strip()}")
+    parsed = json.loads(result.stdout)
+    if not isinstance(parsed, dict):
+        raise TargetError(f"{' '.join(command)} did not return a JSON object")
+    return parsed
+
+
+def split_s3_uri(uri: str) -> tuple[str, str]:
+    """s3://bucket/a/b -> ("bucket", "a/b") (no trailing slash)."""
+    if not uri.startswith("s3://"):
+        raise TargetError(f"{uri!r} is not an s3:// URI")
+    bucket, _, prefix = uri[len("s3://") :].partition("/")
+    if not bucket:
+        raise TargetError(f"{uri!r} names no bucket")
+    return bucket, prefix.strip("/")
