@@ -1,0 +1,108 @@
+"""The benchmark script runs the trainer's own code on CPU and reports consistent figures."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from scripts import bench_trainer
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ["--model", "tiny", "--seq_len", "32", "--batch_size", "2", "--device", "cpu"]
+
+
+def _last_json_line(text: str) -> dict:
+    return json.loads(text.strip().splitlines()[-1])
+
+
+def test_bench_tiny_on_cpu_reports_consistent_figures(capsys, tmp_path):
+    json_out = tmp_path / "bench.jsonl"
+    argv = [*TINY, "--steps", "2", "--warmup_steps", "1", "--bf16", "0"]
+    assert bench_trainer.main([*argv, "--peak_tflops", "0.5", "--json_out", str(json_out)]) == 0
+    assert not dist.is_initialized()  # the script cleans up its process group
+    out = capsys.readouterr().out
+    result = _last_json_line(out)
+    assert result == json.loads(json_out.read_text().strip())
+    assert "tokens/s per GPU" in out and "MFU" in out  # the human-readable table
+
+    assert result["model"] == "tiny" and result["world_size"] == 1
+    assert result["tokens_per_step"] == 2 * 32
+    assert result["tokens_per_sec"] > 0
+    assert result["tokens_per_sec"] == pytest.approx(
+        result["tokens_per_step"] / result["step_time_s"]
+    )
+    assert result["tokens_per_sec_per_gpu"] == pytest.approx(result["tokens_per_sec"])
+    # MFU is achieved model FLOP/s over the given peak.
+    assert result["peak_tflops_per_gpu"] == pytest.approx(0.5)
+    assert result["mfu"] == pytest.approx(result["model_tflops_per_gpu"] / 0.5)
+    assert 0 < result["params"] < 2_000_000
+    assert math.isfinite(result["final_loss"])
+    # Random tokens over a 512 vocabulary: the loss starts near ln(512).
+    assert abs(result["final_loss"] - math.log(512)) < 1.0
+    assert result["peak_mem_gib"] > 0
+
+
+def test_bench_without_known_peak_reports_no_mfu(capsys):
+    argv = [*TINY, "--steps", "1", "--warmup_steps", "0", "--num_layers", "1"]
+    assert bench_trainer.main([*argv, "--activation_checkpointing", "1"]) == 0
+    result = _last_json_line(capsys.readouterr().out)
+    assert result["mfu"] is None and result["peak_tflops_per_gpu"] is None
+    assert result["num_layers"] == 1 and result["activation_checkpointing"] is True
+    assert result["dtype"].startswith("bf16")
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--model", "llama9-1t"], "is not a preset; allowed: llama2-7b"),
+        (["--steps", "0"], "--steps must be >= 1"),
+        (["--compile", "maybe"], "expected 0/1/true/false"),
+        (["--compile", "1", "--warmup_steps", "0"], "needs --warmup_steps >= 1"),
+        (["--seq_length", "8"], "unrecognized arguments: --seq_length"),
+    ],
+)
+def test_bench_rejects_bad_flags(capsys, extra, message):
+    with pytest.raises(SystemExit) as exc:
+        bench_trainer.parse_args([*TINY, *extra])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_bench_under_torchrun_two_ranks_as_documented(tmp_path):
+    """The documented invocation (`torchrun ... scripts/bench_trainer.py`), two CPU ranks."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--standalone",
+        str(ROOT / "scripts" / "bench_trainer.py"),
+        *TINY,
+        "--steps",
+        "2",
+        "--warmup_steps",
+        "1",
+        "--bf16",
+        "0",
+        "--num_layers",
+        "2",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("PYTHONPATH", None)  # the script must find the repository by itself
+    done = subprocess.run(
+        cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = _last_json_line(done.stdout)
+    assert result["world_size"] == 2
+    assert result["tokens_per_step"] == 2 * 2 * 32
+    assert result["tokens_per_sec_per_gpu"] == pytest.approx(result["tokens_per_sec"] / 2)
+    assert math.isfinite(result["final_loss"])
