@@ -16,7 +16,7 @@ from pathlib import Path
 import datasets
 import pytest
 import torch
-from datasets import Dataset, DatasetDict
+from datasets import Dataset, DatasetDict, IterableDataset
 
 from trainer.data import (
     DataConfigError,
@@ -24,6 +24,7 @@ from trainer.data import (
     build_train_loader,
     build_val_loader,
     is_heldout,
+    load_corpus,
     load_tokenizer,
 )
 from trainer.data import sources as sources_module
@@ -131,6 +132,11 @@ def _epoch_batches(loader: TrainLoader) -> Iterator[tuple[int, torch.Tensor]]:
         yield loader.epoch, batch["input_ids"]
 
 
+def _epochs_below(loader: TrainLoader, end: int) -> list[torch.Tensor]:
+    """The batches completed in epochs 0..end-1."""
+    return [b for _, b in itertools.takewhile(lambda pair: pair[0] < end, _epoch_batches(loader))]
+
+
 # --- shape and packing -------------------------------------------------------------------------
 
 
@@ -149,13 +155,7 @@ def test_batches_are_exactly_batch_size_by_seq_len_token_ids(tiny_assets, tokeni
 def test_every_document_is_whole_and_followed_by_eos(small_corpus, tokenizer, cache_dir):
     """One epoch of packed rows is exactly the epoch's documents, each + EOS, nothing dropped."""
     train_texts = _corpus_texts(small_corpus, "train")
-    epoch_zero = [
-        b
-        for epoch, b in itertools.islice(
-            _epoch_batches(_loader(small_corpus, tokenizer, cache_dir)), 60
-        )
-        if epoch == 0
-    ]
+    epoch_zero = _epochs_below(_loader(small_corpus, tokenizer, cache_dir), 1)
     texts = _documents(tokenizer, epoch_zero)
     # The epoch's last document may end in a batch that is only finished in the next epoch.
     assert len(set(texts)) == len(texts) >= len(train_texts) - 1
@@ -201,9 +201,15 @@ def test_ranks_split_each_epoch_into_disjoint_parts(small_corpus, tokenizer, cac
     per_rank = []
     for rank in range(2):
         loader = _loader(
-            small_corpus, tokenizer, cache_dir, dp_rank=rank, dp_world_size=2, batch_size=1
+            small_corpus,
+            tokenizer,
+            cache_dir,
+            dp_rank=rank,
+            dp_world_size=2,
+            batch_size=1,
+            seq_len=8,
         )
-        epoch_zero = [b for e, b in itertools.islice(_epoch_batches(loader), 300) if e == 0]
+        epoch_zero = _epochs_below(loader, 1)
         per_rank.append(set(_doc_ids(_documents(tokenizer, epoch_zero))))
     assert not per_rank[0] & per_rank[1]
     all_ids = set(_doc_ids(_corpus_texts(small_corpus, "train")))
@@ -388,7 +394,7 @@ def test_held_out_validation_is_disjoint_from_training(tmp_path, tokenizer, cach
         )
         assert val_ids and val_ids <= heldout
         train = _loader(data, tokenizer, cache_dir, **common)
-        two_epochs = [b for e, b in itertools.islice(_epoch_batches(train), 300) if e < 2]
+        two_epochs = _epochs_below(train, 2)
         train_ids = set(_doc_ids(_documents(tokenizer, two_epochs)))
         assert train_ids and not train_ids & heldout
 
@@ -425,6 +431,22 @@ def test_validation_is_deterministic_and_equally_long_on_every_rank(
         assert all(torch.equal(a, b["input_ids"]) for a, b in zip(first, rebuilt, strict=True))
         runs.append(first)
     assert not torch.equal(runs[0][0], runs[1][0])
+
+
+def test_validation_smaller_than_the_world_is_read_by_every_rank(tmp_path, tokenizer, cache_dir):
+    DatasetDict(
+        train=Dataset.from_dict({"text": _docs(20)}),
+        validation=Dataset.from_dict({"text": _docs(2, start=700)}),
+    ).save_to_disk(str(tmp_path / "dd"))
+    per_rank = [
+        [
+            b["input_ids"]
+            for b in _val(tmp_path / "dd", tokenizer, cache_dir, dp_rank=rank, dp_world_size=4)
+        ]
+        for rank in range(4)
+    ]
+    assert set(_doc_ids(_documents(tokenizer, per_rank[3]))) == {700, 701}
+    assert all(torch.equal(a, b) for a, b in zip(per_rank[0], per_rank[3], strict=True))
 
 
 # --- sources -----------------------------------------------------------------------------------
@@ -483,6 +505,17 @@ def test_save_to_disk_dataset_dict_uses_its_validation_split(tmp_path, tokenizer
     assert val_ids and min(val_ids) >= 500
     after = sorted(p.relative_to(target) for p in target.rglob("*"))
     assert before == after, "loading never writes into the user's dataset directory"
+
+
+def test_large_local_folders_are_streamed(monkeypatch, small_corpus, tokenizer, cache_dir):
+    assert not isinstance(
+        load_corpus(str(small_corpus), cache_dir=cache_dir).train, IterableDataset
+    )
+    monkeypatch.setattr(sources_module, "MAP_STYLE_MAX_BYTES", 1000)
+    corpus = load_corpus(str(small_corpus), cache_dir=cache_dir)
+    assert isinstance(corpus.train, IterableDataset)
+    assert isinstance(corpus.validation, IterableDataset)
+    assert _doc_ids(_documents(tokenizer, _take(_loader(small_corpus, tokenizer, cache_dir), 3)))
 
 
 def test_hub_ids_are_streamed(monkeypatch, small_corpus, tokenizer, cache_dir):

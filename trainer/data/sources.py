@@ -4,8 +4,10 @@ Everything downstream (sharding, tokenising, packing, resuming) works on the two
 ``datasets`` offers, so this module's only job is to turn ``--dataset`` into a train split and, if
 the data has one, a validation split, failing early with an error that names the bad value.
 
-Local data is loaded map-style: it can then be reshuffled exactly per epoch and resumed exactly.
-Hub data is streamed, so a run never waits for (or stores) a full download of a corpus like C4.
+Local data is loaded map-style when it is small enough to copy into the ``datasets`` cache: it
+can then be reshuffled document by document each epoch. Hub data and large local folders are
+streamed, so a run never waits for (or stores) a full copy of a corpus like C4; their per-epoch
+reshuffle is of shard (file) order. Both kinds resume exactly.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ _COMPRESSION_SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
 # A Hub id is "name" or "owner/name"; anything else that does not exist locally is a bad path.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _VALIDATION_SPLITS = ("validation", "valid", "val")
+# Local json/parquet/txt folders up to this size are copied into the Arrow cache (map-style);
+# beyond it every node would spend its start-up converting, so they are streamed instead.
+MAP_STYLE_MAX_BYTES = 1 << 30
 
 AnyDataset: TypeAlias = Dataset | IterableDataset
 
@@ -55,13 +60,14 @@ def load_corpus(
 ) -> Corpus:
     """Resolve ``--dataset`` to its train (and validation) documents.
 
-    ``streaming=None`` streams Hub datasets and loads local ones map-style; pass a bool to force
-    either. ``cache_dir`` is where ``datasets`` keeps the Arrow copy of local json/parquet/txt
-    files (default: its usual cache, ``HF_DATASETS_CACHE``).
+    ``streaming=None`` streams Hub datasets and local file folders over ``MAP_STYLE_MAX_BYTES``
+    and loads the rest map-style; pass a bool to force either. ``cache_dir`` is where
+    ``datasets`` keeps the Arrow copy of local json/parquet/txt files (default: its usual cache,
+    ``HF_DATASETS_CACHE``).
     """
     path = Path(dataset).expanduser()
     if path.exists():
-        corpus = _load_local(dataset, path, streaming=bool(streaming), cache_dir=cache_dir)
+        corpus = _load_local(dataset, path, streaming=streaming, cache_dir=cache_dir)
     elif not _HUB_ID.match(dataset):
         raise DataConfigError(
             f"--dataset {dataset!r}: no such file or directory (and not a Hub id like "
@@ -81,7 +87,9 @@ def load_corpus(
     return corpus
 
 
-def _load_local(dataset: str, path: Path, *, streaming: bool, cache_dir: str | None) -> Corpus:
+def _load_local(
+    dataset: str, path: Path, *, streaming: bool | None, cache_dir: str | None
+) -> Corpus:
     if (path / "dataset_dict.json").exists() or (path / "state.json").exists():
         loaded = datasets.load_from_disk(str(path))
         if isinstance(loaded, Dataset):
@@ -113,6 +121,11 @@ def _load_local(dataset: str, path: Path, *, streaming: bool, cache_dir: str | N
         )
     [(builder, found)] = by_builder.items()
     data_files = _split_files(found, dataset)
+    if streaming is None:
+        size = sum(f.stat().st_size for split_files in data_files.values() for f in split_files)
+        streaming = size > MAP_STYLE_MAX_BYTES
+        if streaming:
+            logger.info("data: streaming %s (%.1f GiB of files)", dataset, size / (1 << 30))
     # Blank-line separated paragraphs are the documents of plain text (EOS goes between them);
     # one document per line would cut prose into fragments, one per file can be gigabytes.
     options: dict[str, Any] = {"sample_by": "paragraph"} if builder == "text" else {}
