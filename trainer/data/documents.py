@@ -21,6 +21,8 @@ from trainer.data.sources import AnyDataset, Corpus, DataConfigError
 
 # Share of documents held out for validation when the dataset has no validation split.
 DEFAULT_HELDOUT_FRACTION = 0.01
+# A resumed map-style epoch re-reads at most 1/RESUME_SHARDS of this rank's part to find its place.
+RESUME_SHARDS = 64
 
 
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
@@ -97,7 +99,8 @@ class DocumentPlan:
                 # Within this rank's part, so the permutation costs 8 bytes per document / world.
                 order = np.random.default_rng((self.seed, epoch))
                 split = split.shuffle(generator=order, keep_in_memory=True)
-            docs = split.to_iterable_dataset()
+            # Shards only so that a resume skips whole shards instead of re-reading rows.
+            docs = split.to_iterable_dataset(num_shards=max(1, min(len(split), RESUME_SHARDS)))
         else:
             if epoch is not None:
                 # buffer_size=1: shard order only. A larger buffer mixes better, but datasets
