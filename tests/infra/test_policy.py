@@ -27,7 +27,7 @@ from infra.policy.offline import Violation, check_resources, run_policies
 from infra.policy.pack import build_policies
 from infra.policy.registry import GUARDRAILS
 from infra.policy.settings import COST_POLICY, policy_config, policy_config_from_stack_file
-from infra.policy.view import UNKNOWN, Resource, plain
+from infra.policy.view import PYTORCH_JOB, UNKNOWN, Resource, plain
 
 ROOT = Path(__file__).resolve().parents[2]
 ACCOUNT = "123456789012"
@@ -582,3 +582,42 @@ def test_the_served_pack_rejects_a_bad_job_and_an_expensive_stack(analyzer: Any)
     (diagnostic,) = stack.diagnostics
     assert diagnostic.policyName == COST_POLICY
     assert "4 x p5.48xlarge" in diagnostic.message and "$440.32" in diagnostic.message
+
+
+# --- the experiments in stacks/, as STACK's renderer builds their jobs -----------------------
+
+STACK_FILES = sorted((ROOT / "stacks").glob("Pulumi.*.yaml"))
+
+
+def rendered_job(path: Path) -> Resource:
+    from infra.config import load_stack_file
+    from infra.job_manifest import render_job
+
+    config = load_stack_file(path)
+    manifest = render_job(
+        config,
+        image=f"{ACCOUNT}.dkr.ecr.us-west-2.amazonaws.com/trainer@sha256:" + "0" * 64,
+        pvc_name="fsx-claim" if config.storage.fsx.enabled else None,
+    )
+    return Resource(f"urn:{path.stem}", PYTORCH_JOB, manifest.name, plain(manifest.as_dict()))
+
+
+def test_there_are_experiments_to_check() -> None:
+    assert len(STACK_FILES) >= 6
+
+
+@pytest.mark.parametrize("path", STACK_FILES, ids=lambda p: p.stem)
+def test_every_experiment_passes_the_guardrails_with_its_own_ceiling(path: Path) -> None:
+    job = rendered_job(path)
+    assert check_resources([job], policy_config_from_stack_file(path)) == []
+
+
+@pytest.mark.parametrize("path", STACK_FILES, ids=lambda p: p.stem)
+def test_every_experiment_is_caught_when_its_ceiling_is_a_cent(path: Path) -> None:
+    config = policy_config_from_stack_file(path)
+    config[COST_POLICY]["maxUsdPerRun"] = 0.01
+    (violation,) = check_resources([rendered_job(path)], config)
+    assert (
+        violation.policy == COST_POLICY
+        and "exceeds fsdp-eks:cost.maxUsdPerRun" in violation.message
+    )
