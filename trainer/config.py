@@ -283,7 +283,9 @@ class CheckpointConfig:
     keep_last_checkpoints: int = _flag(3, "Keep the newest K checkpoints, delete older ones.")
     export_dir: str | None = _flag(None, "At the end, write a Hugging Face safetensors model here.")
     fail_at_step: int = _flag(
-        0, "Debugging: exit abruptly (code 17) right after step N, to test resuming (0: off)."
+        0,
+        "Debugging: exit abruptly (code 17) right after step N, unless this run resumed from "
+        "a checkpoint, so that rerunning the same command resumes and finishes (0: off).",
     )
 
     def __post_init__(self) -> None:

@@ -13,6 +13,7 @@ import math
 import resource
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -105,7 +106,8 @@ class StepTimer:
 
     start_step: int
     max_steps: int
-    _last_time: float = field(default_factory=time.perf_counter)
+    clock: Callable[[], float] = time.perf_counter
+    _last_time: float = 0.0
     _last_step: int = -1
     _steady_time: float = 0.0
     _steady_steps: int = 0
@@ -113,10 +115,11 @@ class StepTimer:
 
     def __post_init__(self) -> None:
         self._last_step = self.start_step
+        self._last_time = self.clock()
 
     def lap(self, step: int) -> tuple[float, int]:
         """(seconds, steps) since the previous lap."""
-        now = time.perf_counter()
+        now = self.clock()
         elapsed, steps = now - self._last_time, step - self._last_step
         self._intervals += 1
         if self._intervals > 1 or step >= self.max_steps:

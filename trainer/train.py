@@ -182,6 +182,7 @@ class Trainer:
 
         # Checkpoints: resume from the newest complete one, if any.
         self.step = 0
+        self.resumed_from: Path | None = None
         self.checkpoints: CheckpointManager | None = None
         if cfg.checkpoint.checkpoint_dir is not None:
             self.checkpoints = CheckpointManager(
@@ -228,6 +229,7 @@ class Trainer:
         if "rng" in train_state:
             restore_rng_state(train_state["rng"])
         self.step = self._last_saved_step = step
+        self.resumed_from = latest
         logger.info("resumed from %s at step %d", latest, step)
 
     def _log_summary(self) -> None:
@@ -272,7 +274,7 @@ class Trainer:
                     self.save(step)
                 if progress is not None:
                     progress.update(1)
-                if step == cfg.checkpoint.fail_at_step:
+                if step == cfg.checkpoint.fail_at_step and self.resumed_from is None:
                     logger.warning("--fail_at_step %d: exiting abruptly", step)
                     sys.stderr.flush()
                     os._exit(FAIL_AT_STEP_EXIT_CODE)

@@ -180,3 +180,18 @@ def test_format_args_round_trips_through_the_parser() -> None:
     assert "max_steps" in flag_names()
     with pytest.raises(ValueError, match="max_stepz"):
         format_args({"max_stepz": 1})
+
+
+def test_entry_point_rejects_a_bad_flag_before_loading_torch() -> None:
+    """`python -m trainer` answers a typo at once, with the flag named, exit status 2."""
+    import subprocess
+    import sys
+
+    completed = subprocess.run(
+        [sys.executable, "-m", "trainer", "--model", "tiny", "--max_stepz", "5"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert completed.returncode == 2
+    assert "unrecognized arguments: --max_stepz 5" in completed.stderr

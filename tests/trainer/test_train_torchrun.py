@@ -1,0 +1,182 @@
+"""The trainer end to end: `torchrun --nproc_per_node=2 -m trainer` on the CPU with gloo.
+
+Each launch costs seconds of process start-up, so one run carries many assertions: the
+reference run checks learning, data sharding, context width, stopping, validation and export;
+a crashed-and-restarted pair checks resuming against it; one short run per other strategy.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.trainer.torchrun_util import RunResult, run_trainer, tiny_args
+from trainer.tiny_assets import TinyAssets
+
+pytestmark = pytest.mark.slow
+
+MAX_STEPS = 20
+CHECKPOINT_FREQ = 10
+FAIL_AT_STEP = 13
+SEQ_LEN = 64
+
+
+def reference_args(assets: TinyAssets, checkpoint_dir: Path, **extra: Any) -> list[str]:
+    return tiny_args(
+        assets,
+        max_steps=MAX_STEPS,
+        max_context_width=SEQ_LEN,
+        checkpoint_dir=checkpoint_dir,
+        resume_from_checkpoint=checkpoint_dir,
+        checkpoint_freq=CHECKPOINT_FREQ,
+        validation_freq=CHECKPOINT_FREQ,
+        validation_batches=2,
+        val_batch_size=2,
+        **extra,
+    )
+
+
+@pytest.fixture(scope="module")
+def reference_run(tiny_assets: TinyAssets, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """An uninterrupted 20-step run with checkpoints, validation and an export."""
+    root = tmp_path_factory.mktemp("reference")
+    args = reference_args(tiny_assets, root / "ckpt", export_dir=root / "export")
+    result = run_trainer(args, metrics_file=root / "metrics.jsonl")
+    assert result.returncode == 0, result.output[-4000:]
+    return root, result
+
+
+def _steps_logged(result: RunResult) -> list[int]:
+    return [r["step"] for r in result.train_records()]
+
+
+def test_reference_run_learns_shards_data_and_stops_exactly(reference_run: Any) -> None:
+    root, result = reference_run
+    records = result.train_records()
+    # Stops at exactly --max_steps, having logged every step (--logging_freq 1).
+    assert _steps_logged(result) == list(range(1, MAX_STEPS + 1))
+    # The loss is finite from the first step (initialised weights) and falls clearly.
+    losses = [r["loss"] for r in records]
+    assert all(math.isfinite(x) for x in losses)
+    assert losses[0] == pytest.approx(math.log(512), rel=0.1)  # uniform over the tiny vocab
+    assert sum(losses[-3:]) / 3 < losses[0] - 1.0
+    for record in records:
+        # Sequences are exactly the context width.
+        assert record["micro_batch_shape"] == [4, SEQ_LEN]
+        # The two ranks read different batches at every step.
+        first, second = record["batch_digests"]
+        assert first != second
+    # And no rank ever sees the same batch twice in this short run.
+    digests = [d for r in records for d in r["batch_digests"]]
+    assert len(set(digests)) == len(digests)
+    # The log line keeps the seed's prefix, on rank 0 only.
+    assert "Batch 20 Loss: " in result.output
+    assert result.output.count("Batch 20 Loss: ") == 1
+    assert "samples/sec, lr: " in result.output
+    # Checkpoints every --checkpoint_freq steps, the last one being the final step.
+    complete = sorted(p.name for p in (root / "ckpt").glob("step-*") if (p / "COMPLETE").exists())
+    assert complete == ["step-10", "step-20"]
+    validations = [r for r in result.metrics if r["kind"] == "validation"]
+    assert [v["step"] for v in validations] == [10, 20]
+    assert validations[1]["val_loss"] < validations[0]["val_loss"]
+
+
+def test_export_loads_in_transformers_with_the_trained_logits(
+    reference_run: Any, tiny_assets: TinyAssets
+) -> None:
+    """The exported model reproduces the trainer's own final validation loss."""
+    from transformers import AutoModelForCausalLM
+
+    from trainer.data import build_val_loader, load_tokenizer
+
+    root, result = reference_run
+    model = AutoModelForCausalLM.from_pretrained(root / "export")
+    model.eval()
+    tokenizer = load_tokenizer(str(root / "export"))
+    per_rank = []
+    for rank in range(2):
+        batches = build_val_loader(
+            dataset=str(tiny_assets.corpus_dir),
+            dataset_config_name=None,
+            tokenizer=tokenizer,
+            seq_len=SEQ_LEN,
+            batch_size=2,
+            max_batches=2,
+            dp_rank=rank,
+            dp_world_size=2,
+            seed=1234,
+        )
+        with torch.no_grad():
+            losses = [float(model(**batch).loss) for batch in batches]
+        per_rank.append(sum(losses) / len(losses))
+    final_val = [r for r in result.metrics if r["kind"] == "validation"][-1]
+    assert final_val["step"] == MAX_STEPS
+    assert sum(per_rank) / 2 == pytest.approx(final_val["val_loss"], rel=1e-4)
+
+
+def test_crash_and_restart_resumes_and_reproduces_the_losses(
+    reference_run: Any, tiny_assets: TinyAssets, tmp_path: Path
+) -> None:
+    _, reference = reference_run
+    checkpoint_dir = tmp_path / "ckpt"
+    args = reference_args(tiny_assets, checkpoint_dir, fail_at_step=FAIL_AT_STEP)
+
+    crashed = run_trainer(args, metrics_file=tmp_path / "first.jsonl")
+    assert crashed.returncode != 0
+    assert "--fail_at_step 13: exiting abruptly" in crashed.output
+    assert _steps_logged(crashed) == list(range(1, FAIL_AT_STEP + 1))
+    # A save that died half-way: the step dir exists but was never marked complete.
+    shutil.copytree(checkpoint_dir / "step-10", checkpoint_dir / "step-12")
+    (checkpoint_dir / "step-12" / "COMPLETE").unlink()
+    (checkpoint_dir / ".tmp-step-13").mkdir()
+
+    resumed = run_trainer(args, metrics_file=tmp_path / "second.jsonl")
+    assert resumed.returncode == 0, resumed.output[-4000:]
+    assert f"resumed from {checkpoint_dir / 'step-10'} at step 10" in resumed.output
+    assert _steps_logged(resumed) == list(range(11, MAX_STEPS + 1))
+    expected = reference.losses()
+    for step, loss in resumed.losses().items():
+        assert loss == pytest.approx(expected[step], rel=1e-5), step
+    # The steps 11..13 the crashed run had already taken match too (same data, same RNG).
+    for step in range(11, FAIL_AT_STEP + 1):
+        assert crashed.losses()[step] == pytest.approx(expected[step], rel=1e-5)
+    assert (checkpoint_dir / "step-20" / "COMPLETE").exists()
+
+
+@pytest.mark.parametrize(
+    ("strategy", "extra"),
+    [
+        # Two ranks as two "nodes" of one: the replicate dimension is 2, so gradients are
+        # all-reduced across replicas as in a multi-node HSDP job.
+        ("hybrid", {"hsdp_shard_size": 1, "bf16": 1, "activation_checkpointing": 1}),
+        (
+            "shard_grad_op",
+            {
+                "ac_mode": "selective",
+                "ac_every": 2,
+                "activation_checkpointing": 1,
+                "model": "tiny-moe",
+            },
+        ),
+        ("no_shard", {"gradient_accumulation_steps": 2, "tie_word_embeddings": 1}),
+    ],
+)
+def test_every_sharding_strategy_trains(
+    strategy: str, extra: dict[str, Any], tiny_assets: TinyAssets, tmp_path: Path
+) -> None:
+    args = tiny_args(tiny_assets, sharding_strategy=strategy, max_steps=8, logging_freq=4, **extra)
+    result = run_trainer(args, metrics_file=tmp_path / "metrics.jsonl")
+    assert result.returncode == 0, result.output[-4000:]
+    assert f"strategy={strategy}" in result.output
+    if strategy in ("hybrid", "no_shard"):
+        assert "mesh={'replicate': 2, 'shard': 1}" in result.output
+    records = result.train_records()
+    assert [r["step"] for r in records] == [4, 8]
+    assert all(math.isfinite(r["loss"]) for r in records)
+    assert records[-1]["loss"] < math.log(512) - 0.3
+    assert records[0]["batch_digests"][0] != records[0]["batch_digests"][1]
