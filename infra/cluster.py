@@ -183,9 +183,10 @@ class Cluster(pulumi.ComponentResource):
                 opts=child,
             )
             key_arn = key.arn
-        service_role = self._service_role(name, key_arn, tags)
+        service_role, service_role_policies = self._service_role(name, key_arn, tags)
 
-        depends_on: list[pulumi.Resource] = []
+        # The control plane checks its role's permissions (KMS included) at creation.
+        depends_on: list[pulumi.Resource] = [service_role, *service_role_policies]
         if config.log_types:
             # EKS would create this group itself, with no retention and outside the stack.
             depends_on.append(
@@ -256,10 +257,11 @@ class Cluster(pulumi.ComponentResource):
         self.gpu_subnet_id = network.gpu_subnet_id
 
         system = config.system_nodes
+        system_role = node_role(f"{name}-system-nodes", parent=self, tags=tags)
         system_nodes = eks.ManagedNodeGroup(
             f"{name}-system",
             cluster=cluster,
-            node_role=node_role(f"{name}-system-nodes", parent=self, tags=tags),
+            node_role=system_role.role,
             instance_types=[system.instance_type],
             ami_type=SYSTEM_AMI_TYPE,
             subnet_ids=network.private_subnet_ids,
@@ -272,8 +274,9 @@ class Cluster(pulumi.ComponentResource):
             enable_imd_sv2=True,
             labels={NODE_POOL_LABEL: "system"},
             tags=tags,
-            opts=child,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=system_role.ready),
         )
+        gpu_role = node_role(f"{name}-gpu-nodes", parent=self, tags=tags)
         gpu = GpuNodeGroup(
             f"{name}-gpu",
             GpuNodeGroupArgs(
@@ -282,11 +285,12 @@ class Cluster(pulumi.ComponentResource):
                 cluster_security_group_id=cluster.cluster_security_group_id,
                 vpc_id=network.vpc_id,
                 subnet_id=network.gpu_subnet_id,
-                node_role_arn=node_role(f"{name}-gpu-nodes", parent=self, tags=tags).arn,
+                node_role_arn=gpu_role.role.arn,
                 kubernetes_version=config.kubernetes_version,
+                depends_on=[cluster, *gpu_role.ready],
                 tags=tags,
             ),
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[cluster]),
+            opts=child,
         )
         self.efa_interfaces_per_node = gpu.efa_interface_count
         self.ready = [system_nodes, gpu.node_group]
@@ -295,7 +299,7 @@ class Cluster(pulumi.ComponentResource):
 
     def _service_role(
         self, name: str, key_arn: pulumi.Input[str], tags: Mapping[str, str]
-    ) -> aws.iam.Role:
+    ) -> tuple[aws.iam.Role, list[pulumi.Resource]]:
         """The control plane's role: AmazonEKSClusterPolicy plus use of the one secrets key."""
         child = pulumi.ResourceOptions(parent=self)
         invoke = pulumi.InvokeOutputOptions(parent=self)
@@ -308,7 +312,7 @@ class Cluster(pulumi.ComponentResource):
             tags=dict(tags),
             opts=child,
         )
-        aws.iam.RolePolicyAttachment(
+        cluster_policy = aws.iam.RolePolicyAttachment(
             f"{name}-control-plane-AmazonEKSClusterPolicy",
             role=role.name,
             policy_arn=aws_managed_policy_arn(
@@ -316,7 +320,7 @@ class Cluster(pulumi.ComponentResource):
             ),
             opts=child,
         )
-        aws.iam.RolePolicy(
+        key_policy = aws.iam.RolePolicy(
             f"{name}-control-plane-secrets-key",
             role=role.name,
             policy=pulumi.Output.from_input(key_arn).apply(
@@ -340,7 +344,7 @@ class Cluster(pulumi.ComponentResource):
             ),
             opts=child,
         )
-        return role
+        return role, [cluster_policy, key_policy]
 
     def _install_pod_identity_agent(
         self,

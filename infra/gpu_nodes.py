@@ -140,6 +140,10 @@ class GpuNodeGroupArgs:
     """The GPU subnet: one AZ, the capacity's."""
     node_role_arn: pulumi.Input[str]
     kubernetes_version: pulumi.Input[str] | None = None
+    depends_on: list[pulumi.Resource] = field(default_factory=list)
+    """What the node group must wait for beyond its inputs (the node role's policies: nodes
+    without them cannot join). Given here because a component's own `depends_on` is not
+    passed on to its children by the Python SDK."""
     tags: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -216,7 +220,9 @@ class GpuNodeGroup(pulumi.ComponentResource):
             },
             # Reserved capacity has no room for a second group while the first still holds it.
             opts=pulumi.ResourceOptions(
-                parent=self, delete_before_replace=config.capacity.is_reserved
+                parent=self,
+                depends_on=args.depends_on,
+                delete_before_replace=config.capacity.is_reserved,
             ),
         )
         self.register_outputs(

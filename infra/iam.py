@@ -8,6 +8,7 @@ to their job; nothing here grants `"Action": "*"`.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import pulumi
 import pulumi_aws as aws
@@ -60,12 +61,25 @@ def aws_managed_policy_arn(policy_name: str, partition: pulumi.Input[str]) -> pu
     return pulumi.Output.concat("arn:", partition, ":iam::aws:policy/", policy_name)
 
 
+@dataclass(frozen=True)
+class NodeRole:
+    """A node role and its policy attachments (node groups must wait for both)."""
+
+    role: aws.iam.Role
+    attachments: list[aws.iam.RolePolicyAttachment]
+
+    @property
+    def ready(self) -> list[pulumi.Resource]:
+        """Resources a node group must depend on: nodes without the policies cannot join."""
+        return [self.role, *self.attachments]
+
+
 def node_role(
     name: str,
     *,
     parent: pulumi.Resource,
     tags: Mapping[str, str] | None = None,
-) -> aws.iam.Role:
+) -> NodeRole:
     """An EC2 role for EKS managed nodes, with exactly the `NODE_POLICIES` attached.
 
     Attachments are separate resources (not `managed_policy_arns`, deprecated in pulumi-aws 7)
@@ -80,11 +94,13 @@ def node_role(
         opts=pulumi.ResourceOptions(parent=parent),
     )
     partition = aws.get_partition_output(opts=invoke_opts).partition
-    for policy in NODE_POLICIES:
+    attachments = [
         aws.iam.RolePolicyAttachment(
             f"{name}-{policy}",
             role=role.name,
             policy_arn=aws_managed_policy_arn(policy, partition),
             opts=pulumi.ResourceOptions(parent=parent),
         )
-    return role
+        for policy in NODE_POLICIES
+    ]
+    return NodeRole(role=role, attachments=attachments)

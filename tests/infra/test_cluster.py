@@ -180,11 +180,27 @@ def test_gpu_nodes_in_the_gpu_subnet_after_the_cluster(created: Evaluation) -> N
     gpu_subnet = created.one("aws:ec2/subnet:Subnet", "net-gpu")
     assert gpu_subnet.inputs["availabilityZone"] == "us-west-2b"
     assert node_group.inputs["subnetIds"] == [created.stack_outputs["gpuSubnet"]]
-    assert created.depends_on(node_group, created.one(EKS))
+    assert created.one(EKS).urn in node_group.dependencies
     template = created.one("aws:ec2/launchTemplate:LaunchTemplate").inputs
     for nic in template["networkInterfaces"]:
         assert created.stack_outputs["clusterSg"] in nic["securityGroups"]
     assert created.stack_outputs["efa"] == 32
+
+
+def test_node_groups_and_cluster_wait_for_their_role_policies(created: Evaluation) -> None:
+    attachments = created.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
+    gpu = created.one(NODE_GROUP)
+    system = created.one(MNG, "platform-system")
+    cluster = created.one(EKS)
+    # Declared on the resources themselves: a component's depends_on does not reach children.
+    for attachment in attachments:
+        if attachment.name.startswith("platform-gpu-nodes"):
+            assert attachment.urn in gpu.dependencies
+        elif attachment.name.startswith("platform-system-nodes"):
+            assert attachment.urn in system.dependencies
+        else:
+            assert attachment.urn in cluster.dependencies
+    assert created.one("aws:iam/rolePolicy:RolePolicy").urn in cluster.dependencies
 
 
 def test_node_roles_are_scoped(created: Evaluation) -> None:
