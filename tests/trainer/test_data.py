@@ -546,6 +546,18 @@ def test_missing_path_is_one_clear_error(tokenizer, cache_dir, tmp_path):
         _loader(missing, tokenizer, cache_dir)
 
 
+@pytest.mark.parametrize("failure", [ConnectionError("Couldn't reach it"), FileNotFoundError()])
+def test_unreachable_or_unknown_hub_dataset_is_one_clear_error(
+    monkeypatch, tokenizer, cache_dir, failure
+):
+    def fail(*args, **kwargs):
+        raise failure
+
+    monkeypatch.setattr(sources_module.datasets, "load_dataset", fail)
+    with pytest.raises(DataConfigError, match="--dataset 'data/corpus' is not a local path"):
+        _loader("data/corpus", tokenizer, cache_dir)
+
+
 def test_missing_text_column_names_it_and_the_columns_there(tmp_path, tokenizer, cache_dir):
     Dataset.from_dict({"content": _docs(5)}).save_to_disk(str(tmp_path / "d"))
     with pytest.raises(DataConfigError, match=r"no text column 'text'.*\['content'\]"):

@@ -137,6 +137,10 @@ class TrainLoader:
         finally:
             stop.set()  # the reader ends at its next hand-over; joined before any reuse
 
+    def close(self) -> None:
+        """Stop the read-ahead thread, if any (it is a daemon; this just ends it promptly)."""
+        self._stop_producer()
+
     def _stop_producer(self) -> None:
         if self._producer is not None:
             self._stop.set()
@@ -279,7 +283,7 @@ class ValLoader:
                 for row in buffer.rows():
                     rows.append(row)
                     if len(rows) == self.batch_size:
-                        yield _to_batch(rows)["input_ids"]
+                        yield torch.tensor(rows, dtype=torch.long)
                         rows, produced = [], produced + 1
                         if produced == self.max_batches:
                             return

@@ -183,10 +183,11 @@ def _load_hub(
         loaded = datasets.load_dataset(
             dataset, config_name, streaming=streaming, cache_dir=cache_dir
         )
-    except datasets.exceptions.DatasetNotFoundError as error:
+    except (datasets.exceptions.DatasetNotFoundError, OSError) as error:
+        # OSError: unreachable Hub, offline mode, missing files; the cause is in the message.
         raise DataConfigError(
-            f"--dataset {dataset!r} was not found on the Hugging Face Hub, nor is it a local "
-            f"path ({error})."
+            f"--dataset {dataset!r} is not a local path, and loading it from the Hugging Face "
+            f"Hub failed: {error}"
         ) from error
     except ValueError as error:
         # `datasets` reports a missing/unknown config name as a ValueError listing the choices.
