@@ -415,7 +415,7 @@ class Cluster(pulumi.ComponentResource):
         platform: pulumi.StackReference | None,
     ) -> pulumi.Output[str]:
         """The subnet FSx goes in: configured, else the platform stack's `gpuSubnetId`, else the
-        cluster's first subnet (with a warning: it may sit in another AZ than the GPU nodes)."""
+        cluster's first subnet (which may sit in another AZ than the GPU nodes)."""
         if config.network.gpu_subnet_id is not None:
             return pulumi.Output.from_input(config.network.gpu_subnet_id)
         from_platform: pulumi.Output[Any] = (
@@ -426,15 +426,9 @@ class Cluster(pulumi.ComponentResource):
 
         def choose(values: list[Any]) -> str:
             stacked, cluster_subnets = values
-            if stacked:
-                return str(stacked)
-            pulumi.log.warn(
-                "cluster.network.gpuSubnetId is not set and no platform stack output "
-                f"gpuSubnetId: using the cluster's subnet {cluster_subnets[0]}; FSx may land in "
-                "another AZ than the GPU nodes",
-                resource=self,
-            )
-            return str(cluster_subnets[0])
+            # The fallback only feeds exports: creating FSx on an existing cluster without a
+            # known subnet is rejected by the stack config (infra.config.stack).
+            return str(stacked) if stacked else str(cluster_subnets[0])
 
         return pulumi.Output.all(from_platform, found.vpc_config.subnet_ids).apply(choose)
 
