@@ -430,6 +430,14 @@ def run_nccl_check(
     return result, text
 
 
+def stack_name(stack: str) -> str:
+    """`dev`, `Pulumi.dev.yaml` or `stacks/Pulumi.dev.yaml` → `dev` (for `pulumi --stack`)."""
+    name = Path(stack).name
+    if name.endswith((".yaml", ".yml")):
+        return name.removeprefix("Pulumi.").rsplit(".", 1)[0]
+    return stack
+
+
 def resolve_image(config: StackConfig, stack: str, image: str | None) -> str:
     """`--image`, else the stack's own `image.uri`, else the image `pulumi up` built."""
     if image:
@@ -437,7 +445,7 @@ def resolve_image(config: StackConfig, stack: str, image: str | None) -> str:
     if config.image.uri:
         return config.image.uri
     try:
-        return run_command(["pulumi", "stack", "output", "imageUri", "--stack", stack]).strip()
+        return run_command(["pulumi", "stack", "output", "image", "--stack", stack]).strip()
     except (RuntimeError, FileNotFoundError) as error:
         raise SystemExit(
             f"no image to run: pass --image, set image.uri, or run `pulumi up` first ({error})"
@@ -478,9 +486,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     expected = expected_node_resources(config)
     run_id = f"validate-{secrets.token_hex(3)}"
     if args.render_only:
-        image = args.image or config.image.uri or "<trainer image: pulumi stack output imageUri>"
+        image = args.image or config.image.uri or "<trainer image: pulumi stack output image>"
     else:
-        image = resolve_image(config, str(args.stack), args.image)
+        image = resolve_image(config, stack_name(args.stack), args.image)
     gpu_job, bench, nccl = validation_manifests(
         config, image=image, run_id=run_id, bench_script=BENCH_SCRIPT.read_text()
     )

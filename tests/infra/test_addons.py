@@ -252,3 +252,53 @@ def test_an_empty_gpu_selector_is_refused():
 
     with pytest.raises(ValueError, match="gpu_node_selector"):
         evaluate(program, config={})
+
+
+def test_wired_to_the_real_cluster_component():
+    """The plugins select the cluster's GPU nodes, tolerate its taints and wait for its nodes."""
+    from infra.cluster import Cluster, ClusterArgs
+    from infra.config.stack import parse_stack_config
+    from infra.network import Network, NetworkArgs
+
+    def program() -> None:
+        stack = parse_stack_config(
+            {
+                "gpuNodes": {
+                    "instanceType": "p5.48xlarge",
+                    "count": 2,
+                    "taints": [{"key": "team", "value": "ml"}],
+                },
+                "cost": {"maxUsdPerRun": None},
+            },
+            stack_name="dev",
+        )
+        network = Network(
+            "network",
+            NetworkArgs(config=stack.cluster.network, gpu_availability_zone=None, tags={}),
+        )
+        cluster = Cluster(
+            "platform",
+            ClusterArgs(cluster=stack.cluster, gpu_nodes=stack.gpu_nodes, network=network, tags={}),
+        )
+        Addons(
+            "addons",
+            AddonsArgs(
+                config=stack.addons,
+                k8s_provider=cluster.k8s_provider,
+                gpu_node_selector=cluster.gpu_node_selector,
+                gpu_tolerations=cluster.gpu_tolerations,
+                efa_enabled=stack.gpu_nodes.efa_enabled,
+                cluster_ready=cluster.ready,
+            ),
+        )
+
+    result = evaluate(program, config={"aws:region": "us-west-2"})
+    gpu_nodes = result.one("aws:eks/nodeGroup:NodeGroup", "platform-gpu-nodes")
+    for plugin in result.of_type(RELEASE):
+        values = plugin.inputs["values"]
+        assert values["nodeSelector"] == {"node.kubernetes.io/instance-type": "p5.48xlarge"}
+        keys = {t["key"] for t in values["tolerations"]}
+        assert {"nvidia.com/gpu", "team"} <= keys
+        assert result.depends_on(plugin, gpu_nodes)
+    assert len(result.of_type(RELEASE)) == 2
+    assert result.depends_on(result.one(DEPLOYMENT), gpu_nodes)

@@ -334,3 +334,64 @@ def test_csi_driver_already_on_the_cluster_is_left_alone():
 def test_addon_version_is_passed_when_pinned():
     result = run({"fsx": {"csiDriverVersion": "v1.5.0-eksbuild.1"}})
     assert result.one(ADDON, "storage-fsx-csi").inputs["addonVersion"] == "v1.5.0-eksbuild.1"
+
+
+def test_wired_to_the_real_cluster_component():
+    """FSx in the cluster's GPU subnet, Lustre open to the cluster SG, CSI after the agent."""
+    from infra.cluster import Cluster, ClusterArgs
+    from infra.config.stack import parse_stack_config
+    from infra.network import Network, NetworkArgs
+
+    def program() -> None:
+        stack = parse_stack_config(
+            {
+                "gpuNodes": {"instanceType": "p5.48xlarge", "count": 2},
+                "cost": {"maxUsdPerRun": None},
+            },
+            stack_name="dev",
+        )
+        network = Network(
+            "network",
+            NetworkArgs(config=stack.cluster.network, gpu_availability_zone=None, tags={}),
+        )
+        cluster = Cluster(
+            "platform",
+            ClusterArgs(cluster=stack.cluster, gpu_nodes=stack.gpu_nodes, network=network, tags={}),
+        )
+        Storage(
+            "storage",
+            StorageArgs(
+                config=stack.storage,
+                cluster_name=cluster.name,
+                k8s_provider=cluster.k8s_provider,
+                namespace=stack.job.namespace,
+                vpc_id=cluster.vpc_id,
+                subnet_id=cluster.gpu_subnet_id,
+                client_security_group_ids=[cluster.cluster_security_group_id],
+                cluster_ready=cluster.ready,
+            ),
+        )
+        pulumi.export("gpuSubnetId", cluster.gpu_subnet_id)
+        pulumi.export("clusterSg", cluster.cluster_security_group_id)
+        pulumi.export("clusterName", cluster.name)
+
+    result = evaluate(program, config={"aws:region": "us-west-2"})
+    outputs = result.stack_outputs
+    fsx = result.one(FSX)
+    assert fsx.inputs["subnetIds"] == outputs["gpuSubnetId"]
+    fsx_sg = fsx.inputs["securityGroupIds"][0]
+    client_rules = [
+        r
+        for r in result.of_type(INGRESS)
+        if r.inputs["securityGroupId"] == fsx_sg
+        and r.inputs["referencedSecurityGroupId"] == outputs["clusterSg"]
+    ]
+    assert len(client_rules) == 2
+    addon = result.one(ADDON, "storage-fsx-csi")
+    assert addon.inputs["clusterName"] == outputs["clusterName"]
+    agent = result.one(ADDON, "platform-pod-identity-agent")
+    assert agent.inputs["addonName"] == "eks-pod-identity-agent"
+    assert result.depends_on(addon, agent)
+    assert result.depends_on(result.one(ASSOCIATION), agent)
+    claim = result.one(PVC)
+    assert claim.provider.startswith(result.one("pulumi:providers:kubernetes").urn)

@@ -609,3 +609,29 @@ def test_nccl_check_reads_worker_0_and_fails_a_failed_job():
     )
     assert text == NCCL_EFA_LOG
     assert not result.passed and "ended Failed" in result.problems[0]
+
+
+@pytest.mark.parametrize(
+    ("given", "name"),
+    [
+        ("dev", "dev"),
+        ("Pulumi.dev.yaml", "dev"),
+        ("stacks/Pulumi.llama31-8b-p5.yaml", "llama31-8b-p5"),
+    ],
+)
+def test_stack_name_for_pulumi(given, name):
+    assert validate_cluster.stack_name(given) == name
+
+
+def test_image_comes_from_the_flag_then_the_stack_config():
+    config = stack("p5.48xlarge", 2)
+    assert validate_cluster.resolve_image(config, "val", "img:flag") == "img:flag"
+    own = parse_stack_config(
+        {
+            "gpuNodes": {"instanceType": "p5.48xlarge", "count": 2},
+            "cost": {"maxUsdPerRun": None},
+            "image": {"uri": "123456789012.dkr.ecr.us-west-2.amazonaws.com/t@sha256:" + "a" * 64},
+        },
+        stack_name="val",
+    )
+    assert validate_cluster.resolve_image(own, "val", None).endswith("a" * 64)
