@@ -170,6 +170,14 @@ RESOURCE_OUTPUTS: dict[str, OutputRule] = {
         "bucketRegionalDomainName": (f"{inputs.get('bucket', name)}.s3.{REGION}.amazonaws.com"),
     },
     "eks:index:Cluster": _pulumi_eks_cluster,
+    # The image build's dynamic resource: the digest CodeBuild would report for the tag.
+    "pulumi-python:dynamic/image:ImageBuild": lambda name, inputs: {
+        "image_digest": f"sha256:{short_hash(str(inputs.get('image_tag')), 64)}",
+        "image_uri": (
+            f"{inputs.get('repository_url')}@sha256:{short_hash(str(inputs.get('image_tag')), 64)}"
+        ),
+        "build_id": f"{inputs.get('project_name')}:{short_hash(name, 32)}",
+    },
 }
 
 
