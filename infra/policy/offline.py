@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from infra.policy.registry import GUARDRAILS, Enforcement, Guardrail
@@ -70,3 +71,24 @@ def run_policies(
     Without it the cost ceiling uses its defaults (CostConfig's default ceiling).
     """
     return check_resources((Resource.from_recorded(r) for r in evaluation.resources), config)
+
+
+def check_stack_file(path: Path) -> list[Violation]:
+    """Evaluate the real program for one stack file offline and run the guardrails over it.
+
+    The stack's own `cost` section configures the ceiling. Raises the config model's
+    StackConfigError for a stack file the program rejects before registering anything.
+    """
+    from infra.config import read_stack_file
+    from infra.offline import evaluate
+    from infra.policy.settings import policy_config_from_stack_file
+    from infra.program import main as program
+
+    stack_file = read_stack_file(path)
+    evaluation = evaluate(
+        program,
+        config=stack_file.config,
+        secret_keys=stack_file.secret_keys,
+        stack=stack_file.stack_name,
+    )
+    return run_policies(evaluation, policy_config_from_stack_file(stack_file.path))
