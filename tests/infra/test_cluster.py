@@ -294,6 +294,8 @@ def test_existing_cluster_creates_nothing_it_does_not_own() -> None:
     )
     assert result.stack_outputs["ready"] == []
     assert result.stack_outputs["efa"] == 32
+    # no configured subnet, no platform stack: the cluster's first subnet
+    assert result.stack_outputs["gpuSubnet"] == f"subnet-{short_hash('team-gpu' + 'us-west-2a')}"
 
 
 def test_existing_cluster_kubeconfig_uses_aws_eks_get_token() -> None:
