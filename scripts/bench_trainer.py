@@ -164,7 +164,7 @@ class BenchResult:
             ("step time", f"{self.step_time_s:.4f} s"),
             ("tokens/s (total)", f"{self.tokens_per_sec:,.0f}"),
             ("tokens/s per GPU", f"{self.tokens_per_sec_per_gpu:,.0f}"),
-            ("model TFLOP/s per GPU", f"{self.model_tflops_per_gpu:.2f}"),
+            ("model TFLOP/s per GPU", f"{self.model_tflops_per_gpu:.4g}"),
             ("peak TFLOP/s per GPU", peak),
             ("MFU", mfu),
             ("peak memory", f"{self.peak_mem_gib:.2f} GiB"),
