@@ -14,8 +14,8 @@ import logging
 import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,6 +40,8 @@ class RunTarget:
     """s3://bucket/prefix of the run's checkpoint directory (FSx exports it there)."""
     usd_per_hour: float | None
     kube_context: str | None = None
+    stack: str | None = None
+    outputs: Mapping[str, Any] = field(default_factory=dict)
 
     def require_job(self) -> str:
         if not self.job_name:
@@ -47,12 +49,16 @@ class RunTarget:
         return self.job_name
 
     def require_checkpoint_uri(self) -> str:
-        if not self.checkpoint_uri:
+        """The flag or output, else derived from the stack's outputs and FSx settings."""
+        uri = self.checkpoint_uri
+        if uri is None and self.stack is not None:
+            uri = checkpoint_uri_from_stack(self.stack, self.outputs)
+        if not uri:
             raise TargetError(
                 "no checkpoint location: pass --s3-uri s3://BUCKET/PREFIX or --stack STACK "
-                "(its checkpointS3Uri output)"
+                "(after pulumi up)"
             )
-        return self.checkpoint_uri
+        return uri
 
     def kubectl(self, *args: str) -> list[str]:
         """A kubectl command line for this run's namespace (and context, when given)."""
@@ -100,6 +106,55 @@ def first(outputs: Mapping[str, Any], keys: Sequence[str]) -> Any:
     return None
 
 
+def export_uri(
+    checkpoint_path: str,
+    bucket: str,
+    *,
+    mount_path: str,
+    file_system_path: str = "/",
+    prefix: str = "",
+) -> str:
+    """Where FSx's data repository association exports a directory of the mounted volume.
+
+    The pods mount the Lustre root at `mount_path`; the association links the Lustre directory
+    `file_system_path` to `s3://bucket/prefix`.
+    """
+    try:
+        inside = PurePosixPath("/") / PurePosixPath(checkpoint_path).relative_to(mount_path)
+        linked = inside.relative_to(file_system_path)
+    except ValueError:
+        raise TargetError(
+            f"{checkpoint_path} is not under the FSx directory linked to S3 "
+            f"({mount_path} + {file_system_path}); pass --s3-uri"
+        ) from None
+    key = "/".join(part for part in (prefix.strip("/"), linked.as_posix()) if part and part != ".")
+    return f"s3://{bucket}/{key}"
+
+
+def checkpoint_uri_from_stack(stack: str, outputs: Mapping[str, Any]) -> str | None:
+    """The S3 location of the run's checkpoints from `checkpointPath` + `bucketName` outputs and
+    the stack file's FSx settings; None when the outputs do not say."""
+    path, bucket = outputs.get("checkpointPath"), outputs.get("bucketName")
+    if not isinstance(path, str) or not isinstance(bucket, str):
+        return None
+    from infra.config import load_stack_file  # the stack model: pydantic, no pulumi
+
+    fsx = load_stack_file(stack).storage.fsx
+    if not fsx.enabled or not fsx.auto_export:
+        raise TargetError(
+            f"stack {stack!r} keeps checkpoints on "
+            + ("a pod-local volume (storage.fsx.enabled: false)" if not fsx.enabled else "FSx")
+            + " without exporting them to S3 (storage.fsx.autoExport); there is nothing to list"
+        )
+    return export_uri(
+        path,
+        bucket,
+        mount_path=fsx.mount_path,
+        file_system_path=fsx.file_system_path,
+        prefix=fsx.data_repository_prefix,
+    )
+
+
 def resolve(options: argparse.Namespace) -> RunTarget:
     """Flags first, then the stack's outputs, then defaults."""
     outputs = read_stack_outputs(options.stack) if options.stack else {}
@@ -113,6 +168,8 @@ def resolve(options: argparse.Namespace) -> RunTarget:
         checkpoint_uri=options.s3_uri or first(outputs, CHECKPOINT_URI_KEYS),
         usd_per_hour=float(usd) if isinstance(usd, int | float) else None,
         kube_context=options.context,
+        stack=options.stack,
+        outputs=outputs,
     )
 
 

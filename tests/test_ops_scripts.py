@@ -7,6 +7,7 @@ the metrics file is written by the trainer's own JSONL sink.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import stat
@@ -21,7 +22,7 @@ import pytest
 from moto.server import ThreadedMotoServer
 
 from scripts import checkpoints, logs, plot_loss, status
-from scripts.run_target import RunTarget, TargetError, split_s3_uri
+from scripts.run_target import RunTarget, TargetError, export_uri, resolve, split_s3_uri
 
 JOB_NAME = "llama3-8b-p5"
 NAMESPACE = "training"
@@ -407,3 +408,44 @@ def test_plot_command_reads_the_metrics_file_from_s3(
     out = tmp_path / "remote.png"
     assert plot_loss.main(["--s3-uri", RUN_URI, "--out", str(out)]) == 0
     assert out.exists() and "1 logged steps" in capsys.readouterr().out
+
+
+# --- where checkpoints land in S3 -----------------------------------------------------------
+
+
+def test_export_uri_follows_the_data_repository_association() -> None:
+    path = "/fsx/checkpoints/run-1"
+    assert export_uri(path, "b", mount_path="/fsx") == "s3://b/checkpoints/run-1"
+    assert (
+        export_uri(path, "b", mount_path="/fsx", file_system_path="/checkpoints", prefix="exp/")
+        == "s3://b/exp/run-1"
+    )
+    with pytest.raises(TargetError, match="not under the FSx directory linked to S3"):
+        export_uri(path, "b", mount_path="/fsx", file_system_path="/data")
+
+
+def test_checkpoint_uri_is_derived_from_the_stack_outputs_and_fsx_settings(
+    fake_cli: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """llama2-7b-p4d keeps checkpoints on FSx (exported); llama32-1b-g5 has no FSx."""
+    answers = fake_cli / "answers.json"
+    data = json.loads(answers.read_text())
+    del data["outputs"]["checkpointS3Uri"]
+    data["outputs"].update(
+        {"checkpointPath": "/fsx/checkpoints/llama2-1a2b", "bucketName": "exp-data"}
+    )
+    answers.write_text(json.dumps(data))
+    target = resolve(
+        argparse.Namespace(
+            stack="llama2-7b-p4d", job=None, namespace=None, s3_uri=None, context=None
+        )
+    )
+    assert target.require_checkpoint_uri() == "s3://exp-data/checkpoints/llama2-1a2b"
+    no_fsx = resolve(
+        argparse.Namespace(
+            stack="llama32-1b-g5", job=None, namespace=None, s3_uri=None, context=None
+        )
+    )
+    assert no_fsx.require_job() == JOB_NAME  # status and logs still work
+    with pytest.raises(TargetError, match=r"pod-local volume \(storage.fsx.enabled: false\)"):
+        no_fsx.require_checkpoint_uri()
