@@ -5,6 +5,7 @@ from typing import Any
 
 import pulumi
 import pytest
+from pulumi.runtime import settings
 
 from infra.cluster import Cluster, ClusterArgs, default_cluster_name
 from infra.config.cluster import ClusterConfig, GpuNodesConfig
@@ -273,8 +274,12 @@ def test_create_mode_requires_the_network() -> None:
             ),
         )
 
-    with pytest.raises(ValueError, match="needs the Network component"):
-        evaluate(program, config={})
+    try:
+        with pytest.raises(ValueError, match="needs the Network component"):
+            evaluate(program, config={})
+    finally:
+        # A failed run leaves pending outputs in the SDK's process-wide set (see test_gpu_nodes).
+        settings.SETTINGS.outputs.clear()
 
 
 # -- existing mode ---------------------------------------------------------------------------
