@@ -29,8 +29,6 @@ depends on `storage.ready`.
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,7 +37,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from infra.config.storage import StorageConfig
+from infra.config.storage import StorageConfig, claim_name_for
 
 LUSTRE_PORTS: tuple[tuple[int, int], ...] = ((988, 988), (1018, 1023))
 """TCP ports Lustre (LNet) uses between clients and the file system servers."""
@@ -75,16 +73,6 @@ class StorageArgs:
     owns_network: bool = True
     """Whether the stack created the VPC the file system sits in (see the data policy note)."""
     tags: Mapping[str, str] = field(default_factory=dict)
-
-
-def claim_name_for(stack: str) -> str:
-    """The claim's name: stable per stack, a valid Kubernetes name whatever the stack is called.
-
-    Stable, because users `kubectl exec` into pods and look for it; per stack, because several
-    experiments may share one namespace on an existing cluster.
-    """
-    slug = re.sub(r"[^a-z0-9-]+", "-", stack.lower()).strip("-")[:50].strip("-")
-    return f"{slug or 'stack'}-fsx"
 
 
 class Storage(pulumi.ComponentResource):
@@ -385,15 +373,15 @@ class Storage(pulumi.ComponentResource):
             tags=dict(args.tags),
             opts=self._opts(depends_on=list(args.cluster_ready)),
         )
-        # The node plugin must run on the tainted GPU nodes, or their pods cannot mount.
-        configuration = {"node": {"tolerations": [{"operator": "Exists"}]}}
         return aws.eks.Addon(
             f"{self._name}-fsx-csi",
             cluster_name=args.cluster_name,
             addon_name=FSX_CSI_ADDON,
             addon_version=args.config.fsx.csi_driver_version,
-            configuration_values=json.dumps(configuration),
-            resolve_conflicts_on_create="OVERWRITE",
+            # The driver's node plugin tolerates every taint by default (`tolerateAllTaints`),
+            # so it runs on the tainted GPU nodes; no configuration override is needed.
+            # NONE: fail rather than take over a driver someone else installed with Helm.
+            resolve_conflicts_on_create="NONE",
             resolve_conflicts_on_update="OVERWRITE",
             tags=dict(args.tags),
             opts=self._opts(depends_on=[association, *args.cluster_ready]),

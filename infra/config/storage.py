@@ -24,6 +24,16 @@ _FSX_INCREMENT_GIB = 2400
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
 
+def claim_name_for(stack: str) -> str:
+    """The FSx claim's name for a stack: stable, per stack, a valid Kubernetes name.
+
+    Stable, because users `kubectl exec` into pods and look for it, and the validation kit
+    mounts it; per stack, because several experiments may share one namespace.
+    """
+    slug = re.sub(r"[^a-z0-9-]+", "-", stack.lower()).strip("-")[:50].strip("-")
+    return f"{slug or 'stack'}-fsx"
+
+
 class BucketConfig(ConfigSection):
     """Where datasets, checkpoints and logs live in S3."""
 
@@ -208,3 +218,9 @@ class StorageConfig(ConfigSection):
             "emptying the bucket first."
         ),
     )
+
+    def claim_name(self, stack: str) -> str | None:
+        """The claim the job mounts in stack `stack`; None when it mounts no Lustre volume."""
+        if not self.fsx.enabled:
+            return None
+        return self.fsx.existing_claim_name or claim_name_for(stack)

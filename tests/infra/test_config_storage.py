@@ -88,3 +88,10 @@ def test_sections_are_frozen():
     config = StorageConfig.model_validate({})
     with pytest.raises(ValidationError):
         config.data_policy = "delete"  # type: ignore[misc]
+
+
+def test_claim_name_is_the_stack_convention_or_the_existing_claim():
+    assert StorageConfig.model_validate({}).claim_name("llama31-8b-p5") == "llama31-8b-p5-fsx"
+    existing = StorageConfig.model_validate({"fsx": {"existingClaimName": "team-lustre"}})
+    assert existing.claim_name("dev") == "team-lustre"
+    assert StorageConfig.model_validate({"fsx": {"enabled": False}}).claim_name("dev") is None

@@ -10,10 +10,10 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 import pytest
 
-from infra.config.storage import StorageConfig
+from infra.config.storage import StorageConfig, claim_name_for
 from infra.offline import Evaluation, evaluate
 from infra.offline.outputs import short_hash
-from infra.storage import Storage, StorageArgs, claim_name_for
+from infra.storage import Storage, StorageArgs
 
 BUCKET = "aws:s3/bucket:Bucket"
 FSX = "aws:fsx/lustreFileSystem:LustreFileSystem"
@@ -182,9 +182,8 @@ def test_csi_addon_uses_pod_identity_for_the_controller_and_waits_for_the_agent(
     assert default.depends_on(addon, association)
     assert default.depends_on(addon, default.one(ADDON, "pod-identity-agent"))
     assert default.depends_on(association, default.one(ADDON, "pod-identity-agent"))
-    # The node plugin tolerates every taint, so it runs on the tainted GPU nodes.
-    config = json.loads(addon.inputs["configurationValues"])
-    assert {"operator": "Exists"} in config["node"]["tolerations"]
+    # Never take over a driver installed by someone else (Helm) on a shared cluster.
+    assert addon.inputs["resolveConflictsOnCreate"] == "NONE"
 
 
 def test_csi_role_trusts_only_this_clusters_controller_and_touches_only_this_file_system(default):
