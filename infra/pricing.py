@@ -2,9 +2,10 @@
 
 A reviewer approves an experiment partly on its price, and the policy pack blocks a stack whose
 estimate exceeds its ceiling, so the numbers must be traceable: every price names its source
-and the date it was read. They are **list prices for us-east-1, Linux, per instance-hour**
-(us-east-2 and us-west-2 list the same prices for these types); other regions, discounts
-and savings plans differ, which is what `fsdp-eks:cost.usdPerInstanceHour` is for.
+and the date it was read. They are **list prices for us-east-1, Linux, per instance-hour**.
+US East (Ohio) and US West (Oregon) usually list the same (the snapshots show it for
+p5en.48xlarge); other regions, discounts and savings plans differ, which is what
+`fsdp-eks:cost.usdPerInstanceHour` is for.
 
 How each capacity type is priced, and why:
 
