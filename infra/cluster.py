@@ -25,7 +25,6 @@ A stack that other stacks reference with `cluster.platformStack` should export `
 from __future__ import annotations
 
 import json
-import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -40,8 +39,6 @@ from infra.config.cluster import ClusterConfig, GpuNodesConfig
 from infra.gpu_nodes import NODE_POOL_LABEL, GpuNodeGroup, GpuNodeGroupArgs, gpu_tolerations
 from infra.iam import aws_managed_policy_arn, node_role, service_trust_policy
 from infra.network import Network
-
-log = logging.getLogger(__name__)
 
 SYSTEM_AMI_TYPE = "AL2023_x86_64_STANDARD"
 POD_IDENTITY_AGENT = "eks-pod-identity-agent"
