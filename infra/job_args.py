@@ -19,7 +19,7 @@ from trainer.config import format_args
 
 CHECKPOINTS_DIR = "checkpoints"
 """Directory under the shared mount that holds one sub-directory per run."""
-LOCAL_CHECKPOINT_MOUNT = "/checkpoints"
+LOCAL_CHECKPOINT_MOUNT = "/scratch"
 """Where runs keep checkpoints when the stack has no shared FSx volume (a pod-local volume)."""
 
 

@@ -145,6 +145,7 @@ class JobConfig(ConfigSection):
     shm_size_gib: int | None = Field(
         default=None,
         ge=1,
+        alias="shmSizeGiB",
         description=(
             "Size of the memory-backed /dev/shm. Default: a quarter of the node's memory, "
             "at most 256 GiB."

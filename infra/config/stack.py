@@ -246,9 +246,10 @@ def cross_section_problems(config: StackConfig) -> list[str]:
         and cluster.platform_stack is None
     ):
         problems.append(
-            "storage.fsx would create a file system on the existing cluster but no subnet is "
-            "known: set cluster.network.gpuSubnetId (with vpcId and privateSubnetIds), "
-            "cluster.platformStack, or storage.fsx.existingClaimName / enabled: false"
+            "storage.fsx would create a file system on the existing cluster but its subnet is "
+            "not known, so it could land in another AZ than the GPU nodes: set "
+            "cluster.network.gpuSubnetId (the GPU nodes' subnet) or cluster.platformStack, or "
+            "mount an existing claim (storage.fsx.existingClaimName) or none (enabled: false)"
         )
 
     problems.extend(_cost_problems(config))
@@ -279,7 +280,7 @@ def _cost_problems(config: StackConfig) -> list[str]:
         return []
     if estimate.usd_per_run is None:
         return [
-            f"cost.maxUsdPerRun {cost.max_usd_per_run} needs a run length to check against: "
+            f"cost.maxUsdPerRun {cost.max_usd_per_run:g} needs a run length to check against: "
             "set job.maxRunHours (a deadline, recommended) or cost.maxRunHours, or "
             "cost.maxUsdPerRun: null to switch the ceiling off"
         ]
@@ -340,8 +341,25 @@ def _describe_error(error: ErrorDetails) -> str:
 
 
 def format_validation_error(err: ValidationError) -> list[str]:
-    """One message per pydantic error, naming the camelCase key path."""
-    return [_describe_error(error) for error in err.errors()]
+    """One message per pydantic error, naming the camelCase key path.
+
+    A misspelt required key is one problem, not two: its "missing" error is dropped when an
+    unknown key next to it is the misspelling (the unknown-key message suggests the name).
+    """
+    errors = err.errors()
+    suggested: set[tuple[int | str, ...]] = set()
+    for error in errors:
+        if error["type"] == "extra_forbidden":
+            path = tuple(error["loc"])
+            parent = _model_at(path[:-1])
+            allowed = _allowed_keys(parent) if parent else []
+            for hint in difflib.get_close_matches(str(path[-1]), allowed, n=1):
+                suggested.add((*path[:-1], hint))
+    return [
+        _describe_error(error)
+        for error in errors
+        if not (error["type"] == "missing" and tuple(error["loc"]) in suggested)
+    ]
 
 
 # --- parsing --------------------------------------------------------------------------------

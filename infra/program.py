@@ -1,0 +1,129 @@
+"""The Pulumi program: one stack config in, one training run's resources out.
+
+Read top-down it is the architecture: config → network → cluster → namespace → storage,
+add-ons and image → the PyTorchJob → outputs. It lives in a function (called by
+`infra/__main__.py`) so that tests and the offline plan can evaluate it repeatedly under the
+mock runtime. The config is loaded and validated first: a bad stack file raises before any
+resource is registered.
+"""
+
+from __future__ import annotations
+
+import pulumi
+
+from infra.addons import Addons, AddonsArgs
+from infra.cluster import Cluster, ClusterArgs
+from infra.config import StackConfig, load_stack_config
+from infra.config.stack import PROJECT, cost_estimate, dns_name
+from infra.image import TrainerImage, TrainerImageArgs
+from infra.job import JobNamespace, JobNamespaceArgs, TrainingJob, TrainingJobArgs
+from infra.job_manifest import Placement
+from infra.network import Network, NetworkArgs
+from infra.storage import Storage, StorageArgs
+
+
+def resource_tags(stack: StackConfig) -> dict[str, str]:
+    """Tags on every AWS resource: who owns it and which experiment it serves."""
+    return {
+        "Project": pulumi.get_project(),
+        "Stack": pulumi.get_stack(),
+        "fsdp-eks:job": str(stack.job.name),
+    }
+
+
+def main() -> None:
+    stack = load_stack_config()
+    tags = resource_tags(stack)
+
+    network = None
+    if stack.cluster.mode == "create":
+        network = Network(
+            "network",
+            NetworkArgs(
+                config=stack.cluster.network,
+                gpu_availability_zone=stack.gpu_nodes.availability_zone,
+                tags=tags,
+            ),
+        )
+    cluster = Cluster(
+        "platform",
+        ClusterArgs(cluster=stack.cluster, gpu_nodes=stack.gpu_nodes, network=network, tags=tags),
+    )
+    namespace = JobNamespace(
+        "job-namespace",
+        JobNamespaceArgs(
+            config=stack.job, k8s_provider=cluster.k8s_provider, depends_on=cluster.ready
+        ),
+    )
+    storage = Storage(
+        "storage",
+        StorageArgs(
+            config=stack.storage,
+            cluster_name=cluster.name,
+            k8s_provider=cluster.k8s_provider,
+            namespace=namespace.name,
+            vpc_id=cluster.vpc_id,
+            subnet_id=cluster.gpu_subnet_id,
+            client_security_group_ids=[cluster.cluster_security_group_id],
+            cluster_ready=cluster.ready,
+            owns_network=stack.cluster.mode == "create" and stack.cluster.network.creates_vpc,
+            tags=tags,
+        ),
+    )
+    addons = Addons(
+        "addons",
+        AddonsArgs(
+            config=stack.addons,
+            k8s_provider=cluster.k8s_provider,
+            gpu_node_selector=cluster.gpu_node_selector,
+            gpu_tolerations=cluster.gpu_tolerations,
+            efa_enabled=stack.gpu_nodes.efa_enabled,
+            cluster_ready=cluster.ready,
+        ),
+    )
+    image = TrainerImage(
+        "trainer-image",
+        TrainerImageArgs(
+            config=stack.image,
+            name_prefix=f"{PROJECT}-{dns_name(pulumi.get_stack())}"[:61].rstrip("-"),
+            aws_profile=pulumi.Config("aws").get("profile"),
+            tags=tags,
+        ),
+    )
+    job = TrainingJob(
+        "job",
+        TrainingJobArgs(
+            config=stack,
+            image_uri=image.image_uri,
+            k8s_provider=cluster.k8s_provider,
+            namespace=namespace.name,
+            pvc_name=storage.pvc_name,
+            mount_path=storage.mount_path,
+            placement=Placement(cluster.gpu_node_selector, list(cluster.gpu_tolerations)),
+            depends_on=[*cluster.ready, *addons.ready, *storage.ready],
+        ),
+    )
+
+    estimate = cost_estimate(stack)
+    pulumi.export("clusterName", cluster.name)
+    pulumi.export("vpcId", cluster.vpc_id)
+    pulumi.export("gpuSubnetId", cluster.gpu_subnet_id)
+    pulumi.export("clusterSecurityGroupId", cluster.cluster_security_group_id)
+    pulumi.export("oidcProviderArn", cluster.oidc_provider_arn)
+    pulumi.export("bucketName", storage.bucket_name)
+    pulumi.export("jobName", job.job_name)
+    pulumi.export("namespace", job.namespace)
+    pulumi.export("image", job.image)
+    pulumi.export("runId", job.run_id)
+    pulumi.export("checkpointPath", job.checkpoint_path)
+    pulumi.export(
+        "kubectl",
+        {
+            "updateKubeconfig": pulumi.Output.concat(
+                "aws eks update-kubeconfig --name ", cluster.name
+            ),
+            **job.kubectl,
+        },
+    )
+    pulumi.export("estimatedUsdPerHour", estimate.usd_per_hour)
+    pulumi.export("cost", estimate.as_outputs())

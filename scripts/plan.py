@@ -1,0 +1,259 @@
+"""Offline plan: what `pulumi up -s STACK` would create, without the Pulumi CLI or AWS.
+
+    python scripts/plan.py dev                      # a stack name under stacks/
+    python scripts/plan.py stacks/Pulumi.dev.yaml   # or a stack file
+    python scripts/plan.py --all                    # every stack (CI)
+    python scripts/plan.py --time dev               # how long one evaluation takes
+
+Evaluates the real program (`infra.program.main`) under Pulumi's mock runtime with AWS-shaped
+answers (`infra.offline`) and prints the resources as a tree with their key settings, the
+estimated cost and the PyTorchJob exactly as it would be applied. Secrets in the stack file
+(`secure:`) are replaced by a placeholder and never printed. A stack the config model rejects
+prints its problems and exits with status 1: the same check `pulumi up` makes first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from infra.config import StackConfig, StackConfigError, StackFile, read_stack_file  # noqa: E402
+from infra.config.stack import cost_estimate, parse_stack_config  # noqa: E402
+from infra.offline import Evaluation, RecordedResource, evaluate  # noqa: E402
+from infra.program import main as program  # noqa: E402
+from trainer.presets import approx_num_parameters  # noqa: E402
+
+PYTORCHJOB_TYPE = "kubernetes:kubeflow.org/v1:PyTorchJob"
+STACKS_DIR = REPO_ROOT / "stacks"
+
+# The settings worth a reviewer's eye, per input key (camelCase, as sent to the engine).
+KEY_SETTINGS = (
+    "name",
+    "bucket",
+    "cidrBlock",
+    "availabilityZone",
+    "version",
+    "instanceType",
+    "instanceTypes",
+    "capacityType",
+    "scalingConfig",
+    "amiType",
+    "chart",
+    "namespace",
+    "deploymentType",
+    "storageCapacity",
+    "perUnitStorageThroughput",
+    "addonName",
+    "addonVersion",
+    "strategy",
+    "retentionInDays",
+)
+HIDDEN_TYPES = ("kubernetes:core/v1:Secret",)
+"""Shown in the tree, never with their inputs."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    stack: StackFile
+    config: StackConfig
+    evaluation: Evaluation
+    seconds: float
+
+
+def evaluate_stack(stack: StackFile) -> Evaluation:
+    return evaluate(
+        program,
+        config=stack.config,
+        secret_keys=stack.secret_keys,
+        stack=stack.stack_name,
+    )
+
+
+def plan_stack(name: str | Path) -> Plan:
+    """Validate and evaluate one stack (raises StackConfigError for a bad one)."""
+    stack = read_stack_file(name, STACKS_DIR)
+    config = parse_stack_config(
+        stack.config,
+        stack_name=stack.stack_name,
+        secret_keys=stack.secret_keys,
+        source=stack.path.name,
+    )
+    start = time.perf_counter()
+    evaluation = evaluate_stack(stack)
+    return Plan(stack, config, evaluation, time.perf_counter() - start)
+
+
+def whole_numbers(value: Any) -> Any:
+    """The engine's wire format makes every number a float; show 8, not 8.0."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: whole_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [whole_numbers(v) for v in value]
+    return value
+
+
+def _short(value: Any) -> str:
+    value = whole_numbers(value)
+    if isinstance(value, dict) and "name" in value and len(value) > 1:
+        value = value["name"]  # Kubernetes metadata: the name says it
+    text = value if isinstance(value, str) else yaml.safe_dump(value, default_flow_style=True)
+    text = " ".join(str(text).split())
+    return text if len(text) <= 70 else text[:67] + "..."
+
+
+def key_settings(resource: RecordedResource) -> str:
+    if resource.type in HIDDEN_TYPES:
+        return "(contents hidden)"
+    inputs = resource.inputs
+    shown = [f"{key}={_short(inputs[key])}" for key in KEY_SETTINGS if inputs.get(key)]
+    metadata = inputs.get("metadata")
+    if isinstance(metadata, dict) and metadata.get("name"):
+        shown.insert(0, f"name={metadata['name']}")
+    flags = [
+        flag
+        for flag, on in (
+            ("retain", resource.retain_on_delete),
+            ("delete-before-replace", resource.delete_before_replace),
+        )
+        if on
+    ]
+    return "  ".join(shown + ([f"[{', '.join(flags)}]"] if flags else []))
+
+
+def resource_tree(evaluation: Evaluation) -> Iterator[str]:
+    """`type name  settings` lines, children indented under their component."""
+    children: dict[str, list[RecordedResource]] = {}
+    known = {r.urn for r in evaluation.resources}
+    for resource in evaluation.resources:
+        parent = resource.parent if resource.parent in known else ""
+        children.setdefault(parent, []).append(resource)
+
+    def walk(parent: str, prefix: str) -> Iterator[str]:
+        items = children.get(parent, [])
+        for index, resource in enumerate(items):
+            last = index == len(items) - 1
+            branch = "└─ " if last else "├─ "
+            settings = key_settings(resource)
+            yield f"{prefix}{branch}{resource.type} {resource.name}" + (
+                f"  {settings}" if settings else ""
+            )
+            yield from walk(resource.urn, prefix + ("   " if last else "│  "))
+
+    yield from walk("", "")
+
+
+def summary_lines(config: StackConfig) -> list[str]:
+    facts = config.instance
+    shape = config.model_shape()
+    params = approx_num_parameters(shape) / 1e9
+    training = config.training
+    nodes = config.gpu_nodes
+    return [
+        f"Nodes:  {nodes.count} x {nodes.instance_type} ({facts.gpus} x {facts.gpu_model} "
+        f"{facts.gpu_memory_gib} GB, {nodes.efa_interface_count} EFA) -> "
+        f"{config.world_size} trainer processes, cluster mode {config.cluster.mode}",
+        f"Model:  {config.model.preset} ({params:.2f}B parameters), context "
+        f"{training.context_width}, {training.sharding_strategy} sharding",
+        f"Batch:  {training.micro_batch_size} per GPU x {config.world_size} GPUs x "
+        f"{config.gradient_accumulation_steps} accumulation = {config.global_batch_size} "
+        f"sequences ({config.tokens_per_step:,} tokens) per step, {training.max_steps} steps",
+        f"Cost:   {cost_estimate(config).summary()}",
+    ]
+
+
+def render(plan: Plan) -> str:
+    evaluation = plan.evaluation
+    lines = [
+        f"Stack {plan.stack.stack_name} ({plan.stack.path.relative_to(REPO_ROOT)})",
+        *(f"  {line}" for line in summary_lines(plan.config)),
+        "",
+        f"Resources ({len(evaluation.resources)}), evaluated offline in {plan.seconds:.2f}s:",
+        *resource_tree(evaluation),
+        "",
+        "Outputs:",
+    ]
+    for key, value in evaluation.stack_outputs.items():
+        if key == "cost":
+            continue
+        if isinstance(value, dict):
+            lines.append(f"  {key}:")
+            lines.extend(f"    {k}: {v}" for k, v in value.items())
+        else:
+            lines.append(f"  {key}: {value}")
+    jobs = evaluation.of_type(PYTORCHJOB_TYPE)
+    for job in jobs:
+        manifest = whole_numbers(
+            {key: job.inputs.get(key) for key in ("apiVersion", "kind", "metadata", "spec")}
+        )
+        # Sorted keys, as `kubectl get -o yaml` shows objects.
+        lines += ["", "PyTorchJob:", "---", yaml.safe_dump(manifest, sort_keys=True).rstrip()]
+    return "\n".join(lines)
+
+
+def all_stacks() -> list[Path]:
+    return sorted(STACKS_DIR.glob("Pulumi.*.yaml"))
+
+
+def time_stack(name: str | Path, repeats: int) -> list[float]:
+    """Seconds per full plan (read, validate, evaluate) of one stack, `repeats` times."""
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        plan_stack(name)
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("stacks", nargs="*", help="stack names or stack files")
+    parser.add_argument("--all", action="store_true", help="every stack under stacks/")
+    parser.add_argument(
+        "--time", action="store_true", help="time the plan of each stack instead of printing it"
+    )
+    parser.add_argument("--repeats", type=int, default=5, help="evaluations per stack with --time")
+    args = parser.parse_args(argv)
+    names: list[str | Path] = [*args.stacks, *(all_stacks() if args.all else [])]
+    if not names:
+        parser.error("name a stack (e.g. dev) or pass --all")
+
+    status = 0
+    if args.time:
+        print("| stack | resources | median s | max s |")
+        print("|---|---|---|---|")
+    for name in names:
+        try:
+            if args.time:
+                samples = time_stack(name, args.repeats)
+                count = len(plan_stack(name).evaluation.resources)
+                label = Path(name).name.removeprefix("Pulumi.").removesuffix(".yaml")
+                print(
+                    f"| {label} | {count} | {statistics.median(samples):.2f} | {max(samples):.2f} |"
+                )
+            else:
+                print(render(plan_stack(name)))
+                print()
+        except StackConfigError as err:
+            print(err, file=sys.stderr)
+            status = 1
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
