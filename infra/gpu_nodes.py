@@ -15,6 +15,9 @@ Instances without EFA get the same node group without EFA interfaces (EKS then a
 cluster SG itself). The node group's AMI type is `AL2023_x86_64_NVIDIA` (driver, EFA host
 software); the device plugins come from the add-ons component.
 
+With a capacity block, run `pulumi up` once the block is active: EKS waits for the nodes to
+join, and a block that has not started has no instances to give.
+
 At deploy time `aws.ec2.get_instance_type` confirms the EFA count of `infra/instances.py`; the
 interfaces are built from the confirmed count, so a wrong table fails `pulumi up` by name.
 """
@@ -199,7 +202,8 @@ class GpuNodeGroup(pulumi.ComponentResource):
             version=args.kubernetes_version,
             scaling_config=aws.eks.NodeGroupScalingConfigArgs(
                 desired_size=config.count,
-                # min 0: the group can be scaled to zero between runs without fighting Pulumi
+                # min 0: an operator may scale to zero between runs (the next `pulumi up`
+                # restores `count`), and capacity-block upgrades need desired size 0.
                 min_size=0,
                 max_size=config.count,
             ),
