@@ -30,6 +30,8 @@ MODEL_TYPE_BASE_PRESET: dict[str, str] = {
     "mixtral": "mixtral-8x7b",
 }
 DEFAULT_PRESET = "llama3.1-8b"
+# The seed trainer's default: ungated, so a first run needs no Hugging Face token.
+DEFAULT_TOKENIZER = "hf-internal-testing/llama-tokenizer"
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
@@ -163,8 +165,10 @@ class DataConfig:
         "--dataset_path",
     )
     dataset_config_name: str | None = _flag("en", "Dataset configuration (subset) name.")
-    tokenizer: str = _flag(
-        "hf-internal-testing/llama-tokenizer", "Tokenizer: hub id or local directory."
+    tokenizer: str | None = _flag(
+        None,
+        "Tokenizer: hub id or local directory. Default: --init_from when given, else "
+        f"{DEFAULT_TOKENIZER}.",
     )
     text_column: str = _flag("text", "Column of the dataset that holds the raw text.")
     num_workers: int = _flag(0, "DataLoader worker processes per rank.")
@@ -331,6 +335,11 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.parallel.sharding_strategy != "hybrid" and self.parallel.hsdp_shard_size:
             raise ValueError("--hsdp_shard_size applies only to --sharding_strategy hybrid")
+
+    @property
+    def tokenizer_name(self) -> str:
+        """`--tokenizer`, else the pretrained model's own, else the default."""
+        return self.data.tokenizer or self.model.init_from or DEFAULT_TOKENIZER
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)

@@ -47,6 +47,21 @@ from trainer.parallelize import ParallelPlan, parallelize_model
 
 logger = get_logger("train")
 
+# Flags that describe the architecture, which a pretrained model brings itself.
+SHAPE_FLAGS = (
+    "model",
+    "model_type",
+    "hidden_width",
+    "num_layers",
+    "num_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+    "vocab_size",
+    "num_local_experts",
+    "num_experts_per_tok",
+    "rope_theta",
+    "tie_word_embeddings",
+)
 # `--fail_at_step` exits with this code, so a test (or an operator) can tell the simulated
 # crash from a real failure.
 FAIL_AT_STEP_EXIT_CODE = 17
@@ -96,8 +111,15 @@ class Trainer:
         torch.manual_seed(self.seed)
 
         # Tokenizer and model config (a preset shape, or the pretrained model's own).
-        self.tokenizer = load_tokenizer(cfg.data.tokenizer)
+        self.tokenizer = load_tokenizer(cfg.tokenizer_name)
         if cfg.model.init_from is not None:
+            ignored = [f"--{name}" for name in SHAPE_FLAGS if getattr(cfg.model, name) is not None]
+            if ignored:
+                logger.warning(
+                    "--init_from %s: the architecture comes from its config.json; ignoring %s",
+                    cfg.model.init_from,
+                    " ".join(ignored),
+                )
             self.hf_config = load_pretrained_config(
                 cfg.model.init_from, attn_implementation=cfg.model.attn_implementation
             )
@@ -107,7 +129,7 @@ class Trainer:
             )
         if len(self.tokenizer) > self.hf_config.vocab_size:
             raise ValueError(
-                f"--tokenizer {cfg.data.tokenizer!r} has {len(self.tokenizer)} tokens but the "
+                f"--tokenizer {cfg.tokenizer_name!r} has {len(self.tokenizer)} tokens but the "
                 f"model's vocab_size is {self.hf_config.vocab_size}; pass a larger --vocab_size"
             )
 
@@ -267,7 +289,9 @@ class Trainer:
                 self.step += 1
                 step = self.step
                 if step % cfg.logging.logging_freq == 0 or step == cfg.optim.max_steps:
-                    self._log_train(step, result, timer)
+                    mean_loss = self._log_train(step, result, timer)
+                    if progress is not None:
+                        progress.set_postfix_str(f"loss {mean_loss:.4f}", refresh=False)
                 if cfg.logging.validation_freq and step % cfg.logging.validation_freq == 0:
                     self.validate(step)
                 if self._checkpoint_due(step):
@@ -367,7 +391,7 @@ class Trainer:
         )
         return val_loss
 
-    def _log_train(self, step: int, result: StepResult, timer: StepTimer) -> None:
+    def _log_train(self, step: int, result: StepResult, timer: StepTimer) -> float:
         # The one sync point of a logging step: the mean loss over ranks.
         mean_loss = float(all_reduce_mean(result.loss).item())
         digests: list[str | None] = [None] * self.dist.world_size
@@ -390,6 +414,7 @@ class Trainer:
         )
         logger.info(record.log_line())
         self.sinks.write(record.to_json())
+        return mean_loss
 
     def _checkpoint_due(self, step: int) -> bool:
         freq = self.cfg.checkpoint.checkpoint_freq

@@ -69,7 +69,7 @@ def test_seed_flags_keep_their_meanings() -> None:
     assert (cfg.optim.weight_decay, cfg.optim.beta1, cfg.optim.beta2) == (0.1, 0.8, 0.99)
     assert cfg.optim.grad_clip == 0.5
     assert (cfg.data.dataset, cfg.data.dataset_config_name) == ("allenai/c4", "en")
-    assert cfg.data.tokenizer == "some/tokenizer"
+    assert cfg.data.tokenizer == cfg.tokenizer_name == "some/tokenizer"
     assert cfg.checkpoint.checkpoint_dir == cfg.checkpoint.resume_from_checkpoint == "/ckpt"
     assert cfg.checkpoint.checkpoint_freq == 50
     assert (cfg.logging.validation_freq, cfg.logging.validation_batches) == (20, 4)
@@ -84,6 +84,8 @@ def test_defaults_follow_the_seed() -> None:
     assert cfg.parallel.sharding_strategy == "full"
     assert cfg.optim.lr_decay_style == "cosine"
     assert cfg.model.max_context_width == 2048
+    assert cfg.tokenizer_name == "hf-internal-testing/llama-tokenizer"
+    assert parse_args(["--init_from", "/models/x"]).tokenizer_name == "/models/x"
 
 
 def test_preset_with_overrides() -> None:
