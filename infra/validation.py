@@ -4,7 +4,9 @@ Run by `scripts/validate_cluster.py` after `pulumi up`, before paying for a long
 
 * `gpu-check` (a `batch/v1` Job): one pod per GPU node, each asking for every GPU and EFA
   device of its node, so each lands on a different node and proves the device plugins hand
-  out what the node advertises; it prints `nvidia-smi` and the EFA devices it was given.
+  out what the node advertises; it prints `nvidia-smi` and the EFA devices it was given, and
+  writes a file on the job's FSx claim (when the stack has one), which proves the CSI driver
+  mounts Lustre on the GPU nodes.
 * `nccl` (a `kubeflow.org/v1` PyTorchJob): an all-reduce across every GPU of every node,
   launched by torchrun exactly like the trainer (same placement, same NCCL/EFA environment,
   same operator), with `NCCL_DEBUG=INFO` so the log tells whether NCCL ran over EFA (OFI) or
@@ -40,8 +42,17 @@ echo "node: ${NODE_NAME}"
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader \\
   | sed 's/^/gpu: /'
 echo "efa_devices: $(ls /dev/infiniband 2>/dev/null | grep -c '^uverbs' || true)"
+if [ -n "${FSX_PATH:-}" ]; then
+  probe="${FSX_PATH}/.fsdp-eks-validation-${NODE_NAME}"
+  if echo ok > "${probe}" && grep -q ok "${probe}" && rm -f "${probe}"; then
+    echo "fsx: writable $(df -P "${FSX_PATH}" | awk 'NR==2 {print $2}') KiB"
+  else
+    echo "fsx: not writable"
+  fi
+fi
 """
-"""Prints one `gpu:` line per GPU the pod sees and the number of EFA (uverbs) devices."""
+"""Prints one `gpu:` line per GPU the pod sees, the number of EFA (uverbs) devices and, with
+a Lustre claim mounted, whether a file can be written and read back on it."""
 
 # Deadline for a validation pod: long enough to pull a multi-GB image on a fresh node.
 ACTIVE_DEADLINE_SECONDS = 30 * 60
@@ -87,13 +98,19 @@ def _labels(run_id: str, check: str) -> dict[str, str]:
     }
 
 
-def gpu_check_job(config: StackConfig, *, image: str, run_id: str) -> dict[str, Any]:
-    """`nvidia-smi` on every GPU node: `count` pods that each take a whole node."""
+def gpu_check_job(
+    config: StackConfig, *, image: str, run_id: str, claim_name: str | None = None
+) -> dict[str, Any]:
+    """`nvidia-smi` on every GPU node: `count` pods that each take a whole node.
+
+    `claim_name`: the job's Lustre claim (`StorageConfig.claim_name`), mounted where the job
+    mounts it; None skips the storage probe.
+    """
     expected = expected_node_resources(config)
     placement = default_placement(config)
     labels = _labels(run_id, "gpu-check")
     limits = _whole_node_limits(expected)
-    container = {
+    container: dict[str, Any] = {
         "name": "gpu-check",
         "image": image,
         "imagePullPolicy": "IfNotPresent",
@@ -105,7 +122,7 @@ def gpu_check_job(config: StackConfig, *, image: str, run_id: str) -> dict[str, 
         ],
         "resources": {"requests": dict(limits), "limits": dict(limits)},
     }
-    pod_spec = {
+    pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "nodeSelector": dict(placement.node_selector),
         "tolerations": list(placement.tolerations),
@@ -122,6 +139,13 @@ def gpu_check_job(config: StackConfig, *, image: str, run_id: str) -> dict[str, 
         },
         "containers": [container],
     }
+    if claim_name is not None:
+        mount_path = config.storage.fsx.mount_path
+        container["env"].append({"name": "FSX_PATH", "value": mount_path})
+        container["volumeMounts"] = [{"name": "shared", "mountPath": mount_path}]
+        pod_spec["volumes"] = [
+            {"name": "shared", "persistentVolumeClaim": {"claimName": claim_name}}
+        ]
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -240,11 +264,16 @@ def nccl_job(
 
 
 def validation_manifests(
-    config: StackConfig, *, image: str, run_id: str, bench_script: str
+    config: StackConfig,
+    *,
+    image: str,
+    run_id: str,
+    bench_script: str,
+    claim_name: str | None = None,
 ) -> list[dict[str, Any]]:
     """Everything the validation run applies, in apply order."""
     return [
-        gpu_check_job(config, image=image, run_id=run_id),
+        gpu_check_job(config, image=image, run_id=run_id, claim_name=claim_name),
         bench_config_map(config, run_id=run_id, script_text=bench_script),
         nccl_job(config, image=image, run_id=run_id),
     ]

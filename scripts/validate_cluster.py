@@ -11,7 +11,8 @@ Pulumi program:
 1. nodes: `gpuNodes.count` nodes of `gpuNodes.instanceType` are Ready, and each advertises
    allocatable `nvidia.com/gpu` and `vpc.amazonaws.com/efa` equal to `infra/instances.py`;
 2. nvidia-smi: a Job runs one pod per GPU node, each taking the whole node, and every pod
-   sees all its GPUs (and EFA devices) — the device plugins work end to end;
+   sees all its GPUs (and EFA devices) — the device plugins work end to end — and can write
+   to the job's FSx claim, i.e. the CSI driver mounts Lustre on the GPU nodes;
 3. nccl: a PyTorchJob runs an all-reduce over every GPU (`scripts/nccl_allreduce.py`, launched
    by torchrun like the trainer) and reports bus bandwidth and the transport NCCL chose:
    `NET/OFI` with the `efa` provider (EFA) or `NET/Socket` (the silent TCP fallback).
@@ -141,11 +142,13 @@ class GpuCheckReport:
     node: str
     gpus: list[str]
     efa_devices: int
+    fsx: str | None = None
+    """`writable <size> KiB`, `not writable`, or None when no claim was mounted."""
 
 
 def parse_gpu_check_log(text: str) -> GpuCheckReport:
     """One gpu-check pod's log (`node:`, `gpu:` and `efa_devices:` lines)."""
-    node, gpus, efa = "?", [], 0
+    node, gpus, efa, fsx = "?", [], 0, None
     for line in text.splitlines():
         key, _, value = line.partition(":")
         value = value.strip()
@@ -155,12 +158,15 @@ def parse_gpu_check_log(text: str) -> GpuCheckReport:
             gpus.append(value)
         elif key == "efa_devices" and value.isdigit():
             efa = int(value)
-    return GpuCheckReport(node=node, gpus=gpus, efa_devices=efa)
+        elif key == "fsx":
+            fsx = value
+    return GpuCheckReport(node=node, gpus=gpus, efa_devices=efa, fsx=fsx)
 
 
 def check_gpu_reports(
-    reports: Sequence[GpuCheckReport], expected: ExpectedNodeResources
+    reports: Sequence[GpuCheckReport], expected: ExpectedNodeResources, *, fsx: bool = False
 ) -> CheckResult:
+    """All GPUs and EFA devices visible in every pod; with `fsx`, the claim writable too."""
     problems = []
     nodes = {report.node for report in reports}
     if len(nodes) < expected.node_count:
@@ -178,8 +184,12 @@ def check_gpu_reports(
                 f"{report.node}: {report.efa_devices} EFA device(s) in the pod, expected "
                 f"{expected.efa}"
             )
+        if fsx and not (report.fsx or "").startswith("writable"):
+            problems.append(f"{report.node}: FSx claim {report.fsx or 'not mounted'}")
     models = sorted({gpu.split(",")[1].strip() for r in reports for gpu in r.gpus if "," in gpu})
     detail = f"{len(nodes)} node(s), {'/'.join(models) or 'no GPUs'}"
+    if fsx:
+        detail += ", FSx writable" if not problems else ", FSx checked"
     return CheckResult("nvidia-smi", not problems, detail, problems)
 
 
@@ -383,7 +393,12 @@ def run_node_check(kubectl: Kubectl, expected: ExpectedNodeResources) -> CheckRe
 
 
 def run_gpu_check(
-    kubectl: Kubectl, job: dict[str, Any], expected: ExpectedNodeResources, timeout_s: float
+    kubectl: Kubectl,
+    job: dict[str, Any],
+    expected: ExpectedNodeResources,
+    timeout_s: float,
+    *,
+    fsx: bool = False,
 ) -> CheckResult:
     name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
     state = wait_until(
@@ -397,7 +412,7 @@ def run_gpu_check(
             reports.append(parse_gpu_check_log(kubectl("-n", namespace, "logs", pod_name)))
         except RuntimeError as error:
             log.warning("no log from %s: %s", pod_name, error)
-    result = check_gpu_reports(reports, expected)
+    result = check_gpu_reports(reports, expected, fsx=fsx)
     if state != "Complete":
         result.passed = False
         result.problems.insert(
@@ -489,8 +504,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         image = args.image or config.image.uri or "<trainer image: pulumi stack output image>"
     else:
         image = resolve_image(config, stack_name(args.stack), args.image)
+    claim = config.storage.claim_name(stack_name(args.stack))
     gpu_job, bench, nccl = validation_manifests(
-        config, image=image, run_id=run_id, bench_script=BENCH_SCRIPT.read_text()
+        config,
+        image=image,
+        run_id=run_id,
+        bench_script=BENCH_SCRIPT.read_text(),
+        claim_name=claim,
     )
     if args.render_only:
         print(to_yaml([gpu_job, bench, nccl]))
@@ -507,7 +527,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             log.info("running nvidia-smi on every GPU node (job %s)", gpu_job["metadata"]["name"])
             kubectl.apply([gpu_job])
             created.append(gpu_job)
-            results.append(run_gpu_check(kubectl, gpu_job, expected, args.timeout))
+            results.append(
+                run_gpu_check(kubectl, gpu_job, expected, args.timeout, fsx=claim is not None)
+            )
         if "nccl" not in args.skip:
             log.info("running the NCCL all-reduce (PyTorchJob %s)", nccl["metadata"]["name"])
             kubectl.apply([bench, nccl])

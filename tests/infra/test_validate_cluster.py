@@ -119,6 +119,18 @@ def test_gpu_check_runs_one_whole_node_pod_per_gpu_node():
     assert job["metadata"]["namespace"] == "training"
 
 
+def test_gpu_check_probes_the_jobs_fsx_claim_where_the_job_mounts_it():
+    job = gpu_check_job(P5, image="img:1", run_id="validate-1", claim_name="val-fsx")
+    pod = job["spec"]["template"]["spec"]
+    assert pod["volumes"] == [{"name": "shared", "persistentVolumeClaim": {"claimName": "val-fsx"}}]
+    container = _container(job)
+    assert container["volumeMounts"] == [{"name": "shared", "mountPath": "/fsx"}]
+    assert {"name": "FSX_PATH", "value": "/fsx"} in container["env"]
+    assert "FSX_PATH" in container["command"][-1]
+    no_claim = gpu_check_job(P5, image="img:1", run_id="validate-1")
+    assert "volumes" not in no_claim["spec"]["template"]["spec"]
+
+
 def test_gpu_check_on_an_instance_without_efa_requests_no_efa():
     job = gpu_check_job(stack("g5.xlarge", 1), image="img:1", run_id="validate-1")
     assert _container(job)["resources"]["limits"] == {"nvidia.com/gpu": 1}
@@ -238,6 +250,9 @@ def test_render_only_prints_the_manifests_of_a_stack_file(tmp_path, capsys):
     bench = documents[1]["data"][BENCH_SCRIPT_NAME]
     assert bench == (REPO / "scripts" / "nccl_allreduce.py").read_text()
     assert _container(documents[2])["resources"]["limits"]["vpc.amazonaws.com/efa"] == 4
+    # The stack has FSx (the default): the probe mounts the stack's claim.
+    [volume] = documents[0]["spec"]["template"]["spec"]["volumes"]
+    assert volume["persistentVolumeClaim"]["claimName"] == "val-fsx"
 
 
 # -- node allocatable ---------------------------------------------------------------------------
@@ -318,6 +333,7 @@ gpu: 5, NVIDIA H100 80GB HBM3, 81559 MiB, 570.133.20
 gpu: 6, NVIDIA H100 80GB HBM3, 81559 MiB, 570.133.20
 gpu: 7, NVIDIA H100 80GB HBM3, 81559 MiB, 570.133.20
 efa_devices: 32
+fsx: writable 1168351232 KiB
 """
 
 
@@ -325,6 +341,22 @@ def test_parse_gpu_check_log():
     report = parse_gpu_check_log(GPU_CHECK_LOG)
     assert report.node == "ip-10-0-64-12.us-west-2.compute.internal"
     assert len(report.gpus) == 8 and report.efa_devices == 32
+    assert report.fsx == "writable 1168351232 KiB"
+    assert parse_gpu_check_log("node: n\nefa_devices: 0\n").fsx is None
+
+
+def test_fsx_probe_failures_are_reported_per_node():
+    expected = expected_node_resources(stack("p5.48xlarge", 1))
+    good = parse_gpu_check_log(GPU_CHECK_LOG)
+    assert check_gpu_reports([good], expected, fsx=True).passed
+    unwritable = GpuCheckReport(good.node, good.gpus, 32, "not writable")
+    result = check_gpu_reports([unwritable], expected, fsx=True)
+    assert result.problems == [f"{good.node}: FSx claim not writable"]
+    missing = GpuCheckReport(good.node, good.gpus, 32, None)
+    assert check_gpu_reports([missing], expected, fsx=True).problems == [
+        f"{good.node}: FSx claim not mounted"
+    ]
+    assert check_gpu_reports([missing], expected, fsx=False).passed
 
 
 def test_gpu_reports_pass_and_fail():
@@ -635,3 +667,31 @@ def test_image_comes_from_the_flag_then_the_stack_config():
         stack_name="val",
     )
     assert validate_cluster.resolve_image(own, "val", None).endswith("a" * 64)
+
+
+def test_gpu_check_script_output_parses(tmp_path):
+    """The pod's shell script, run here with a stand-in nvidia-smi, prints what the parser reads."""
+    from infra.validation import GPU_CHECK_SCRIPT
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "nvidia-smi"
+    fake.write_text(
+        "#!/bin/sh\n"
+        "echo '0, NVIDIA A10G, 23028 MiB, 570.133.20'\n"
+        "echo '1, NVIDIA A10G, 23028 MiB, 570.133.20'\n"
+    )
+    fake.chmod(0o755)
+    shared = tmp_path / "fsx"
+    shared.mkdir()
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "NODE_NAME": "ip-10-0-1-1", "FSX_PATH": str(shared)}
+    done = subprocess.run(
+        ["/bin/sh", "-c", GPU_CHECK_SCRIPT], capture_output=True, text=True, env=env, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    report = parse_gpu_check_log(done.stdout)
+    assert report.node == "ip-10-0-1-1"
+    assert [gpu.split(",")[1].strip() for gpu in report.gpus] == ["NVIDIA A10G"] * 2
+    assert report.efa_devices == 0
+    assert report.fsx is not None and report.fsx.startswith("writable")
+    assert list(shared.iterdir()) == []  # the probe file is removed again
