@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import random
 import re
@@ -47,9 +46,10 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
+from trainer.log import get_logger
 from trainer.optim import apply_scheduled_lr
 
-logger = logging.getLogger(__name__)
+logger = get_logger("checkpoint")
 
 COMPLETE_MARKER = "COMPLETE"
 TRAIN_STATE_DIR = "train_state"
@@ -279,7 +279,10 @@ class CheckpointManager:
             # train_state file, written before them) have landed.
             missing = [r for r in range(world_size) if not _train_state_file(temp, r).is_file()]
             if missing:
-                raise CheckpointError(f"train_state files missing in {temp} for ranks {missing}")
+                raise CheckpointError(
+                    f"train_state files missing in {temp} for ranks {missing}: is "
+                    f"{self.checkpoint_dir} on a filesystem every node mounts (e.g. FSx)?"
+                )
             _write_marker(
                 temp,
                 {
@@ -296,6 +299,16 @@ class CheckpointManager:
 
         run_on_rank0(publish, f"publishing {final}")
         if rank == 0:
+            newer = [s for s, _ in complete_checkpoints(self.checkpoint_dir) if s > step]
+            if newer:
+                logger.warning(
+                    "checkpoint: %s also holds later steps %s (from an earlier run?); a resume "
+                    "from this directory will pick step %d, not %d",
+                    self.checkpoint_dir,
+                    newer,
+                    newer[-1],
+                    step,
+                )
             self._prune()
         logger.info("checkpoint: saved %s in %.1fs", final, time.perf_counter() - started)
         return final

@@ -13,7 +13,6 @@ weights ever being allocated.
 from __future__ import annotations
 
 import copy
-import logging
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,11 +22,12 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from trainer.checkpoint import run_on_rank0
+from trainer.log import get_logger
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
-logger = logging.getLogger(__name__)
+logger = get_logger("export")
 
 
 def gather_full_state_dict(model: nn.Module) -> dict[str, Any]:

@@ -14,14 +14,15 @@ The schedule is defined over 1-based optimizer step numbers ``n = 1 .. max_steps
 
 from __future__ import annotations
 
-import logging
 import math
 from typing import Literal, get_args
 
 import torch
 from torch import nn
 
-logger = logging.getLogger(__name__)
+from trainer.log import get_logger
+
+logger = get_logger("optim")
 
 DecayStyle = Literal["cosine", "linear", "constant"]
 DECAY_STYLES: tuple[str, ...] = get_args(DecayStyle)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import fully_shard
 
 from trainer import checkpoint as ckpt_module
@@ -301,3 +303,98 @@ def test_resume_follows_the_current_schedule_flags(tmp_path):
     old_lr = lr_at(5, warmup_steps=2, max_steps=10, decay_style="cosine", lr=1e-2, min_lr=1e-3)
     assert new_lr != pytest.approx(old_lr)
     assert [g["lr"] for g in longer.optimizer.param_groups] == pytest.approx([new_lr, new_lr])
+
+
+# --- two ranks: FSDP2 sharded over 2 gloo processes -------------------------------------------
+
+
+def _two_rank_worker(rank: int, store: str, ckpt_dir: str, full_state_file: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        manager = CheckpointManager(ckpt_dir, keep_last=2)
+        _seed_everything(100 + rank)  # ranks draw different data and dropout masks
+        run = Run(seed=0, shard=True)
+        run.loader.position = 10 * rank
+        for _ in range(2):
+            run.step()
+        manager.save(
+            2,
+            model=run.model,
+            optimizer=run.optimizer,
+            lr_scheduler=run.scheduler,
+            train_state={"rank": rank, **run.train_state()},
+        )
+        # The full weights as saved (collective gather), for the 1-process reshard check.
+        saved_full = get_model_state_dict(run.model, options=StateDictOptions(full_state_dict=True))
+        if rank == 0:
+            torch.save(saved_full, full_state_file)
+        expected = [run.step() for _ in range(2)]
+        _resume_and_compare(manager, rank, expected)
+
+        # A failure on rank 0 while publishing reaches rank 1 as an error, not a hang.
+        if rank == 0:
+            ckpt_module._write_marker = _disk_full
+        with pytest.raises(CheckpointError, match=r"publishing .* failed on rank 0: OSError"):
+            manager.save(
+                4, model=run.model, optimizer=None, lr_scheduler=None, train_state={"rank": rank}
+            )
+        assert manager.latest() == Path(ckpt_dir) / "step-2"
+    finally:
+        dist.destroy_process_group()
+
+
+def _disk_full(directory: Path, record: dict[str, Any]) -> None:
+    raise OSError("No space left on device")
+
+
+def _resume_and_compare(manager: CheckpointManager, rank: int, expected: list[float]) -> None:
+    _seed_everything(999)
+    resumed = Run(seed=1, shard=True)
+    step, state = manager.load(
+        manager.latest(),  # type: ignore[arg-type]
+        model=resumed.model,
+        optimizer=resumed.optimizer,
+        lr_scheduler=resumed.scheduler,
+    )
+    assert (step, state["rank"]) == (2, rank)  # each rank gets its own state back
+    resumed.loader.load_state_dict(state["data"])
+    restore_rng_state(state["rng"])
+    assert [resumed.step() for _ in range(2)] == expected
+
+
+@pytest.mark.slow
+def test_two_rank_fsdp2_resume_and_rank0_failure_and_reshard_to_one(tmp_path):
+    ckpt_dir, full_file = tmp_path / "ckpt", tmp_path / "full.pt"
+    context = torch.multiprocessing.start_processes(
+        _two_rank_worker,
+        args=(str(tmp_path / "store"), str(ckpt_dir), str(full_file)),
+        nprocs=2,
+        join=False,
+        start_method="spawn",
+    )
+    deadline = time.monotonic() + 240
+    while not context.join(timeout=5):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail("two-rank checkpoint workers did not finish in 240 s (a hang?)")
+
+    # The 2-rank sharded checkpoint loads into one unsharded process (DCP reshards); the
+    # per-rank train_state does not map, which must be asked for explicitly.
+    single = Run(seed=7, shard=False)
+    manager = CheckpointManager(ckpt_dir, keep_last=2)
+    with pytest.raises(CheckpointError, match="written by 2 ranks but this run has 1"):
+        manager.load(ckpt_dir / "step-2", model=single.model, optimizer=None, lr_scheduler=None)
+    manager.load(
+        ckpt_dir / "step-2",
+        model=single.model,
+        optimizer=single.optimizer,
+        lr_scheduler=single.scheduler,
+        allow_world_size_change=True,
+    )
+    saved_full = torch.load(full_file, weights_only=True)
+    loaded = single.model.state_dict()
+    assert loaded.keys() == saved_full.keys()
+    for name, tensor in loaded.items():
+        assert torch.equal(tensor, saved_full[name]), name
+    assert single.scheduler.last_epoch == 2
