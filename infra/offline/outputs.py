@@ -222,12 +222,13 @@ def _instance_type(args: dict[str, Any]) -> dict[str, Any]:
     instance_type = args["instanceType"]
     facts = INSTANCE_FACTS.get(instance_type)
     if facts is None:
-        return {"instanceType": instance_type, "gpus": [], "efaSupported": False}
+        return {"instanceType": instance_type, "gpuses": [], "efaSupported": False}
     return {
         "instanceType": instance_type,
         "defaultVcpus": facts.vcpus,
         "memorySize": facts.memory_gib * 1024,
-        "gpus": [
+        # pulumi-aws names the list `gpuses` (its pluralisation of the `gpus` block).
+        "gpuses": [
             {
                 "count": facts.gpus,
                 "manufacturer": "NVIDIA",

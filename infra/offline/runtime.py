@@ -221,6 +221,14 @@ def evaluate(
             invokes=list(cloud.invokes),
         )
     finally:
+        # A program that raised leaves outputs pending in the SDK's process-wide settings; they
+        # belong to this loop, and the next evaluation must not find them.
+        pending = [task for task in settings.SETTINGS.outputs if not task.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        settings.SETTINGS.outputs.clear()
         settings.ROOT.set(None)
         loop.close()
         asyncio.set_event_loop(None)

@@ -95,3 +95,25 @@ def test_dependencies_are_recorded() -> None:
     assert not result.depends_on(
         result.one("aws:s3/bucket:Bucket", "first"), result.one("aws:s3/bucket:Bucket", "second")
     )
+
+
+def test_evaluation_after_a_failed_one_starts_clean() -> None:
+    def failing_with_pending_outputs() -> None:
+        bucket = aws.s3.Bucket("pending")
+        bucket.arn.apply(lambda value: value.upper())
+        raise ValueError("stop")
+
+    with pytest.raises(ValueError, match="stop"):
+        evaluate(failing_with_pending_outputs, config={})
+    result = evaluate(referencing_program, config={"clusterName": "after"})
+    assert result.stack_outputs["namespace"] == "training"
+
+
+def test_instance_type_invoke_matches_the_sdk_result_shape() -> None:
+    def program() -> None:
+        found = aws.ec2.get_instance_type_output(instance_type="p5en.48xlarge")
+        pulumi.export("gpus", found.gpuses.apply(lambda gpus: gpus[0].count))
+        pulumi.export("efa", found.efa_maximum_interfaces)
+
+    result = evaluate(program, config={})
+    assert result.stack_outputs == {"gpus": 8, "efa": 16}
