@@ -284,7 +284,9 @@ class CheckpointConfig:
         "in it, or a step-N directory itself. Empty or missing: start fresh.",
     )
     checkpoint_freq: int = _flag(1000, "Save every N steps (0: only the final save).")
-    keep_last_checkpoints: int = _flag(3, "Keep the newest K checkpoints, delete older ones.")
+    keep_last_checkpoints: int = _flag(
+        3, "Keep the newest K checkpoints and delete older ones (0: keep all)."
+    )
     export_dir: str | None = _flag(None, "At the end, write a Hugging Face safetensors model here.")
     fail_at_step: int = _flag(
         0,
@@ -296,7 +298,10 @@ class CheckpointConfig:
         for name in ("checkpoint_freq", "fail_at_step"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name} must be >= 0, got {getattr(self, name)}")
-        _require_positive(self, "keep_last_checkpoints")
+        if self.keep_last_checkpoints < 0:
+            raise ValueError(
+                f"--keep_last_checkpoints must be >= 0, got {self.keep_last_checkpoints}"
+            )
 
 
 @dataclass

