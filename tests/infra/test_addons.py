@@ -302,3 +302,12 @@ def test_wired_to_the_real_cluster_component():
         assert result.depends_on(plugin, gpu_nodes)
     assert len(result.of_type(RELEASE)) == 2
     assert result.depends_on(result.one(DEPLOYMENT), gpu_nodes)
+    # The ~600 KB PyTorchJob CRD needs server-side apply: the provider must not switch it off.
+    provider = result.one("pulumi:providers:kubernetes")
+    assert provider.inputs.get("enableServerSideApply") in (None, True, "true")
+
+
+def test_the_projects_guardrails_pass(default):
+    from infra.policy.offline import run_policies
+
+    assert [str(v) for v in run_policies(default)] == []

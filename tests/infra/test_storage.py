@@ -394,3 +394,10 @@ def test_wired_to_the_real_cluster_component():
     assert result.depends_on(result.one(ASSOCIATION), agent)
     claim = result.one(PVC)
     assert claim.provider.startswith(result.one("pulumi:providers:kubernetes").urn)
+
+
+@pytest.mark.parametrize("policy", ["retain", "delete"])
+def test_the_projects_guardrails_pass(policy):
+    from infra.policy.offline import run_policies
+
+    assert [str(v) for v in run_policies(run({"dataPolicy": policy}))] == []
