@@ -398,3 +398,66 @@ def test_two_rank_fsdp2_resume_and_rank0_failure_and_reshard_to_one(tmp_path):
     for name, tensor in loaded.items():
         assert torch.equal(tensor, saved_full[name]), name
     assert single.scheduler.last_epoch == 2
+
+
+def _tiny_tied_llama(seed: int) -> nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config)
+
+
+def _shard(model: nn.Module, *, checkpoint_layers: bool) -> None:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    layers = model.get_submodule("model.layers")
+    assert isinstance(layers, nn.ModuleList)
+    for index, layer in enumerate(layers):
+        wrapped = checkpoint_wrapper(layer) if checkpoint_layers else layer
+        layers[index] = wrapped
+        fully_shard(wrapped)
+    fully_shard(model)
+
+
+def test_tied_llama_saved_with_activation_checkpointing_resumes_without_it(
+    tmp_path, gloo_world_of_one
+):
+    """Wrapper prefixes stay out of the checkpoint and tied weights stay tied, so a run may
+    switch --activation_checkpointing between restarts."""
+    tokens = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+
+    def train(model: nn.Module, optimizer: torch.optim.Optimizer, steps: int) -> list[float]:
+        losses = []
+        for _ in range(steps):
+            loss = model(input_ids=tokens, labels=tokens).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+        return losses
+
+    saver = _tiny_tied_llama(seed=0)
+    _shard(saver, checkpoint_layers=True)
+    opt = build_optimizer(saver, lr=1e-2, weight_decay=0.1, beta1=0.9, beta2=0.95)
+    train(saver, opt, 2)
+    manager = CheckpointManager(tmp_path, keep_last=1)
+    path = manager.save(2, model=saver, optimizer=opt, lr_scheduler=None, train_state={})
+    expected = train(saver, opt, 2)
+
+    resumed = _tiny_tied_llama(seed=1)
+    _shard(resumed, checkpoint_layers=False)
+    opt2 = build_optimizer(resumed, lr=1e-2, weight_decay=0.1, beta1=0.9, beta2=0.95)
+    manager.load(path, model=resumed, optimizer=opt2, lr_scheduler=None)
+    assert resumed.lm_head.weight is resumed.model.embed_tokens.weight  # type: ignore[union-attr]
+    got = train(resumed, opt2, 2)
+    assert got == pytest.approx(expected, rel=1e-6, abs=0)
