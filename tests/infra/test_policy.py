@@ -27,7 +27,7 @@ from infra.policy.offline import Violation, check_resources, run_policies
 from infra.policy.pack import build_policies
 from infra.policy.registry import GUARDRAILS
 from infra.policy.settings import COST_POLICY, policy_config, policy_config_from_stack_file
-from infra.policy.view import PYTORCH_JOB, UNKNOWN, Resource, plain
+from infra.policy.view import PYTORCH_JOB, UNKNOWN, Resource, gpu_node_groups, plain
 
 ROOT = Path(__file__).resolve().parents[2]
 ACCOUNT = "123456789012"
@@ -621,3 +621,61 @@ def test_every_experiment_is_caught_when_its_ceiling_is_a_cent(path: Path) -> No
         violation.policy == COST_POLICY
         and "exceeds fsdp-eks:cost.maxUsdPerRun" in violation.message
     )
+
+
+# --- the whole program, evaluated offline for every experiment -------------------------------
+
+_EVALUATIONS: dict[str, Any] = {}
+
+
+def evaluated(path: Path) -> Any:
+    """The real program (infra.program) for one stack file, evaluated once per test session."""
+    if path.name not in _EVALUATIONS:
+        from infra.config import read_stack_file
+        from infra.program import main as program
+
+        stack = read_stack_file(path)
+        _EVALUATIONS[path.name] = evaluate(
+            program, config=stack.config, secret_keys=stack.secret_keys, stack=stack.stack_name
+        )
+    return _EVALUATIONS[path.name]
+
+
+@pytest.mark.parametrize("path", STACK_FILES, ids=lambda p: p.stem)
+def test_every_experiment_program_passes_the_guardrails(path: Path) -> None:
+    violations = run_policies(evaluated(path), policy_config_from_stack_file(path))
+    assert violations == []
+
+
+@pytest.mark.parametrize("path", STACK_FILES, ids=lambda p: p.stem)
+def test_the_guardrails_see_the_programs_gpu_nodes_and_job(path: Path) -> None:
+    """The checks recognise what the real components register (not only our test shapes)."""
+    from infra.config import load_stack_file
+
+    config = load_stack_file(path)
+    resources = [Resource.from_recorded(r) for r in evaluated(path).resources]
+    groups = gpu_node_groups(resources)
+    if config.cluster.mode == "create":
+        (group,) = groups
+        assert (group.instance_type, group.count) == (
+            config.gpu_nodes.instance_type,
+            config.gpu_nodes.count,
+        )
+        assert group.efa_enabled is config.gpu_nodes.efa_enabled
+    else:
+        assert groups == []
+    (job,) = [r for r in resources if r.type == PYTORCH_JOB]
+    # Remove the EFA request and the deadline: multi-node EFA stacks must now fail.
+    spec = json.loads(json.dumps(job.props["spec"]))
+    spec["runPolicy"].pop("activeDeadlineSeconds", None)
+    for replica in spec["pytorchReplicaSpecs"].values():
+        for container in replica["template"]["spec"]["containers"]:
+            for section in container["resources"].values():
+                section.pop("vpc.amazonaws.com/efa", None)
+            container["args"] = [a for a in container["args"] if "max_steps" not in a]
+    tampered = Resource(job.urn, job.type, job.name, {**job.props, "spec": spec})
+    others = [r for r in resources if r.urn != job.urn]
+    found = {v.policy for v in check_resources([*others, tampered], GENEROUS)}
+    needs_efa = config.gpu_nodes.count > 1 and config.gpu_nodes.efa_interface_count > 0
+    assert "job-run-bound" in found
+    assert ("efa-on-efa-instances" in found) is needs_efa
