@@ -10,18 +10,19 @@ surprise second file system.
 Data policy (`storage.dataPolicy`): `retain` (default) leaves the bucket, its hardening and the
 file system in the account on `pulumi destroy`; `delete` empties and removes them. A retained
 file system would keep its network interfaces in the GPU subnet and block the deletion of a
-VPC the stack itself created, so in that case only the bucket is retained; checkpoints written
-to Lustre are already in S3 through auto-export.
+VPC the stack itself created, so in that case only the bucket is retained; what survives of
+the file system is what auto-export has written to the bucket (continuously, usually within
+minutes of a file being closed).
 
 Construction (STACK's `__main__`), after `Cluster`:
 
     storage = Storage("storage", StorageArgs(
         config=stack.storage, cluster_name=cluster.name, k8s_provider=cluster.k8s_provider,
-        namespace=job_namespace.metadata["name"], vpc_id=cluster.vpc_id,
-        subnet_id=cluster.gpu_subnet_id,
+        namespace=namespace.name,  # an output of the job's Namespace: the claim waits for it
+        vpc_id=cluster.vpc_id, subnet_id=cluster.gpu_subnet_id,
         client_security_group_ids=[cluster.cluster_security_group_id],
-        cluster_ready=cluster.ready, owns_network=stack.cluster.network.creates_vpc
-            and stack.cluster.mode == "create"))
+        cluster_ready=cluster.ready,
+        owns_network=stack.cluster.mode == "create" and stack.cluster.network.creates_vpc))
 
 and the job mounts `storage.pvc_name` at `storage.mount_path` (both None without FSx) and
 depends on `storage.ready`.
