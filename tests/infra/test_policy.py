@@ -498,10 +498,11 @@ def _struct(value: dict[str, Any]) -> struct_pb2.Struct:
 
 @pytest.fixture(scope="module")
 def analyzer() -> Iterator[analyzer_pb2_grpc.AnalyzerStub]:
-    """`python infra/policy/__main__.py`, as the CLI starts it: it prints its port, then serves."""
+    """`python infra/policy` (its __main__.py), from the repository root, as the Python language
+    host starts a policy pack: it prints its port, then serves the analyzer API."""
     process = subprocess.Popen(
-        [sys.executable, str(ROOT / "infra/policy/__main__.py")],
-        cwd=ROOT / "infra/policy",
+        [sys.executable, str(ROOT / "infra/policy")],
+        cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
