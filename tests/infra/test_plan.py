@@ -1,0 +1,76 @@
+"""The offline plan: every stack prints as a tree with cost and its PyTorchJob, no secrets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from infra.config.stack import SECRET_PLACEHOLDER
+from scripts import plan
+
+
+def test_plan_of_every_stack(capsys: pytest.CaptureFixture[str]) -> None:
+    assert plan.main(["--all"]) == 0
+    out = capsys.readouterr().out
+    stacks = plan.all_stacks()
+    assert out.count("\nPyTorchJob:\n---\n") == len(stacks)
+    for path in stacks:
+        name = path.name.removeprefix("Pulumi.").removesuffix(".yaml")
+        assert f"Stack {name} (stacks/{path.name})" in out
+    assert SECRET_PLACEHOLDER not in out
+
+
+def test_plan_shows_tree_cost_and_the_job_as_applied(capsys: pytest.CaptureFixture[str]) -> None:
+    assert plan.main(["llama31-8b-p5"]) == 0
+    out = capsys.readouterr().out
+    assert "Cost:   4 x p5.48xlarge (on-demand): $220.16/hour, $2,641.92 per run (12 h)" in out
+    assert "Batch:  2 per GPU x 32 GPUs x 4 accumulation = 256 sequences (2,097,152 tokens)" in out
+    assert "└─ fsdp-eks:job:TrainingJob job" in out
+    assert "kubernetes:kubeflow.org/v1:PyTorchJob job-pytorchjob  name=llama31-8b-p5" in out
+    assert "kubernetes:core/v1:Secret job-hf-token  (contents hidden)" in out
+    manifest = yaml.safe_load(out.split("\nPyTorchJob:\n---\n", 1)[1])
+    assert manifest["kind"] == "PyTorchJob"
+    worker = manifest["spec"]["pytorchReplicaSpecs"]["Worker"]
+    assert worker["replicas"] == 4  # whole numbers, not the wire format's 4.0
+    container = worker["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["vpc.amazonaws.com/efa"] == 32
+    assert "--max_context_width" in container["args"]
+
+
+def test_plan_accepts_a_stack_file_path(capsys: pytest.CaptureFixture[str]) -> None:
+    assert plan.main([str(plan.STACKS_DIR / "Pulumi.dev.yaml")]) == 0
+    assert "Stack dev (stacks/Pulumi.dev.yaml)" in capsys.readouterr().out
+
+
+def test_plan_of_a_bad_stack_prints_its_problems_and_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "Pulumi.bad.yaml"
+    bad.write_text(
+        yaml.safe_dump(
+            {"config": {"fsdp-eks:gpuNodes": {"instanceType": "p5.48xlarge", "count": 4},
+                        "fsdp-eks:training": {"contextWidth": 200000}}}
+        )
+    )  # fmt: skip
+    assert plan.main([str(bad)]) == 1
+    captured = capsys.readouterr()
+    assert "Pulumi.bad.yaml is invalid" in captured.err
+    assert "training.contextWidth 200000 is longer than" in captured.err
+    assert "PyTorchJob" not in captured.out
+
+
+def test_plan_timing_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert plan.main(["--time", "--repeats", "2", "dev"]) == 0
+    rows = capsys.readouterr().out.strip().splitlines()
+    assert rows[0] == "| stack | resources | median s | max s |"
+    name, resources, median, worst = (cell.strip() for cell in rows[2].strip("|").split("|"))
+    assert name == "dev" and int(resources) > 50
+    # The budget is 3 s per plan (docs/benchmarks.md); 10x headroom for a loaded CI runner.
+    assert float(median) <= float(worst) < 30
+
+
+def test_unknown_stack_name_lists_the_stacks() -> None:
+    with pytest.raises(FileNotFoundError, match="stacks: dev, "):
+        plan.main(["no-such-stack"])

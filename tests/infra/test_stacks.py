@@ -1,0 +1,236 @@
+"""Every experiment under stacks/ evaluates, and its job is what the stack file says."""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema  # type: ignore[import-untyped]  # no stubs in the lock file
+import pytest
+import yaml
+
+from infra.config import StackConfig, load_stack_file, read_stack_file
+from infra.job_manifest import EFA_RESOURCE, GPU_RESOURCE
+from infra.offline import Evaluation, RecordedResource, evaluate
+from infra.program import main as program
+from trainer.config import TrainConfig, parse_args
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+STACKS = sorted(
+    path.name.removeprefix("Pulumi.").removesuffix(".yaml")
+    for path in (REPO_ROOT / "stacks").glob("Pulumi.*.yaml")
+)
+SCHEMA_PATH = REPO_ROOT.parent / "shared/schemas/kubeflow.org_pytorchjobs.v1.9.0.yaml"
+JOB = "kubernetes:kubeflow.org/v1:PyTorchJob"
+REQUIRED_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+}
+FORBIDDEN_ENV = {
+    "NCCL_SOCKET_IFNAME",
+    "NCCL_PROTO",
+    "NCCL_ALGO",
+    "NCCL_P2P_DISABLE",
+    "CUDA_LAUNCH_BLOCKING",
+}
+
+
+@cache
+def stack(name: str) -> tuple[StackConfig, Evaluation]:
+    stack_file = read_stack_file(name)
+    result = evaluate(
+        program, config=stack_file.config, secret_keys=stack_file.secret_keys, stack=name
+    )
+    return load_stack_file(name), result
+
+
+def job_of(result: Evaluation) -> RecordedResource:
+    return result.one(JOB)
+
+
+def pod_of(job: RecordedResource) -> dict[str, Any]:
+    return job.inputs["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+
+
+def container_of(job: RecordedResource) -> dict[str, Any]:
+    (container,) = pod_of(job)["containers"]
+    assert container["name"] == "pytorch"
+    return container
+
+
+def trainer_config(job: RecordedResource) -> TrainConfig:
+    container = container_of(job)
+    command = [*container["command"], *container["args"]]
+    assert command[0] == "torchrun" and command[3:5] == ["-m", "trainer"]
+    return parse_args(command[5:])
+
+
+def test_the_experiments_users_run_today_are_all_here() -> None:
+    assert {
+        "dev",
+        "llama31-8b-p5",
+        "llama32-1b-g5",
+        "llama2-7b-p4d",
+        "mixtral-8x7b-p5",
+        "team-cluster",
+    } <= set(STACKS)
+
+
+@pytest.mark.parametrize("name", STACKS)
+def test_stack_job_matches_its_config(name: str) -> None:
+    config, result = stack(name)
+    job = job_of(result)
+    facts = config.instance
+    spec = job.inputs["spec"]
+    assert spec["pytorchReplicaSpecs"]["Worker"]["replicas"] == config.gpu_nodes.count
+    assert spec["nprocPerNode"] == str(facts.gpus)
+    assert spec["runPolicy"]["cleanPodPolicy"] == "Running"
+    assert config.job.max_run_hours is not None  # every stack has a deadline
+    assert spec["runPolicy"]["activeDeadlineSeconds"] == int(config.job.max_run_hours * 3600)
+    assert job.inputs["metadata"]["annotations"]["pulumi.com/waitFor"] == "condition=Running"
+    assert job.delete_before_replace and job.replace_on_changes == ["spec"]
+
+    container = container_of(job)
+    limits = container["resources"]["limits"]
+    assert limits[GPU_RESOURCE] == facts.gpus
+    assert limits.get(EFA_RESOURCE, 0) == (
+        facts.efa_interfaces if config.gpu_nodes.efa_enabled else 0
+    )
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert REQUIRED_ENV.items() <= env.items()
+    assert not FORBIDDEN_ENV & set(env)
+    assert (env.get("FI_PROVIDER") == "efa") == config.gpu_nodes.efa_enabled
+
+    pod = pod_of(job)
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["dshm"]["emptyDir"]["medium"] == "Memory"
+    assert pod["nodeSelector"] == {
+        "node.kubernetes.io/instance-type": config.gpu_nodes.instance_type
+    }
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
+
+    parsed = trainer_config(job)
+    assert parsed.model.preset_name == config.model.preset
+    assert parsed.model.max_context_width == config.training.context_width
+    assert parsed.optim.max_steps == config.training.max_steps
+    world = config.gpu_nodes.count * facts.gpus
+    batch = parsed.data.train_batch_size * world * parsed.optim.gradient_accumulation_steps
+    assert batch == config.global_batch_size
+    assert parsed.checkpoint.checkpoint_dir == parsed.checkpoint.resume_from_checkpoint
+    assert parsed.checkpoint.checkpoint_dir == result.stack_outputs["checkpointPath"]
+
+
+@pytest.mark.parametrize("name", STACKS)
+def test_stack_job_is_valid_for_the_operator(name: str) -> None:
+    if not SCHEMA_PATH.exists():
+        pytest.skip(f"{SCHEMA_PATH} is not present (shared/ lives outside the repository)")
+    schema = yaml.safe_load(SCHEMA_PATH.read_text())["spec"]["versions"][0]["schema"]
+    job = job_of(stack(name)[1])
+    manifest = {key: job.inputs[key] for key in ("apiVersion", "kind", "metadata", "spec")}
+    # The engine's wire format turns integers into floats; the API server receives integers.
+    jsonschema.validate(_whole(manifest), schema["openAPIV3Schema"])
+
+
+def _whole(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _whole(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_whole(v) for v in value]
+    return value
+
+
+@pytest.mark.parametrize("name", STACKS)
+def test_stack_job_waits_for_the_platform_and_exports_what_users_need(name: str) -> None:
+    config, result = stack(name)
+    job = job_of(result)
+    for release in result.of_type("kubernetes:helm.sh/v3:Release"):
+        assert result.depends_on(job, release), release.name
+    for node_group in result.of_type("aws:eks/nodeGroup:NodeGroup"):
+        assert result.depends_on(job, node_group)
+    for claim in result.of_type("kubernetes:core/v1:PersistentVolumeClaim"):
+        assert result.depends_on(job, claim)
+    assert job.provider.startswith(result.one("pulumi:providers:kubernetes").urn)
+    outputs = result.stack_outputs
+    assert outputs["jobName"] == config.job.name
+    assert outputs["namespace"] == config.job.namespace
+    assert "@sha256:" in outputs["image"]
+    assert container_of(job)["image"] == outputs["image"]
+    assert outputs["kubectl"]["logs"].endswith(f"logs -f {config.job.name}-worker-0 -c pytorch")
+    assert outputs["estimatedUsdPerHour"] > 0
+
+
+def test_llama31_8b_uses_every_efa_interface_of_p5_and_its_secret_token() -> None:
+    config, result = stack("llama31-8b-p5")
+    job = job_of(result)
+    assert container_of(job)["resources"]["limits"][EFA_RESOURCE] == 32
+    assert config.world_size == 32
+    secret = result.one("kubernetes:core/v1:Secret", "job-hf-token")
+    env = {e["name"]: e for e in container_of(job)["env"]}
+    assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == secret.inputs["metadata"]["name"]
+    assert trainer_config(job).data.tokenizer == "meta-llama/Llama-3.1-8B"
+
+
+def test_llama32_1b_runs_one_gpu_and_one_efa_interface_per_g5_node() -> None:
+    _, result = stack("llama32-1b-g5")
+    job = job_of(result)
+    assert job.inputs["spec"]["nprocPerNode"] == "1"
+    assert container_of(job)["resources"]["limits"][EFA_RESOURCE] == 1
+    assert trainer_config(job).optim.gradient_accumulation_steps == 4
+
+
+def test_llama2_7b_mounts_fsx_and_starts_from_staged_weights() -> None:
+    _, result = stack("llama2-7b-p4d")
+    job = job_of(result)
+    fsx = result.one("aws:fsx/lustreFileSystem:LustreFileSystem")
+    assert fsx.inputs["storageCapacity"] == 1200
+    claim = result.one("kubernetes:core/v1:PersistentVolumeClaim")
+    volumes = {v["name"]: v for v in pod_of(job)["volumes"]}
+    assert (
+        volumes["shared"]["persistentVolumeClaim"]["claimName"] == claim.inputs["metadata"]["name"]
+    )
+    assert container_of(job)["resources"]["limits"][EFA_RESOURCE] == 4
+    assert trainer_config(job).model.init_from == "/fsx/models/Llama-2-7b-hf"
+    assert result.stack_outputs["checkpointPath"].startswith("/fsx/checkpoints/llama2-7b-p4d-")
+
+
+def test_mixtral_shards_over_eight_p5_nodes() -> None:
+    config, result = stack("mixtral-8x7b-p5")
+    parsed = trainer_config(job_of(result))
+    assert parsed.model.shape().num_local_experts == 8
+    assert config.world_size == 64 and parsed.parallel.sharding_strategy == "full"
+
+
+def test_dev_stack_is_one_cheap_node_without_fsx() -> None:
+    config, result = stack("dev")
+    assert result.of_type("aws:fsx/lustreFileSystem:LustreFileSystem") == []
+    volumes = {v["name"]: v for v in pod_of(job_of(result))["volumes"]}
+    assert volumes["shared"] == {"name": "shared", "emptyDir": {}}
+    assert config.cost.max_usd_per_run is not None and config.cost.max_usd_per_run <= 5
+
+
+def test_existing_cluster_stack_creates_only_image_and_job() -> None:
+    _, result = stack("team-cluster")
+    types = {r.type for r in result.resources}
+    for absent in (
+        "eks:index:Cluster",
+        "aws:ec2/vpc:Vpc",
+        "aws:eks/nodeGroup:NodeGroup",
+        "kubernetes:helm.sh/v3:Release",
+        "kubernetes:core/v1:Namespace",
+        "aws:fsx/lustreFileSystem:LustreFileSystem",
+        "kubernetes:core/v1:PersistentVolumeClaim",
+    ):
+        assert absent not in types, absent
+    job = job_of(result)
+    assert job.inputs["metadata"]["namespace"] == "team-ml"
+    volumes = {v["name"]: v for v in pod_of(job)["volumes"]}
+    assert volumes["shared"]["persistentVolumeClaim"]["claimName"] == "fsx-claim"
+    assert ("aws:eks/getCluster:getCluster", {"name": "ml-team-cluster"}) in [
+        (token, {"name": args.get("name")}) for token, args in result.invokes
+    ]
