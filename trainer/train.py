@@ -83,6 +83,15 @@ def clip_grad_norm_(parameters: list[torch.nn.Parameter], max_norm: float) -> to
     return total
 
 
+def quiet_libraries() -> None:
+    """Ranks > 0 keep the libraries' progress bars and info chatter out of the job log."""
+    import datasets
+    import transformers
+
+    datasets.disable_progress_bars()
+    transformers.utils.logging.set_verbosity_error()
+
+
 def batch_digest(batch: torch.Tensor) -> str:
     """A short fingerprint of a batch's tokens, to show which rank read what."""
     return hashlib.sha1(batch.cpu().numpy().tobytes()).hexdigest()[:12]
@@ -106,6 +115,8 @@ class Trainer:
         # Device and process groups.
         self.dist = init_distributed(cfg.parallel.device)
         setup_logging(self.dist.rank)
+        if not self.dist.is_main:
+            quiet_libraries()
         self.device = self.dist.device
         self.seed = cfg.optim.seed
         torch.manual_seed(self.seed)
@@ -178,7 +189,11 @@ class Trainer:
             compile=cfg.parallel.compile,
             cpu_offload=cfg.parallel.cpu_offload,
         )
-        parallelize_model(self.model, self.mesh, plan)
+        self.fsdp = parallelize_model(self.model, self.mesh, plan)
+        # Replicas (hybrid, no_shard) all-reduce gradients once per optimizer step rather
+        # than once per micro-batch; reduce-scatter within a shard group still runs each
+        # time, so gradient memory stays sharded.
+        self.defer_all_reduce = cfg.parallel.sharding_strategy in ("hybrid", "no_shard")
         # Equal seeds on replicas of a shard, different seeds on different shards.
         materialize(self.model, device=self.device, seed=self.seed + shard_coordinate(self.mesh))
         if cfg.model.init_from is not None:
@@ -314,6 +329,8 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.device)
         digest = ""
         for micro in range(accumulation):
+            if self.defer_all_reduce and accumulation > 1:
+                self.fsdp.set_requires_all_reduce(micro == accumulation - 1)
             batch = next(self._train_batches())
             if micro == 0:
                 digest = batch_digest(batch["input_ids"])
