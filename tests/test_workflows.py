@@ -119,7 +119,7 @@ def test_pull_requests_run_the_readme_test_command_with_a_cache() -> None:
 
 def test_preview_uses_oidc_the_pulumi_action_and_the_policy_pack() -> None:
     workflow = load("preview.yml")
-    assert "stacks/**" in workflow["on"]["pull_request"]["paths"]
+    assert workflow["on"]["pull_request"]["paths"] == ["stacks/Pulumi.*.yaml"]
     job = workflow["jobs"]["preview"]
     assert job["permissions"]["id-token"] == "write"
     assert job["permissions"]["pull-requests"] == "write"

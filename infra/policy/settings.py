@@ -68,6 +68,7 @@ def policy_config_from_stack_file(path: Path) -> PolicyConfig:
         cost,
         instance_type=gpu_nodes.get("instanceType"),
         node_count=gpu_nodes.get("count"),
-        capacity_type=capacity.get("type") if isinstance(capacity, Mapping) else None,
+        capacity_type=(capacity.get("type") if isinstance(capacity, Mapping) else None)
+        or "on-demand",
         job_max_run_hours=job.get("maxRunHours") if isinstance(job, Mapping) else None,
     )
