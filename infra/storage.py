@@ -397,6 +397,7 @@ class Storage(pulumi.ComponentResource):
         args = self._args
         fsx = args.config.fsx
         capacity = f"{fsx.storage_capacity_gib}Gi"
+        claim = claim_name_for(pulumi.get_stack())
         volume = k8s.core.v1.PersistentVolume(
             f"{self._name}-fsx-pv",
             # Volumes are cluster-wide: the project keeps two projects' `dev` stacks apart.
@@ -410,6 +411,8 @@ class Storage(pulumi.ComponentResource):
                 # Deleting the claim must never reach the file system; its lifecycle is AWS's.
                 persistent_volume_reclaim_policy="Retain",
                 storage_class_name="",
+                # Reserved for the job's claim: no other claim in the cluster can bind it.
+                claim_ref=k8s.core.v1.ObjectReferenceArgs(namespace=args.namespace, name=claim),
                 mount_options=["flock"],
                 csi=k8s.core.v1.CSIPersistentVolumeSourceArgs(
                     driver=FSX_CSI_DRIVER,
@@ -424,9 +427,7 @@ class Storage(pulumi.ComponentResource):
         )
         return k8s.core.v1.PersistentVolumeClaim(
             f"{self._name}-fsx-pvc",
-            metadata=k8s.meta.v1.ObjectMetaArgs(
-                name=claim_name_for(pulumi.get_stack()), namespace=args.namespace
-            ),
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=claim, namespace=args.namespace),
             spec=k8s.core.v1.PersistentVolumeClaimSpecArgs(
                 access_modes=["ReadWriteMany"],
                 # "" (not unset): no default StorageClass may provision a volume for this claim.

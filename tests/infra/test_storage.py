@@ -238,6 +238,7 @@ def test_static_volume_points_at_the_file_system_and_the_claim_binds_to_it(defau
     }
     assert volume.inputs["spec"]["persistentVolumeReclaimPolicy"] == "Retain"
     assert volume.inputs["spec"]["storageClassName"] == ""
+    assert volume.inputs["spec"]["claimRef"] == {"namespace": "training", "name": "dev-fsx"}
     claim = default.one(PVC)
     assert claim.inputs["metadata"] == {"name": claim_name_for("dev"), "namespace": "training"}
     assert claim.inputs["spec"]["volumeName"] == volume.inputs["metadata"]["name"]
