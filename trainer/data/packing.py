@@ -6,10 +6,12 @@ tail of one document starts the next row rather than being dropped.
 
 from __future__ import annotations
 
+import atexit
 import copy
 import logging
 import queue
 import threading
+import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -23,6 +25,8 @@ logger = logging.getLogger(__name__)
 
 Batch = dict[str, torch.Tensor]
 STATE_VERSION = 1
+# How long close() waits for the read-ahead thread to finish the batch it is reading.
+SHUTDOWN_TIMEOUT_S = 30.0
 
 
 class _TokenBuffer:
@@ -81,6 +85,10 @@ class TrainLoader:
         self._delivered: dict[str, Any] | None = None
         self._producer: threading.Thread | None = None
         self._stop = threading.Event()
+        if num_workers > 0:
+            # A daemon thread still reading at interpreter shutdown can abort the process (it
+            # may hold stderr's lock); stopping it first makes exit clean.
+            atexit.register(_close_if_alive, weakref.ref(self))
 
     @property
     def epoch(self) -> int:
@@ -138,13 +146,13 @@ class TrainLoader:
             stop.set()  # the reader ends at its next hand-over; joined before any reuse
 
     def close(self) -> None:
-        """Stop the read-ahead thread, if any (it is a daemon; this just ends it promptly)."""
-        self._stop_producer()
+        """Stop the read-ahead thread, if any; also run at interpreter exit."""
+        self._stop_producer(timeout_s=SHUTDOWN_TIMEOUT_S)
 
-    def _stop_producer(self) -> None:
+    def _stop_producer(self, timeout_s: float | None = None) -> None:
         if self._producer is not None:
             self._stop.set()
-            self._producer.join()
+            self._producer.join(timeout_s)
             self._producer = None
 
     def _rows(self) -> Iterator[list[int]]:
@@ -225,6 +233,12 @@ class TrainLoader:
         self._docs_in_epoch = int(state["docs_in_epoch"])
         self._pending_dataset_state = state["dataset_state"]
         self._buffer = _TokenBuffer(self.seq_len, state["leftover_tokens"])
+
+
+def _close_if_alive(loader: weakref.ref[TrainLoader]) -> None:
+    alive = loader()
+    if alive is not None:
+        alive.close()
 
 
 def _put_unless_stopped(
