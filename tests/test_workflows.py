@@ -96,6 +96,13 @@ def test_every_run_step_is_valid_bash() -> None:
             assert result.returncode == 0, (step.get("name"), result.stderr)
 
 
+def test_no_expression_is_pasted_into_a_shell_script() -> None:
+    """Values reach scripts through `env:` only: a stack file name or an input pasted into the
+    script text could inject commands (GitHub's script-injection guidance)."""
+    for step in all_steps():
+        assert "${{" not in step.get("run", ""), step.get("name")
+
+
 def test_every_script_the_workflows_run_exists() -> None:
     scripts = {
         m for step in all_steps() for m in re.findall(r"scripts/[\w/]+\.py", step.get("run", ""))
