@@ -47,7 +47,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
 from trainer.log import get_logger
-from trainer.optim import apply_scheduled_lr
+from trainer.optim import load_schedule_position
 
 logger = get_logger("checkpoint")
 
@@ -346,18 +346,27 @@ class CheckpointManager:
         with _quiet_single_process_dcp():
             dcp.load(state, checkpoint_id=path, no_dist=not _distributed())
         if optimizer is not None:
+            # Hyperparameters (weight decay, betas, lr) come from this run's flags; only the
+            # moments and step counts come from the checkpoint. Loading would restore the
+            # saved ones, so a changed flag on resume would be silently ignored.
+            hyperparameters = [
+                {k: v for k, v in group.items() if k != "params"}
+                for group in optimizer.param_groups
+            ]
             set_state_dict(
                 model,
                 optimizer,
                 model_state_dict=state["model"],
                 optim_state_dict=state["optimizer"],
             )
+            for group, current in zip(optimizer.param_groups, hyperparameters, strict=True):
+                group.update(current)
         else:
             set_model_state_dict(model, state["model"])
-        if lr_scheduler is not None:
+        if isinstance(lr_scheduler, LambdaLR):
+            load_schedule_position(lr_scheduler, state["lr_scheduler"])
+        elif lr_scheduler is not None:
             lr_scheduler.load_state_dict(state["lr_scheduler"])
-            if isinstance(lr_scheduler, LambdaLR):
-                apply_scheduled_lr(lr_scheduler)
         train_state: dict[str, Any] = {}
         if same_world:
             # Written by this project's own save(); it may hold numpy RNG arrays, which the

@@ -205,3 +205,17 @@ def apply_scheduled_lr(scheduler: torch.optim.lr_scheduler.LambdaLR) -> None:
     for group, value in zip(scheduler.optimizer.param_groups, lrs, strict=True):
         group["lr"] = value
     scheduler._last_lr = lrs  # what get_last_lr() reports, e.g. to the log line
+
+
+def load_schedule_position(
+    scheduler: torch.optim.lr_scheduler.LambdaLR, state: dict[str, object]
+) -> None:
+    """Restore how far a saved schedule had got, keeping the schedule of the current flags.
+
+    ``LambdaLR.load_state_dict`` would also bring back the saved base LRs, so a resume with a
+    new ``--lr`` would silently keep the old one; only the step count is taken from ``state``.
+    """
+    current_base_lrs = list(scheduler.base_lrs)
+    scheduler.load_state_dict(state)
+    scheduler.base_lrs = current_base_lrs
+    apply_scheduled_lr(scheduler)

@@ -285,24 +285,34 @@ def test_keep_last_must_not_be_negative(tmp_path):
         CheckpointManager(tmp_path, keep_last=-1)
 
 
-def test_resume_follows_the_current_schedule_flags(tmp_path):
-    """A resume with a longer --max_steps continues on the new schedule, not the saved LR."""
+def test_resume_follows_the_current_flags_for_schedule_and_hyperparameters(tmp_path):
+    """A resume with a longer --max_steps, a new --lr and --weight_decay uses them; only the
+    optimizer moments and the schedule position come from the checkpoint."""
     run = Run(seed=0, shard=False)
     for _ in range(4):
         run.step()
     manager = CheckpointManager(tmp_path, keep_last=1)
     path = _save(manager, 4, run)
-    longer = Run(seed=0, shard=False)
-    longer.scheduler = build_lr_scheduler(
-        longer.optimizer, warmup_steps=2, max_steps=100, decay_style="cosine", lr=1e-2, min_lr=1e-3
+    changed = Run(seed=0, shard=False)
+    changed.optimizer = build_optimizer(
+        changed.model, lr=2e-2, weight_decay=0.01, beta1=0.9, beta2=0.95
+    )
+    changed.scheduler = build_lr_scheduler(
+        changed.optimizer, warmup_steps=2, max_steps=100, decay_style="cosine", lr=2e-2, min_lr=0
     )
     manager.load(
-        path, model=longer.model, optimizer=longer.optimizer, lr_scheduler=longer.scheduler
+        path, model=changed.model, optimizer=changed.optimizer, lr_scheduler=changed.scheduler
     )
-    new_lr = lr_at(5, warmup_steps=2, max_steps=100, decay_style="cosine", lr=1e-2, min_lr=1e-3)
+    assert changed.scheduler.last_epoch == 4
+    new_lr = lr_at(5, warmup_steps=2, max_steps=100, decay_style="cosine", lr=2e-2, min_lr=0)
     old_lr = lr_at(5, warmup_steps=2, max_steps=10, decay_style="cosine", lr=1e-2, min_lr=1e-3)
     assert new_lr != pytest.approx(old_lr)
-    assert [g["lr"] for g in longer.optimizer.param_groups] == pytest.approx([new_lr, new_lr])
+    assert [g["lr"] for g in changed.optimizer.param_groups] == pytest.approx([new_lr, new_lr])
+    assert [g["weight_decay"] for g in changed.optimizer.param_groups] == [0.01, 0.0]
+    # The moments did come from the checkpoint.
+    saved_moments = [s["exp_avg"] for s in run.optimizer.state.values()]
+    loaded_moments = [s["exp_avg"] for s in changed.optimizer.state.values()]
+    assert all(torch.equal(a, b) for a, b in zip(saved_moments, loaded_moments, strict=True))
 
 
 # --- two ranks: FSDP2 sharded over 2 gloo processes -------------------------------------------

@@ -6,7 +6,13 @@ import pytest
 import torch
 from torch import nn
 
-from trainer.optim import apply_scheduled_lr, build_lr_scheduler, build_optimizer, lr_at
+from trainer.optim import (
+    apply_scheduled_lr,
+    build_lr_scheduler,
+    build_optimizer,
+    load_schedule_position,
+    lr_at,
+)
 
 # lr=1.0, min_lr=0.1, warmup 4 steps, max 12 steps (decay over steps 5..12, progress = (n-4)/8).
 # cos(pi/4) = 0.70710678: cosine at progress 0.25 = 0.1 + 0.9 * 0.85355339 = 0.86819805,
@@ -87,6 +93,28 @@ def test_scheduler_state_resumes_at_same_lr():
     # ...so the 6th step would not use the table's value for n=6 without apply_scheduled_lr.
     assert sched2.get_last_lr()[0] == pytest.approx(0.86819805, abs=1e-7)
     assert opt2.param_groups[0]["lr"] == pytest.approx(opt.param_groups[0]["lr"], abs=1e-12)
+
+
+def test_load_schedule_position_keeps_the_current_base_lr():
+    """Step count from the saved state, base LR from the current flags (a resume with --lr)."""
+    model = nn.Linear(2, 2)
+    opt = build_optimizer(model, lr=1.0, weight_decay=0.0, beta1=0.9, beta2=0.95)
+    sched = build_lr_scheduler(
+        opt, warmup_steps=4, max_steps=12, decay_style="linear", lr=1.0, min_lr=0.1
+    )
+    for _ in range(5):
+        opt.step()
+        sched.step()
+    state = sched.state_dict()
+
+    opt2 = build_optimizer(model, lr=2.0, weight_decay=0.0, beta1=0.9, beta2=0.95)
+    sched2 = build_lr_scheduler(
+        opt2, warmup_steps=4, max_steps=12, decay_style="linear", lr=2.0, min_lr=0.2
+    )
+    load_schedule_position(sched2, state)
+    assert sched2.last_epoch == 5
+    # Step n=6 of the new schedule: twice the table's 0.775.
+    assert opt2.param_groups[0]["lr"] == pytest.approx(1.55)
 
 
 class _Block(nn.Module):
