@@ -122,6 +122,7 @@ def test_pull_requests_run_the_readme_test_command_with_a_cache() -> None:
     assert setup["with"]["cache"] == "pip" and "uv.lock" in setup["with"]["cache-dependency-path"]
     cache = step_using(workflow, "test", "actions/cache")
     assert cache["with"]["path"] == ".venv" and "uv.lock" in cache["with"]["key"]
+    assert "steps.python.outputs.python-version" in cache["with"]["key"]
 
 
 def test_preview_uses_oidc_the_pulumi_action_and_the_policy_pack() -> None:
