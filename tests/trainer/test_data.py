@@ -301,6 +301,16 @@ def test_a_new_iterator_continues_after_the_last_delivered_batch(
         assert all(torch.equal(a, b) for a, b in zip(reference, got, strict=True)), workers
 
 
+def test_close_stops_the_read_ahead_thread(small_corpus, tokenizer, cache_dir):
+    loader = _loader(small_corpus, tokenizer, cache_dir, num_workers=2)
+    batches = iter(loader)
+    next(batches)
+    reader = loader._producer
+    assert reader is not None and reader.is_alive()
+    loader.close()
+    assert not reader.is_alive()
+
+
 def test_read_ahead_errors_reach_the_training_loop(tmp_path, tokenizer, cache_dir):
     Dataset.from_dict({"text": ["", "  "]}).save_to_disk(str(tmp_path / "blank"))
     loader = _loader(tmp_path / "blank", tokenizer, cache_dir, num_workers=2)
