@@ -63,7 +63,9 @@ def test_plan_of_a_bad_stack_prints_its_problems_and_fails(
 
 def test_plan_timing_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert plan.main(["--time", "--repeats", "2", "dev"]) == 0
-    rows = capsys.readouterr().out.strip().splitlines()
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("first plan in this process (imports included): ")
+    rows = lines[2:]
     assert rows[0] == "| stack | resources | median s | max s |"
     name, resources, median, worst = (cell.strip() for cell in rows[2].strip("|").split("|"))
     assert name == "dev" and int(resources) > 50
