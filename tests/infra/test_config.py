@@ -377,3 +377,20 @@ def test_pulumi_yaml_declares_every_section() -> None:
             assert declaration["default"] == {} and "type" not in declaration
             section = _model_at((key,))
             assert section is not None and section.model_validate({})
+
+
+def test_program_reads_every_key_the_language_host_passes_in_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Outside the mock, the engine hands config over as PULUMI_CONFIG (JSON): keys read from
+    there are validated too, so a misspelt key in a real `pulumi up` is still caught."""
+    passed = {f"{PROJECT}:{key}": json.dumps(value) for key, value in BASE.items()}
+    monkeypatch.setenv("PULUMI_CONFIG", json.dumps({**passed, f"{PROJECT}:trainng": "{}"}))
+    with pytest.raises(StackConfigError, match="did you mean 'training'"):
+        evaluate(program, config={}, stack="exp")
+    monkeypatch.setenv("PULUMI_CONFIG", json.dumps({**passed, f"{PROJECT}:hfToken": "hf_x"}))
+    with pytest.raises(StackConfigError, match="hfToken is stored in plaintext"):
+        evaluate(program, config={}, stack="exp")
+    monkeypatch.setenv("PULUMI_CONFIG_SECRET_KEYS", json.dumps([f"{PROJECT}:hfToken"]))
+    result = evaluate(program, config={}, stack="exp")
+    assert result.one("kubernetes:core/v1:Secret", "job-hf-token")
