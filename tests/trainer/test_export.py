@@ -118,3 +118,27 @@ def test_export_casts_to_requested_dtype_and_records_it(tmp_path, tiny_assets):
     assert reloaded.dtype == torch.bfloat16
     expected = model.model.embed_tokens.weight.detach().to(torch.bfloat16)
     assert torch.equal(reloaded.model.embed_tokens.weight, expected)
+
+
+def test_export_of_mixtral_writes_the_published_expert_layout(tmp_path):
+    """transformers 5 fuses Mixtral's experts in memory; the export must write the published
+    per-expert layout (what vLLM and older transformers read) and still reload identically."""
+    from trainer.models import build_model, hf_config_from
+    from trainer.presets import get_preset
+
+    config = hf_config_from(get_preset("tiny-moe"))
+    model = build_model(config, device=torch.device("cpu")).eval()
+    assert any("experts.gate_up_proj" in name for name, _ in model.named_parameters())
+    input_ids = torch.randint(
+        0, config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0)
+    )
+    expected = _logits(model, input_ids)
+
+    out = tmp_path / "hf-moe"
+    export_hf(model, hf_config=config, tokenizer=None, out_dir=out)
+
+    keys = _saved_keys(out)
+    assert "model.layers.0.block_sparse_moe.experts.0.w1.weight" in keys
+    assert not any("gate_up_proj" in key for key in keys)
+    reloaded = AutoModelForCausalLM.from_pretrained(out).eval()
+    torch.testing.assert_close(_logits(reloaded, input_ids), expected, rtol=0, atol=0)
