@@ -127,6 +127,31 @@ def check_no_infra_packages(ctx: Context) -> str:
     return "no pulumi/boto3/infra"
 
 
+CACHE_DIR_VARIABLES = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
+"""Compile caches the first step writes to; an unwritable one fails only once training starts."""
+
+
+def check_cache_dirs_writable(ctx: Context) -> str:
+    configured = {name: os.environ.get(name) for name in CACHE_DIR_VARIABLES}
+    if ctx.image and not configured["TRITON_CACHE_DIR"]:
+        raise AssertionError("TRITON_CACHE_DIR is not set; Triton would cache under $HOME")
+    present = {name: path for name, path in configured.items() if path}
+    if not present:
+        raise NotApplicable("no compile cache directory configured here")
+    for name, path in present.items():
+        directory = Path(path)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            probe = directory / f".smoke-{os.getpid()}"
+            probe.write_text("ok")
+            probe.unlink()
+        except OSError as error:
+            raise AssertionError(
+                f"{name}={path} is not writable by uid {os.getuid()}: {error}"
+            ) from error
+    return ", ".join(f"{name}={path}" for name, path in present.items())
+
+
 # --- standard ----------------------------------------------------------------------------
 
 
@@ -275,6 +300,7 @@ CHECKS: dict[str, tuple[tuple[str, Callable[[Context], str]], ...]] = {
         ("imports", check_imports),
         ("trainer_flags", check_trainer_flags),
         ("no_infra_packages", check_no_infra_packages),
+        ("cache_dirs_writable", check_cache_dirs_writable),
     ),
     "standard": (
         ("torch_cuda_build", check_torch_cuda_build),

@@ -46,6 +46,9 @@ CODEBUILD_IMAGE = "aws/codebuild/amazonlinux-x86_64-standard:5.0"
 """CodeBuild's own Amazon Linux 2023 image with Docker; the build runs Docker inside it."""
 
 BUILDSPEC_PATH = "docker/buildspec.yml"
+IMAGE_USER_ID = 10001
+"""uid:gid the built image runs as (docker/Dockerfile `USER`). A pod writing to a volume owned
+by root (a fresh FSx file system) needs a directory this uid owns, or `runAsUser: 0`."""
 CACHE_TAG = "buildcache"
 """The one mutable tag in the repository: the BuildKit layer cache, rewritten by every build."""
 IMAGE_TAG_PREFIX = "src-"

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from infra.config.image import DEFAULT_BASE_IMAGE, DEFAULT_EFA_INSTALLER_VERSION
+from infra.image import IMAGE_USER_ID
 from infra.image_source import SOURCE_FILES, SOURCE_TREES
 
 REPO = Path(__file__).resolve().parents[2]
@@ -109,7 +110,10 @@ def test_dependencies_are_the_locked_trainer_group_only() -> None:
 
 def test_runs_as_non_root_with_local_compile_caches() -> None:
     users = [a for k, a in STEPS if k == "USER"]
-    assert users and users[-1].split(":")[0] not in ("0", "root")
+    assert users and users[-1] == f"{IMAGE_USER_ID}:{IMAGE_USER_ID}"
+    assert IMAGE_USER_ID != 0
+    (useradd,) = [a for k, a in STEPS if k == "RUN" and "useradd" in a]
+    assert f"--uid {IMAGE_USER_ID}" in useradd
     env = " ".join(a for k, a in STEPS if k == "ENV")
     assert re.search(r"TRITON_CACHE_DIR=/tmp/\S+", env)
     assert re.search(r"TORCHINDUCTOR_CACHE_DIR=/tmp/\S+", env)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes.util
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -21,6 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "docker" / "smoke_test.py"
 GPU_ONLY = {"gpus", "efa_devices"}
 IMAGE_ONLY = {"no_infra_packages", "efa_libraries"}
+QUICK = {"imports", "trainer_flags", "no_infra_packages", "cache_dirs_writable"}
 
 
 @pytest.fixture(scope="module")
@@ -39,11 +41,14 @@ def by_name(results: list[object]) -> dict[str, object]:
 
 def test_full_level_passes_on_cpu_as_the_build_runs_it(tmp_path: Path) -> None:
     out = tmp_path / "results.json"
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "triton")}
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
     result = subprocess.run(
         [sys.executable, str(SCRIPT), "--level", "full", "--json", str(out)],
         capture_output=True,
         text=True,
         cwd=tmp_path,  # the trainer is found as an installed package, not via the cwd
+        env=env,
         timeout=300,
     )
     assert result.returncode == 0, result.stderr
@@ -53,23 +58,23 @@ def test_full_level_passes_on_cpu_as_the_build_runs_it(tmp_path: Path) -> None:
     for name in GPU_ONLY | IMAGE_ONLY | {"torch_cuda_build"}:
         assert results[name]["status"] == "skipped"
         assert results[name]["detail"].startswith("not applicable: ")
-    for name in ("imports", "trainer_flags", "model_configs", "tiny_training_steps", "collective"):
+    passed = ("imports", "trainer_flags", "cache_dirs_writable", "model_configs")
+    for name in (*passed, "tiny_training_steps", "collective"):
         assert results[name]["status"] == "passed", results[name]
     assert "loss" in results["tiny_training_steps"]["detail"]
     assert "gloo" in results["collective"]["detail"]
-    assert "level full: 5 passed, 5 skipped (not applicable), 0 failed" in result.stderr
+    assert (tmp_path / "triton").is_dir()
+    assert "level full: 6 passed, 5 skipped (not applicable), 0 failed" in result.stderr
 
 
 @pytest.mark.parametrize(
     ("level", "expected"),
     [
-        ("quick", {"imports", "trainer_flags", "no_infra_packages"}),
+        ("quick", QUICK),
         (
             "standard",
-            {
-                "imports",
-                "trainer_flags",
-                "no_infra_packages",
+            QUICK
+            | {
                 "torch_cuda_build",
                 "gpus",
                 "efa_libraries",
@@ -80,8 +85,13 @@ def test_full_level_passes_on_cpu_as_the_build_runs_it(tmp_path: Path) -> None:
     ],
 )
 def test_lower_levels_run_their_checks_only(
-    smoke: ModuleType, level: str, expected: set[str]
+    smoke: ModuleType,
+    level: str,
+    expected: set[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
 ) -> None:
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
     ctx = smoke.Context(image=False, library_dirs=())
     results = smoke.run_checks(level, ctx)
     assert {r.name for r in results} == expected
@@ -89,6 +99,21 @@ def test_lower_levels_run_their_checks_only(
     assert {r.name for r in results if r.status == "skipped"} == (
         expected & (GPU_ONLY | IMAGE_ONLY | {"torch_cuda_build"})
     )
+
+
+def test_unwritable_cache_dir_fails_and_image_mode_requires_one(
+    smoke: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(blocker / "triton"))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    ctx = smoke.Context(image=False, library_dirs=())
+    with pytest.raises(AssertionError, match=r"TRITON_CACHE_DIR=.* is not writable"):
+        smoke.check_cache_dirs_writable(ctx)
+    monkeypatch.delenv("TRITON_CACHE_DIR")
+    with pytest.raises(AssertionError, match="TRITON_CACHE_DIR is not set"):
+        smoke.check_cache_dirs_writable(smoke.Context(image=True, library_dirs=()))
 
 
 def test_an_unknown_level_is_named(smoke: ModuleType) -> None:
