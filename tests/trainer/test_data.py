@@ -183,12 +183,21 @@ def test_long_document_spans_several_rows_without_loss(tmp_path, tokenizer, cach
 # --- ranks -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
-def test_ranks_never_see_the_same_sequence(tiny_assets, tokenizer, cache_dir, world_size):
+@pytest.mark.parametrize(
+    ("world_size", "streaming"), [(2, False), (3, False), (2, True), (3, True)]
+)
+def test_ranks_never_see_the_same_sequence(
+    tiny_assets, tokenizer, cache_dir, world_size, streaming
+):
     seen: list[set[tuple[int, ...]]] = []
     for rank in range(world_size):
         loader = _loader(
-            tiny_assets.corpus_dir, tokenizer, cache_dir, dp_rank=rank, dp_world_size=world_size
+            tiny_assets.corpus_dir,
+            tokenizer,
+            cache_dir,
+            dp_rank=rank,
+            dp_world_size=world_size,
+            streaming=streaming,
         )
         rows = {tuple(row.tolist()) for batch in _take(loader, 25) for row in batch}
         assert len(rows) == 25 * 4
@@ -318,9 +327,19 @@ def test_read_ahead_errors_reach_the_training_loop(tmp_path, tokenizer, cache_di
         next(iter(loader))
 
 
-def test_resume_of_a_streamed_dataset(small_corpus, tokenizer, cache_dir):
+@pytest.mark.parametrize("world_size", [2, 3], ids=["shard-per-rank", "every-nth-document"])
+def test_resume_of_a_streamed_dataset(small_corpus, tokenizer, cache_dir, world_size):
+    """Two train files: two ranks get a file each, three ranks take every third document."""
+
     def make() -> TrainLoader:
-        return _loader(small_corpus, tokenizer, cache_dir, streaming=True, dp_world_size=2)
+        return _loader(
+            small_corpus,
+            tokenizer,
+            cache_dir,
+            streaming=True,
+            dp_rank=world_size - 1,
+            dp_world_size=world_size,
+        )
 
     boundary = _epoch_boundary(make())
     _assert_resume_is_exact(make, [1, boundary - 1, boundary, boundary + 2])
