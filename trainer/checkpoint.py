@@ -119,10 +119,11 @@ def is_complete(path: Path) -> bool:
     return _STEP_DIR.match(path.name) is not None and (path / COMPLETE_MARKER).is_file()
 
 
-def complete_checkpoints(checkpoint_dir: Path) -> list[tuple[int, Path]]:
-    """Complete ``step-N`` dirs, oldest first. Incomplete ones are logged and left alone: they
-    were not written by this protocol (or by an older version of it), so they are not ours to
-    delete."""
+def complete_checkpoints(
+    checkpoint_dir: Path, *, warn_incomplete: bool = False
+) -> list[tuple[int, Path]]:
+    """Complete ``step-N`` dirs, oldest first. Incomplete ones are skipped (and left alone by
+    pruning: they were not written by this protocol, so they are not ours to delete)."""
     if not checkpoint_dir.is_dir():
         return []
     found: list[tuple[int, Path]] = []
@@ -132,7 +133,7 @@ def complete_checkpoints(checkpoint_dir: Path) -> list[tuple[int, Path]]:
             continue
         if is_complete(entry):
             found.append((int(match.group(1)), entry))
-        else:
+        elif warn_incomplete:
             logger.warning("checkpoint: ignoring %s: no %s marker", entry, COMPLETE_MARKER)
     return sorted(found)
 
@@ -143,7 +144,7 @@ def find_latest(path: str | Path) -> Path | None:
     path = Path(path)
     if is_complete(path):
         return path
-    found = complete_checkpoints(path)
+    found = complete_checkpoints(path, warn_incomplete=True)
     return found[-1][1] if found else None
 
 
@@ -234,7 +235,7 @@ class CheckpointManager:
     def latest(self) -> Path | None:
         """Newest complete checkpoint in ``checkpoint_dir``, or None. Not collective; the dir
         must be on a filesystem every rank sees, so all ranks get the same answer."""
-        found = complete_checkpoints(self.checkpoint_dir)
+        found = complete_checkpoints(self.checkpoint_dir, warn_incomplete=True)
         return found[-1][1] if found else None
 
     def save(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import subprocess
@@ -16,6 +17,17 @@ from scripts import bench_trainer
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--model", "tiny", "--seq_len", "32", "--batch_size", "2", "--device", "cpu"]
+
+
+@pytest.fixture(autouse=True)
+def _restore_trainer_logger():
+    """main() sets up the trainer's logging for the process; undo it for the tests after."""
+    logger = logging.getLogger("trainer")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    yield
+    logger.handlers[:] = saved[0]
+    logger.setLevel(saved[1])
+    logger.propagate = saved[2]
 
 
 def _last_json_line(text: str) -> dict:

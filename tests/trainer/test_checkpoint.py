@@ -4,6 +4,7 @@ process group; the multi-process FSDP2 resume is exercised by the torchrun tests
 from __future__ import annotations
 
 import json
+import logging
 import random
 import time
 from collections.abc import Iterator
@@ -471,3 +472,15 @@ def test_tied_llama_saved_with_activation_checkpointing_resumes_without_it(
     assert resumed.lm_head.weight is resumed.model.embed_tokens.weight  # type: ignore[union-attr]
     got = train(resumed, opt2, 2)
     assert got == pytest.approx(expected, rel=1e-6, abs=0)
+
+
+def test_latest_names_the_skipped_incomplete_dir(tmp_path, caplog):
+    (tmp_path / "step-3").mkdir()
+    # Attached directly: the trainer's log setup may have stopped propagation to the root.
+    checkpoint_logger = logging.getLogger("trainer.checkpoint")
+    checkpoint_logger.addHandler(caplog.handler)
+    try:
+        assert CheckpointManager(tmp_path, keep_last=1).latest() is None
+    finally:
+        checkpoint_logger.removeHandler(caplog.handler)
+    assert f"ignoring {tmp_path / 'step-3'}: no COMPLETE marker" in caplog.text
