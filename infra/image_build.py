@@ -40,6 +40,9 @@ QUEUE_ALLOWANCE_MINUTES = 60
 DEFAULT_POLL_SECONDS = 20.0
 """A CodeBuild phase lasts minutes; polling faster only spends API quota."""
 
+SETUP_PHASES = ("SUBMITTED", "QUEUED", "PROVISIONING", "DOWNLOAD_SOURCE")
+"""CodeBuild's phases before the buildspec's own commands start."""
+
 TRIGGER_KEYS = ("image_tag", "repository_name")
 """Inputs whose change means a different image; every other input is bookkeeping."""
 
@@ -84,6 +87,7 @@ class CodeBuildImageBuilder:
         poll_seconds: float = DEFAULT_POLL_SECONDS,
         heartbeat_seconds: float = 300.0,
         log_tail_lines: int = 60,
+        retry_seconds: float = 30.0,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -93,6 +97,7 @@ class CodeBuildImageBuilder:
         self._poll_seconds = poll_seconds
         self._heartbeat_seconds = heartbeat_seconds
         self._log_tail_lines = log_tail_lines
+        self._retry_seconds = retry_seconds
         self._sleep = sleep
         self._clock = clock
 
@@ -218,6 +223,13 @@ class CodeBuildImageBuilder:
             return BuiltImage(digest=digest, build_id=None)
         build_id = self.start(request)
         build = self.wait(build_id, timeout_minutes=request.timeout_minutes)
+        if build.get("buildStatus") != SUCCEEDED and failed_before_buildspec(build):
+            # A role or policy created moments ago may not have reached every IAM endpoint;
+            # CodeBuild then fails to fetch the source before any of our commands ran.
+            logger.info("build %s failed before the buildspec ran; retrying once", build_id)
+            self._sleep(self._retry_seconds)
+            build_id = self.start(request)
+            build = self.wait(build_id, timeout_minutes=request.timeout_minutes)
         if build.get("buildStatus") != SUCCEEDED:
             raise ImageBuildError(
                 self.failure_message(build, log_group_name=request.log_group_name)
@@ -225,6 +237,14 @@ class CodeBuildImageBuilder:
         digest = self.digest_of(build, request)
         logger.info("built %s:%s -> %s", request.repository_name, request.image_tag, digest)
         return BuiltImage(digest=digest, build_id=build_id)
+
+
+def failed_before_buildspec(build: Mapping[str, Any]) -> bool:
+    """Whether the build failed while CodeBuild was still setting up (no command of ours ran)."""
+    return any(
+        phase.get("phaseStatus") not in (None, SUCCEEDED) and phase.get("phaseType") in SETUP_PHASES
+        for phase in build.get("phases", [])
+    )
 
 
 def _minutes_seconds(seconds: float) -> str:

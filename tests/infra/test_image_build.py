@@ -154,9 +154,11 @@ def scripted_builds(monkeypatch: pytest.MonkeyPatch) -> Callable[..., list[list[
         exported: dict[str, str] | None = None,
         push_tag: str | None = None,
         failed_phase_message: str | None = None,
+        later: list[State] | None = None,
     ) -> list[list[str]]:
         polls: dict[str, int] = {}
         pushed: set[str] = set()
+        first: list[str] = []
 
         def batch_get_builds(self: CodeBuildBackend, ids: list[str]) -> list[dict[str, Any]]:
             found = []
@@ -167,14 +169,15 @@ def scripted_builds(monkeypatch: pytest.MonkeyPatch) -> Callable[..., list[list[
                     if build.get("buildComplete"):  # a finished build stays as it ended
                         found.append(build)
                         continue
-                    index = min(polls.get(build["id"], 0), len(states) - 1)
+                    first[:] = first or [build["id"]]
+                    script = states if later is None or build["id"] == first[0] else later
+                    index = min(polls.get(build["id"], 0), len(script) - 1)
                     polls[build["id"]] = index + 1
-                    phase, status = states[index]
+                    phase, status = script[index]
                     build["currentPhase"], build["buildStatus"] = phase, status
                     build["buildComplete"] = status != "IN_PROGRESS"
                     if status == "FAILED":
                         build["phases"] = [
-                            {"phaseType": "PRE_BUILD", "phaseStatus": "SUCCEEDED"},
                             {
                                 "phaseType": phase,
                                 "phaseStatus": "FAILED",
@@ -359,6 +362,36 @@ def test_failure_raises_with_the_failed_phase_and_the_log_tail(
     assert "BUILD FAILED: Error while executing command: docker run" in message
     assert message.endswith("[smoke] quick imports PASSED\n[smoke] standard efa_libraries FAILED")
     assert aws["ecr"].describe_images(repositoryName=REPOSITORY)["imageDetails"] == []
+
+
+def test_a_failure_before_the_buildspec_ran_is_retried_once(
+    aws: dict[str, Any],
+    session: boto3.Session,
+    moto_endpoint: str,
+    scripted_builds: Callable[..., list[list[str]]],
+) -> None:
+    served = scripted_builds(
+        [("DOWNLOAD_SOURCE", "FAILED")],
+        later=[("BUILD", "IN_PROGRESS"), ("COMPLETED", "SUCCEEDED")],
+        push_tag=TAG,
+        failed_phase_message="ACCESS_DENIED: Service role is not authorized to s3:GetObject",
+    )
+    built = make_builder(session, moto_endpoint).build(request())
+    assert built.digest.startswith("sha256:")
+    assert len(started_builds(aws)) == 2
+    assert served[:3] == [["DOWNLOAD_SOURCE"], ["BUILD"], ["COMPLETED"]]
+
+
+def test_a_failure_in_our_own_commands_is_not_retried(
+    aws: dict[str, Any],
+    session: boto3.Session,
+    moto_endpoint: str,
+    scripted_builds: Callable[..., list[list[str]]],
+) -> None:
+    scripted_builds([("BUILD", "FAILED")], later=[("COMPLETED", "SUCCEEDED")], push_tag=TAG)
+    with pytest.raises(ImageBuildError, match="BUILD FAILED"):
+        make_builder(session, moto_endpoint).build(request())
+    assert len(started_builds(aws)) == 1
 
 
 @pytest.mark.parametrize("status", ["FAULT", "TIMED_OUT", "STOPPED"])
