@@ -163,3 +163,14 @@ def test_init_from_rejects_another_architecture(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
     with pytest.raises(ValueError, match="is a 'gpt2' model"):
         pretrained_config(str(tmp_path))
+
+
+def test_compile_wraps_each_decoder_layer_in_place() -> None:
+    """`--compile` compiles the blocks without renaming them (checkpoint keys stay clean)."""
+    from trainer.parallelize import apply_compile
+
+    model = build_model(hf_config_from(PRESETS["tiny"]))
+    names_before = [name for name, _ in model.named_parameters()]
+    apply_compile(model)
+    assert all(layer._compiled_call_impl is not None for layer in decoder_layers(model))
+    assert [name for name, _ in model.named_parameters()] == names_before

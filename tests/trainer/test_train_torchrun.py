@@ -154,15 +154,20 @@ def test_crash_and_restart_resumes_and_reproduces_the_losses(
     [
         # Two ranks as two "nodes" of one: the replicate dimension is 2, so gradients are
         # all-reduced across replicas as in a multi-node HSDP job.
-        ("hybrid", {"hsdp_shard_size": 1, "bf16": 1, "activation_checkpointing": 1}),
+        (
+            "hybrid",
+            {"hsdp_shard_size": 1, "bf16": 1, "activation_checkpointing": 1, "model": "tiny-moe"},
+        ),
+        # Fine-tunes the reference run's export: pretrained weights read into real shards.
         (
             "shard_grad_op",
             {
                 "ac_mode": "selective",
                 "ac_every": 2,
                 "activation_checkpointing": 1,
-                "model": "tiny-moe",
                 "cpu_offload": 1,
+                "model": None,
+                "tokenizer": None,  # defaults to the --init_from directory's tokenizer
             },
         ),
         (
@@ -172,11 +177,19 @@ def test_crash_and_restart_resumes_and_reproduces_the_losses(
     ],
 )
 def test_every_sharding_strategy_trains(
-    strategy: str, extra: dict[str, Any], tiny_assets: TinyAssets, tmp_path: Path
+    strategy: str,
+    extra: dict[str, Any],
+    tiny_assets: TinyAssets,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> None:
     # The side features ride along with one strategy each, to keep the number of launches down.
     if strategy == "hybrid":
         extra = {**extra, "tensorboard_dir": tmp_path / "tb"}
+    pretrained = strategy == "shard_grad_op"
+    if pretrained:
+        reference_root, reference = request.getfixturevalue("reference_run")
+        extra = {**extra, "init_from": reference_root / "export"}
     args = tiny_args(tiny_assets, sharding_strategy=strategy, max_steps=8, logging_freq=4, **extra)
     result = run_trainer(args, metrics_file=tmp_path / "metrics.jsonl")
     assert result.returncode == 0, result.output[-4000:]
@@ -192,5 +205,10 @@ def test_every_sharding_strategy_trains(
         assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
     if "cpu_offload" in extra:
         assert "cpu_offload=True" in result.output
+    if pretrained:
+        assert "loaded pretrained weights from" in result.output
+        # It starts where the reference run ended, far below a fresh model's ~6.2.
+        final_reference_loss = reference.losses()[MAX_STEPS]
+        assert records[0]["loss"] < final_reference_loss + 0.5
     if "progress_bar" in extra:
         assert re.search(r"100%\|.*\| 8/8 \[", result.output), result.output[-2000:]
