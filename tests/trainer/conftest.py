@@ -11,3 +11,10 @@ from trainer.tiny_assets import TinyAssets, ensure_tiny_assets
 def tiny_assets(tmp_path_factory: pytest.TempPathFactory) -> TinyAssets:
     """The tiny corpus (train + validation jsonl) and a tokenizer trained on it (no network)."""
     return ensure_tiny_assets(tmp_path_factory.mktemp("tiny_assets"))
+
+
+@pytest.fixture(scope="session")
+def hf_datasets_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A private ``datasets`` cache: pass as ``cache_dir=`` (or ``HF_DATASETS_CACHE`` to a
+    subprocess) so tests never write Arrow copies into the user's ``~/.cache``."""
+    return str(tmp_path_factory.mktemp("hf_datasets_cache"))

@@ -39,8 +39,8 @@ def tokenizer(tiny_assets: TinyAssets):
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return str(tmp_path_factory.mktemp("hf_datasets_cache"))
+def cache_dir(hf_datasets_cache: str) -> str:
+    return hf_datasets_cache
 
 
 @pytest.fixture(scope="module")
