@@ -40,6 +40,9 @@ QUEUE_ALLOWANCE_MINUTES = 60
 DEFAULT_POLL_SECONDS = 20.0
 """A CodeBuild phase lasts minutes; polling faster only spends API quota."""
 
+RECENT_BUILDS = 20
+"""How many of the project's latest builds are checked for one already building the tag."""
+
 SETUP_PHASES = ("SUBMITTED", "QUEUED", "PROVISIONING", "DOWNLOAD_SOURCE")
 """CodeBuild's phases before the buildspec's own commands start."""
 
@@ -113,6 +116,24 @@ class CodeBuildImageBuilder:
             raise
         details = response.get("imageDetails", [])
         return str(details[0]["imageDigest"]) if details else None
+
+    def in_flight(self, request: BuildRequest) -> str | None:
+        """A running build of the same content tag (an interrupted `pulumi up` left it), if any.
+
+        Waiting for it instead of starting a second one avoids two builds racing to push one
+        immutable tag, the loser of which would fail.
+        """
+        ids = self._codebuild.list_builds_for_project(
+            projectName=request.project_name, sortOrder="DESCENDING"
+        ).get("ids", [])[:RECENT_BUILDS]
+        if not ids:
+            return None
+        for build in self._codebuild.batch_get_builds(ids=ids).get("builds", []):
+            variables = build.get("environment", {}).get("environmentVariables", [])
+            tags = {v.get("value") for v in variables if v.get("name") == "IMAGE_TAG"}
+            if build.get("buildStatus") == IN_PROGRESS and request.image_tag in tags:
+                return str(build["id"])
+        return None
 
     def start(self, request: BuildRequest) -> str:
         response = self._codebuild.start_build(
@@ -221,7 +242,13 @@ class CodeBuildImageBuilder:
                 "%s:%s already built: %s", request.repository_name, request.image_tag, digest
             )
             return BuiltImage(digest=digest, build_id=None)
-        build_id = self.start(request)
+        build_id = self.in_flight(request)
+        if build_id is not None:
+            logger.info(
+                "build %s for %s is already running; waiting for it", build_id, request.image_tag
+            )
+        else:
+            build_id = self.start(request)
         build = self.wait(build_id, timeout_minutes=request.timeout_minutes)
         if build.get("buildStatus") != SUCCEEDED and failed_before_buildspec(build):
             # A role or policy created moments ago may not have reached every IAM endpoint;

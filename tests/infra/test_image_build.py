@@ -155,6 +155,7 @@ def scripted_builds(monkeypatch: pytest.MonkeyPatch) -> Callable[..., list[list[
         push_tag: str | None = None,
         failed_phase_message: str | None = None,
         later: list[State] | None = None,
+        image_tag: str | None = None,
     ) -> list[list[str]]:
         polls: dict[str, int] = {}
         pushed: set[str] = set()
@@ -191,6 +192,10 @@ def scripted_builds(monkeypatch: pytest.MonkeyPatch) -> Callable[..., list[list[
                         ]
                     if logs is not None:
                         build["logs"] = {**build["logs"], **logs}
+                    if image_tag is not None:  # moto drops start_build's overrides
+                        build["environment"]["environmentVariables"] = [
+                            {"name": "IMAGE_TAG", "value": image_tag, "type": "PLAINTEXT"}
+                        ]
                     if status == "SUCCEEDED":
                         if push_tag is not None and build["id"] not in pushed:
                             pushed.add(build["id"])
@@ -392,6 +397,29 @@ def test_a_failure_in_our_own_commands_is_not_retried(
     with pytest.raises(ImageBuildError, match="BUILD FAILED"):
         make_builder(session, moto_endpoint).build(request())
     assert len(started_builds(aws)) == 1
+
+
+@pytest.mark.parametrize(("running_tag", "builds"), [(TAG, 1), ("src-another-image", 2)])
+def test_a_running_build_of_the_same_tag_is_awaited_not_duplicated(
+    aws: dict[str, Any],
+    session: boto3.Session,
+    moto_endpoint: str,
+    scripted_builds: Callable[..., list[list[str]]],
+    running_tag: str,
+    builds: int,
+) -> None:
+    """An interrupted `pulumi up` left a build running; the next one waits for it."""
+    scripted_builds(
+        [("BUILD", "IN_PROGRESS"), ("BUILD", "IN_PROGRESS"), ("COMPLETED", "SUCCEEDED")],
+        push_tag=TAG,
+        image_tag=running_tag,
+    )
+    builder = make_builder(session, moto_endpoint)
+    earlier = builder.start(request())
+    built = builder.build(request())
+    assert built.digest.startswith("sha256:")
+    assert len(started_builds(aws)) == builds
+    assert (built.build_id == earlier) is (builds == 1)
 
 
 @pytest.mark.parametrize("status", ["FAULT", "TIMED_OUT", "STOPPED"])
