@@ -13,7 +13,10 @@ Two layers, so that the AWS logic can be tested against a real AWS API emulator:
   lifecycle policy retires them, and a past run may still reference one).
 
 The provider runs in Pulumi's dynamic-provider process with the deployer's AWS credentials
-(the default boto3 chain, or `aws_profile`), in the region passed as an input.
+(the default boto3 chain, or `aws_profile`), in the region passed as an input. Besides what the
+rest of the stack needs, the deployer must be allowed codebuild:StartBuild, BatchGetBuilds and
+ListBuildsForProject on the project, ecr:DescribeImages on the repository and
+logs:GetLogEvents on the build's log group.
 """
 
 from __future__ import annotations
