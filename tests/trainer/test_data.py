@@ -513,7 +513,7 @@ def test_text_folder_documents_are_paragraphs(tmp_path, tokenizer, cache_dir):
 
 
 def test_single_jsonl_file(tmp_path, tokenizer, cache_dir):
-    path = tmp_path / "docs.jsonl"
+    path = tmp_path / "val_docs.jsonl"  # a single file is training data, whatever its name
     path.write_text("".join(json.dumps({"text": t}) + "\n" for t in _docs(20)), encoding="utf-8")
     assert _doc_ids(_documents(tokenizer, _take(_loader(path, tokenizer, cache_dir), 5)))
 
@@ -596,8 +596,9 @@ def test_missing_text_column_names_it_and_the_columns_there(tmp_path, tokenizer,
 
 
 def test_folder_without_data_files_or_with_mixed_formats(tmp_path, tokenizer, cache_dir):
-    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / ".cache").mkdir(parents=True)
     (tmp_path / "empty" / "notes.md").write_text("hi", encoding="utf-8")
+    (tmp_path / "empty" / ".cache" / "hidden.jsonl").write_text('{"text": "x"}', encoding="utf-8")
     with pytest.raises(DataConfigError, match="holds no data files"):
         _loader(tmp_path / "empty", tokenizer, cache_dir)
     _write_parquet(tmp_path / "mixed", "train", _docs(5))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeAlias
@@ -103,7 +103,7 @@ def _load_local(
                 validation = validation.to_iterable_dataset(num_shards=_arrow_shards(validation))
         return Corpus(name=dataset, train=train, validation=validation)
 
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    files = [path] if path.is_file() else sorted(_visible_files(path))
     by_builder: dict[str, list[Path]] = {}
     for file in files:
         builder = _builder_for(file)
@@ -120,7 +120,8 @@ def _load_local(
             f"--dataset {dataset!r} mixes file formats ({kinds}); keep one format per dataset."
         )
     [(builder, found)] = by_builder.items()
-    data_files = _split_files(found, dataset)
+    # A single file is the training data, whatever its name.
+    data_files = {"train": found} if path.is_file() else _split_files(found, dataset)
     if streaming is None:
         size = sum(f.stat().st_size for split_files in data_files.values() for f in split_files)
         streaming = size > MAP_STYLE_MAX_BYTES
@@ -138,6 +139,15 @@ def _load_local(
     )
     train, validation = _pick_splits(loaded, dataset)
     return Corpus(name=dataset, train=train, validation=validation)
+
+
+def _visible_files(folder: Path) -> Iterator[Path]:
+    """Files under ``folder``, skipping hidden ones such as a download tool's ``.cache/``."""
+    for file in folder.rglob("*"):
+        if file.is_file() and not any(
+            part.startswith(".") for part in file.relative_to(folder).parts
+        ):
+            yield file
 
 
 def _builder_for(file: Path) -> str | None:
