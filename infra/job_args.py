@@ -138,8 +138,9 @@ def trainer_argv(config: StackConfig, paths: RunPaths) -> list[str]:
 def torchrun_command(config: StackConfig, paths: RunPaths) -> list[str]:
     """The container's whole command line.
 
-    torchrun takes the node rank and master address from the `PET_*` variables the training
-    operator injects; the node and process counts are written out so the manifest shows them.
+    torchrun takes the rendezvous endpoint and backend from the `PET_*` variables the training
+    operator injects (see `job_manifest.elastic_policy`); the node and process counts are
+    written out so the manifest shows them.
     """
     return [
         "torchrun",

@@ -28,6 +28,8 @@ WAIT_FOR_RUNNING = "condition=Running"
 """pulumi-kubernetes >= 4.18: `up` returns once every worker pod runs. Waiting for Succeeded
 would hold `up` (and the CI runner) for the whole training run."""
 TRITON_CACHE_DIR = "/tmp/triton_cache"
+RENDEZVOUS_PORT_NAME = "pytorchjob-port"  # the operator reads the rendezvous port by this name
+RENDEZVOUS_PORT = 23456  # the operator's default for that port
 
 # Headroom left on a node for the kubelet, the CNI, device plugins and the FSx client.
 _RESERVED_CPU_FRACTION = 1 / 16
@@ -212,6 +214,7 @@ def render_job(
         "env": container_env(config, hf_secret_name=hf_secret_name),
         "resources": container_resources(size),
         "volumeMounts": mounts,
+        "ports": [{"name": RENDEZVOUS_PORT_NAME, "containerPort": RENDEZVOUS_PORT}],
     }
     pod_spec: dict[str, Any] = {
         "containers": [container],
@@ -232,8 +235,10 @@ def render_job(
     spec: dict[str, Any] = {
         "nprocPerNode": str(config.gpus_per_node),
         "runPolicy": run_policy,
-        # Workers only: the operator makes worker 0 the rendezvous master, so every node
-        # runs the same pod template and the workers count equals the GPU nodes.
+        # Workers only (one per GPU node, one pod template), found through c10d rendezvous.
+        "elasticPolicy": elastic_policy(
+            workers=config.gpu_nodes.count, max_restarts=job.backoff_limit, run_name=job.name
+        ),
         "pytorchReplicaSpecs": {
             "Worker": {
                 "replicas": config.gpu_nodes.count,
@@ -259,6 +264,25 @@ def render_job(
         metadata=metadata,
         spec=spec,
     )
+
+
+def elastic_policy(*, workers: int, max_restarts: int, run_name: str) -> dict[str, Any]:
+    """c10d rendezvous on worker 0, for a PyTorchJob whose replicas are all Workers.
+
+    Training operator v1.9 sets MASTER_ADDR / PET_NODE_RANK only when the job has a Master
+    replica; without one, torchrun finds its peers through this policy: the operator points
+    PET_RDZV_ENDPOINT at `<job>-worker-0:<pytorchjob-port>` and sets PET_RDZV_BACKEND and
+    PET_NNODES. Elastic rendezvous also lets torchrun restart the whole worker group (up to
+    `max_restarts` times) when one node's processes fail, so every node resumes together from
+    the latest checkpoint. min = max = the node count: the job never runs on fewer nodes.
+    """
+    return {
+        "rdzvBackend": "c10d",
+        "rdzvId": run_name,
+        "minReplicas": workers,
+        "maxReplicas": workers,
+        "maxRestarts": max_restarts,
+    }
 
 
 def kubectl_commands(name: str, namespace: str) -> dict[str, str]:

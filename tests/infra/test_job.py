@@ -113,6 +113,23 @@ def test_volumes_shm_memory_backed_and_checkpoints_on_the_claim() -> None:
     assert args[args.index("--resume_from_checkpoint") + 1] == checkpoint_dir
 
 
+def test_workers_find_each_other_through_c10d_rendezvous(crd_schema: dict[str, Any]) -> None:
+    """Without a Master replica the operator sets no MASTER_ADDR / node rank (v1.9): the
+    elastic policy is what points torchrun at worker 0."""
+    config = make_config(job={"maxRunHours": 0.25, "backoffLimit": 2})
+    manifest = render_job(config, image=IMAGE, pvc_name=None).as_dict()
+    jsonschema.validate(manifest, crd_schema)
+    assert list(manifest["spec"]["pytorchReplicaSpecs"]) == ["Worker"]
+    assert manifest["spec"]["elasticPolicy"] == {
+        "rdzvBackend": "c10d",
+        "rdzvId": "exp",
+        "minReplicas": 4,
+        "maxReplicas": 4,
+        "maxRestarts": 2,
+    }
+    assert container(manifest)["ports"] == [{"name": "pytorchjob-port", "containerPort": 23456}]
+
+
 def test_run_policy_and_wait_annotation() -> None:
     config = make_config(job={"maxRunHours": 2, "ttlHoursAfterFinished": 1, "backoffLimit": 5})
     manifest = render_job(config, image=IMAGE, pvc_name=None).as_dict()

@@ -87,6 +87,9 @@ def test_stack_job_matches_its_config(name: str) -> None:
     assert spec["pytorchReplicaSpecs"]["Worker"]["replicas"] == config.gpu_nodes.count
     assert spec["nprocPerNode"] == str(facts.gpus)
     assert spec["runPolicy"]["cleanPodPolicy"] == "Running"
+    elastic = spec["elasticPolicy"]
+    assert elastic["minReplicas"] == elastic["maxReplicas"] == config.gpu_nodes.count
+    assert elastic["rdzvBackend"] == "c10d"
     assert config.job.max_run_hours is not None  # every stack has a deadline
     assert spec["runPolicy"]["activeDeadlineSeconds"] == int(config.job.max_run_hours * 3600)
     assert job.inputs["metadata"]["annotations"]["pulumi.com/waitFor"] == "condition=Running"
