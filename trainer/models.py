@@ -127,12 +127,20 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
 
 
 @torch.no_grad()
-def materialize(model: PreTrainedModel, *, device: torch.device, seed: int) -> None:
+def materialize(
+    model: PreTrainedModel,
+    *,
+    device: torch.device,
+    seed: int,
+    buffer_device: torch.device | None = None,
+) -> None:
     """Allocate (this rank's shards of) the parameters on `device` and initialise them.
 
     `seed` must be equal on ranks that hold the same shard (replicas) and should differ
     between shards; `trainer.train` passes the base seed plus the rank's shard coordinate.
-    Random ops on a sharded parameter draw only the local shard.
+    Random ops on a sharded parameter draw only the local shard. With CPU offload the
+    parameters live on the CPU (`device`) while buffers such as rotary frequencies are used
+    by the computation and belong on the GPU (`buffer_device`).
     """
     model.to_empty(device=device)
     # Marks left by an earlier init would make transformers skip these (now garbage) tensors.
@@ -146,6 +154,10 @@ def materialize(model: PreTrainedModel, *, device: torch.device, seed: int) -> N
         warnings.filterwarnings("ignore", message="DTensor random operators may not have")
         model.initialize_weights()
     model.tie_weights()
+    if buffer_device is not None and buffer_device != device:
+        for module in model.modules():
+            for name, buffer in module.named_buffers(recurse=False):
+                module._buffers[name] = buffer.to(buffer_device)
     model.train()
     _check_finite(model)
 

@@ -7,6 +7,7 @@ that each decoder layer's all-gather, compute and recompute are one schedulable 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
@@ -60,9 +61,15 @@ def apply_activation_checkpointing(model: nn.Module, mode: str, every: int) -> i
 
 
 def apply_compile(model: nn.Module) -> None:
-    """Compile each decoder layer in place: identical blocks share one compiled graph."""
-    for layer in decoder_layers(model):
-        layer.compile(fullgraph=False)
+    """Compile each decoder layer: identical blocks share one compiled graph.
+
+    The compiled wrapper replaces the layer in the list, so `fully_shard` later wraps it
+    from outside and its all-gather/reduce-scatter hooks stay out of the compiled graph.
+    Checkpoint FQNs are unaffected: DCP's state-dict helpers drop the `_orig_mod` prefix.
+    """
+    layers = decoder_layers(model)
+    for index, layer in enumerate(layers):
+        layers[index] = cast(nn.Module, torch.compile(layer, fullgraph=False))
 
 
 def mixed_precision_policy(bf16: bool) -> MixedPrecisionPolicy:

@@ -195,7 +195,13 @@ class Trainer:
         # time, so gradient memory stays sharded.
         self.defer_all_reduce = cfg.parallel.sharding_strategy in ("hybrid", "no_shard")
         # Equal seeds on replicas of a shard, different seeds on different shards.
-        materialize(self.model, device=self.device, seed=self.seed + shard_coordinate(self.mesh))
+        # Offloaded parameters live in CPU memory; the computation's buffers stay on the GPU.
+        materialize(
+            self.model,
+            device=torch.device("cpu") if cfg.parallel.cpu_offload else self.device,
+            buffer_device=self.device,
+            seed=self.seed + shard_coordinate(self.mesh),
+        )
         if cfg.model.init_from is not None:
             load_pretrained(self.model, cfg.model.init_from)
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
