@@ -155,3 +155,11 @@ def test_ecr_login_precedes_the_build() -> None:
     pre_build = "\n".join(load()["phases"]["pre_build"]["commands"])
     assert "aws ecr get-login-password" in pre_build
     assert 'docker login --username AWS --password-stdin "${REGISTRY}"' in pre_build
+
+
+def test_build_tools_fetched_at_build_time_are_pinned() -> None:
+    variables = load()["env"]["variables"]
+    assert re.fullmatch(r"moby/buildkit:v\d+\.\d+\.\d+", variables["BUILDKIT_IMAGE"])
+    assert re.fullmatch(r"v\d+\.\d+\.\d+", variables["BUILDX_FALLBACK_VERSION"])
+    joined = "\n".join(commands(load()))
+    assert '--driver-opt "image=${BUILDKIT_IMAGE}"' in joined
