@@ -111,8 +111,10 @@ class DocumentPlan:
                 docs = split_dataset_by_node(
                     split, rank=self.dp_rank, world_size=self.dp_world_size
                 )
-        tokens = docs.filter(self._keep(heldout), batched=True).map(
-            self._tokenize,
+        # One batched map both selects and tokenises: chaining filter and map would make
+        # datasets build a key string per document of every batch, a third of the read time.
+        tokens = docs.map(
+            self._tokenizer_for(heldout),
             batched=True,
             remove_columns=docs.column_names or [self.text_column],
         )
@@ -120,23 +122,27 @@ class DocumentPlan:
             tokens.set_epoch(epoch)  # streamed data: datasets reshuffles shard order per epoch
         return tokens
 
-    def _keep(self, heldout: bool | None) -> Callable[[dict[str, list[Any]]], list[bool]]:
-        fraction, column = self.heldout_fraction, self.text_column
+    def _tokenizer_for(
+        self, heldout: bool | None
+    ) -> Callable[[dict[str, list[Any]]], dict[str, list[list[int]]]]:
+        """Tokenise a batch of documents, dropping empty ones and those on the other side of
+        the held-out split (``heldout`` as in ``documents``); each ends with EOS."""
+        tokenizer, column, fraction = self.tokenizer, self.text_column, self.heldout_fraction
+        eos = tokenizer.eos_token_id
 
-        def keep(batch: dict[str, list[Any]]) -> list[bool]:
-            return [
-                isinstance(text, str)
-                and bool(text.strip())
-                and (heldout is None or is_heldout(text, fraction) == heldout)
+        def tokenize(batch: dict[str, list[Any]]) -> dict[str, list[list[int]]]:
+            texts = [
+                text
                 for text in batch[column]
+                if isinstance(text, str)
+                and text.strip()
+                and (heldout is None or is_heldout(text, fraction) == heldout)
             ]
+            if not texts:
+                return {"input_ids": []}
+            # add_special_tokens keeps the tokenizer's own convention (e.g. Llama's BOS per
+            # text); verbose=False: long documents are fine here, the packer cuts them.
+            ids = tokenizer(texts, add_special_tokens=True, verbose=False)["input_ids"]
+            return {"input_ids": [doc if doc[-1:] == [eos] else [*doc, eos] for doc in ids]}
 
-        return keep
-
-    def _tokenize(self, batch: dict[str, list[Any]]) -> dict[str, list[list[int]]]:
-        eos = self.tokenizer.eos_token_id
-        # add_special_tokens keeps the tokenizer's own convention (e.g. Llama's BOS per text);
-        # verbose=False: long documents are fine here, the packer cuts them.
-        encoded = self.tokenizer(batch[self.text_column], add_special_tokens=True, verbose=False)
-        ids = encoded["input_ids"]
-        return {"input_ids": [doc if doc[-1:] == [eos] else [*doc, eos] for doc in ids]}
+        return tokenize
