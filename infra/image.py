@@ -125,7 +125,7 @@ class TrainerImage(pulumi.ComponentResource):
     image_tag: str | None
     """The content tag built (None when `image.uri` is set)."""
     source_hash: str | None
-    """Hash of the build source archive (None when `image.uri` is set)."""
+    """Hash of what the image is built from (None when `image.uri` is set)."""
 
     def __init__(
         self,
@@ -154,8 +154,8 @@ class TrainerImage(pulumi.ComponentResource):
 
         archive = write_source_archive(args.source_root, args.archive_dir)
         settings = build_settings(config)
-        self.source_hash = archive.sha256
-        self.image_tag = IMAGE_TAG_PREFIX + build_fingerprint(archive.sha256, settings)[:24]
+        self.source_hash = archive.image_sha256
+        self.image_tag = IMAGE_TAG_PREFIX + build_fingerprint(archive.image_sha256, settings)[:24]
 
         repository = self._repository(name, args, tags, child)
         bucket, source = self._source(name, archive.path, tags, child)
@@ -215,7 +215,7 @@ class TrainerImage(pulumi.ComponentResource):
             repository_url=repository.repository_url,
             image_tag=self.image_tag,
             source_location=source_location,
-            source_hash=archive.sha256,
+            source_hash=archive.image_sha256,
             log_group_name=log_group.name,
             timeout_minutes=config.build_timeout_minutes,
             region=region.region,

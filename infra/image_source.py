@@ -15,10 +15,12 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
+import tomllib
 import zipfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 SOURCE_FILES = (
     "pyproject.toml",
@@ -69,6 +71,49 @@ class SourceArchive:
     """Hash over every entry's path, mode and bytes (not the zip container)."""
     files: tuple[str, ...]
     """Archive member names, sorted, POSIX separators."""
+    image_sha256: str
+    """What the image is built from: every file except the lock and pyproject, plus the
+    locked `trainer` group closure. A lock change that only touches infra or dev packages
+    (a pulumi or ruff bump) leaves it unchanged, so it does not cost a 20-minute rebuild."""
+
+
+LOCK_FILE = "uv.lock"
+PROJECT_FILE = "pyproject.toml"
+IMAGE_GROUP = "trainer"
+"""The dependency group the Dockerfile installs (`uv export --only-group trainer`)."""
+
+
+def locked_group_closure(lock_text: str, group: str = IMAGE_GROUP) -> list[dict[str, Any]]:
+    """Every uv.lock package entry the `group` can install, sorted by name and version.
+
+    Markers are ignored on purpose: the closure may hold a package a platform would skip,
+    which at worst rebuilds once too often, never once too few.
+    """
+    packages: list[dict[str, Any]] = tomllib.loads(lock_text).get("package", [])
+    projects = [p for p in packages if "editable" in p.get("source", {})]
+    groups = projects[0].get("dev-dependencies", {}) if projects else {}
+    if group not in groups:
+        raise ValueError(f"{LOCK_FILE} has no dependency group {group!r}; found {sorted(groups)}")
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for package in packages:
+        by_name.setdefault(package["name"], []).append(package)
+    closure: dict[tuple[str, str], dict[str, Any]] = {}
+    seen: set[tuple[str, str, str]] = set()
+    pending: list[dict[str, Any]] = list(groups[group])
+    while pending:
+        spec = pending.pop()
+        for package in by_name.get(spec["name"], []):
+            if "version" in spec and package.get("version") != spec["version"]:
+                continue
+            key = (package["name"], str(package.get("version")))
+            for extra in ["", *spec.get("extra", [])]:
+                if (*key, extra) in seen:
+                    continue
+                seen.add((*key, extra))
+                closure[key] = package
+                extras = package.get("optional-dependencies", {})
+                pending += extras.get(extra, []) if extra else package.get("dependencies", [])
+    return [closure[key] for key in sorted(closure)]
 
 
 def _excluded(relative: PurePosixPath) -> bool:
@@ -122,10 +167,19 @@ def content_hash(root: Path, names: Iterable[str]) -> str:
     return digest.hexdigest()
 
 
+def image_content_hash(root: Path, names: Iterable[str]) -> str:
+    """The hash of what goes into the image (see `SourceArchive.image_sha256`)."""
+    own = [n for n in names if n not in (LOCK_FILE, PROJECT_FILE)]
+    closure = locked_group_closure((root / LOCK_FILE).read_text())
+    payload = {"files": content_hash(root, own), IMAGE_GROUP: closure}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
 def write_source_archive(root: Path, out_dir: Path) -> SourceArchive:
     """Write `<out_dir>/image-source-<hash>.zip` (reused when already there) and describe it."""
     names = collect_source_files(root)
     sha256 = content_hash(root, names)
+    image_sha256 = image_content_hash(root, names)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"image-source-{sha256[:16]}.zip"
     if not path.exists():
@@ -138,11 +192,11 @@ def write_source_archive(root: Path, out_dir: Path) -> SourceArchive:
                 info.external_attr = (0o100000 | _mode(root / name)) << 16
                 archive.writestr(info, (root / name).read_bytes(), compresslevel=9)
         partial.replace(path)  # atomic: a concurrent `pulumi preview` never sees half a zip
-    return SourceArchive(path=path, sha256=sha256, files=tuple(names))
+    return SourceArchive(path=path, sha256=sha256, files=tuple(names), image_sha256=image_sha256)
 
 
 def build_fingerprint(source_sha256: str, build_settings: Mapping[str, str]) -> str:
-    """The identity of an image: its sources plus every setting passed to the build.
+    """The identity of an image: its sources (`image_sha256`) plus every build setting.
 
     A new base image or EFA installer version changes the image as surely as a code change,
     so both feed the tag that decides whether to rebuild.

@@ -218,9 +218,10 @@ def test_build_runs_for_the_content_tag_and_pins_the_digest(
     result = run()
     build = result.one("pulumi-python:dynamic/image:ImageBuild")
     archive = write_source_archive(REPO, tmp_path / "check")
-    expected = "src-" + build_fingerprint(archive.sha256, build_settings(ImageConfig()))[:24]
+    settings = build_settings(ImageConfig())
+    expected = "src-" + build_fingerprint(archive.image_sha256, settings)[:24]
     assert build.inputs["image_tag"] == expected
-    assert build.inputs["source_hash"] == archive.sha256
+    assert build.inputs["source_hash"] == archive.image_sha256
     project = result.one("aws:codebuild/project:Project")
     assert build.inputs["project_name"] == project.inputs["name"]
     assert build.inputs["source_location"] == project.inputs["source"]["location"]

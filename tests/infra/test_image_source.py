@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -13,6 +15,7 @@ from infra.image_source import (
     SOURCE_FILES,
     build_fingerprint,
     collect_source_files,
+    locked_group_closure,
     write_source_archive,
 )
 
@@ -37,10 +40,56 @@ SECRETS = (
 )
 
 
+MINI_LOCK = """\
+version = 1
+revision = 3
+requires-python = ">=3.11"
+
+[[package]]
+name = "proj"
+version = "0.1.0"
+source = { editable = "." }
+
+[package.dev-dependencies]
+infra = [{ name = "pulumi" }]
+trainer = [{ name = "torch" }, { name = "tqdm", extra = ["notebook"] }]
+
+[[package]]
+name = "pulumi"
+version = "3.0.0"
+source = { registry = "https://pypi.org/simple" }
+
+[[package]]
+name = "torch"
+version = "2.13.0"
+source = { registry = "https://pypi.org/simple" }
+dependencies = [{ name = "sympy" }]
+
+[[package]]
+name = "sympy"
+version = "1.14.0"
+source = { registry = "https://pypi.org/simple" }
+
+[[package]]
+name = "tqdm"
+version = "4.70.1"
+source = { registry = "https://pypi.org/simple" }
+
+[package.optional-dependencies]
+notebook = [{ name = "ipywidgets" }]
+
+[[package]]
+name = "ipywidgets"
+version = "8.0.0"
+source = { registry = "https://pypi.org/simple" }
+"""
+
+
 def make_repo(root: Path) -> Path:
     for name in SOURCE_FILES:
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(f"content of {name}\n")
+    (root / "uv.lock").write_text(MINI_LOCK)
     for name in ("trainer/__init__.py", "trainer/data/loader.py", "trainer/vocab.json"):
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(f"# {name}\n")
@@ -125,3 +174,58 @@ def test_fingerprint_changes_with_any_build_setting() -> None:
     assert build_fingerprint("abc", settings) == same
     assert build_fingerprint("abd", settings) != same
     assert build_fingerprint("abc", {**settings, "SMOKE_TEST_LEVEL": "full"}) != same
+
+
+def test_trainer_closure_follows_dependencies_and_extras_only() -> None:
+    names = [p["name"] for p in locked_group_closure(MINI_LOCK)]
+    assert names == ["ipywidgets", "sympy", "torch", "tqdm"]
+    with pytest.raises(ValueError, match="no dependency group 'gpu'"):
+        locked_group_closure(MINI_LOCK, "gpu")
+
+
+@pytest.mark.parametrize(
+    ("edit", "rebuilds"),
+    [
+        (lambda root: _replace(root / "uv.lock", '"3.0.0"', '"3.1.0"'), False),  # pulumi bump
+        (lambda root: (root / "pyproject.toml").write_text("[tool.ruff]\n"), False),
+        (lambda root: _replace(root / "uv.lock", '"1.14.0"', '"1.15.0"'), True),  # sympy bump
+        (lambda root: _replace(root / "uv.lock", '"8.0.0"', '"8.1.0"'), True),  # extra's dep
+        (lambda root: (root / "trainer/__init__.py").write_text("# new\n"), True),
+        (lambda root: (root / "docker/Dockerfile").write_text("FROM x:1\n"), True),
+    ],
+)
+def test_image_hash_changes_only_with_what_the_image_holds(
+    tmp_path: Path, edit: object, rebuilds: bool
+) -> None:
+    root = make_repo(tmp_path / "repo")
+    before = write_source_archive(root, tmp_path / "out")
+    edit(root)  # type: ignore[operator]
+    after = write_source_archive(root, tmp_path / "out")
+    assert after.sha256 != before.sha256  # the uploaded archive always follows the files
+    assert (after.image_sha256 != before.image_sha256) is rebuilds
+
+
+def _replace(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new))
+
+
+def test_real_lock_closure_is_what_uv_exports_for_the_image() -> None:
+    uv = Path(sys.executable).with_name("uv")
+    assert uv.exists(), "uv is installed into the dev environment by scripts/dev.py"
+    exported = subprocess.run(
+        [
+            *(str(uv), "export", "--frozen", "--only-group", "trainer", "--no-emit-project"),
+            *("--no-hashes", "--no-header", "--no-annotate"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    from_uv = {line.split("==")[0] for line in exported.splitlines() if "==" in line}
+    ours = {p["name"] for p in locked_group_closure((REPO / "uv.lock").read_text())}
+    assert ours == from_uv
+    assert {"torch", "transformers", "datasets"} <= ours
+    assert not ours & {"pulumi", "pulumi-aws", "boto3", "moto", "ruff"}
