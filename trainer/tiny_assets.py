@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from filelock import FileLock
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
@@ -191,17 +192,21 @@ def ensure_tiny_assets(root: Path) -> TinyAssets:
     if (root / COMPLETE_MARKER).exists():
         return assets
     root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".tiny-assets-", dir=root))
-    try:
-        write_tiny_corpus(staging / "corpus")
-        train_tiny_tokenizer(staging / "corpus", staging / "tokenizer")
-        for name in ("corpus", "tokenizer"):
-            if (root / name).exists():
-                shutil.rmtree(root / name)
-            (staging / name).rename(root / name)
-        (root / COMPLETE_MARKER).touch()
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    # Concurrent callers (parallel test workers sharing a root) build the set once.
+    with FileLock(str(root / ".lock")):
+        if (root / COMPLETE_MARKER).exists():
+            return assets
+        staging = Path(tempfile.mkdtemp(prefix=".tiny-assets-", dir=root))
+        try:
+            write_tiny_corpus(staging / "corpus")
+            train_tiny_tokenizer(staging / "corpus", staging / "tokenizer")
+            for name in ("corpus", "tokenizer"):
+                if (root / name).exists():
+                    shutil.rmtree(root / name)
+                (staging / name).rename(root / name)
+            (root / COMPLETE_MARKER).touch()
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     logger.info("wrote tiny corpus to %s and tokenizer to %s", *vars(assets).values())
     return assets
 

@@ -7,6 +7,7 @@ import json
 import math
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from transformers import AutoTokenizer
@@ -92,6 +93,15 @@ def test_ensure_tiny_assets_is_idempotent_and_ignores_half_written_sets(tmp_path
         "corpus",
         "tokenizer",
     ]
+
+
+def test_concurrent_callers_build_one_complete_set(tmp_path: Path) -> None:
+    root = tmp_path / "shared"
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        results = list(pool.map(lambda _: ensure_tiny_assets(root), range(3)))
+    assert len(set(results)) == 1
+    assert (root / "tokenizer" / "tokenizer.json").exists()
+    assert not [p for p in root.iterdir() if p.name.startswith(".tiny-assets-")]
 
 
 def test_session_fixture_provides_loadable_assets(tiny_assets: TinyAssets) -> None:
