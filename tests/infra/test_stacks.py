@@ -154,6 +154,8 @@ def test_stack_job_waits_for_the_platform_and_exports_what_users_need(name: str)
     job = job_of(result)
     for release in result.of_type("kubernetes:helm.sh/v3:Release"):
         assert result.depends_on(job, release), release.name
+    for operator in result.of_type("kubernetes:apps/v1:Deployment"):
+        assert result.depends_on(job, operator), operator.name  # the training operator
     for node_group in result.of_type("aws:eks/nodeGroup:NodeGroup"):
         assert result.depends_on(job, node_group)
     for claim in result.of_type("kubernetes:core/v1:PersistentVolumeClaim"):
