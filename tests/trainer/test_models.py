@@ -25,6 +25,7 @@ from trainer.models import (
 )
 from trainer.parallelize import ParallelPlan, checkpointed_layer_indices, parallelize_model
 from trainer.presets import PRESETS, approx_num_parameters
+from trainer.train import clip_grad_norm_
 
 # Published totals (billions): Llama 3.1 8B ≈ 8.03, 70B ≈ 70.6, Llama 3.2 1B ≈ 1.24, 3B ≈ 3.21,
 # Llama 2 7B ≈ 6.74, Mistral 7B ≈ 7.24, Mixtral 8x7B ≈ 46.7.
@@ -129,7 +130,16 @@ def test_sharded_build_materialises_and_trains(preset: str, single_rank_group: D
     ids = torch.randint(0, 512, (2, 16))
     loss = model(input_ids=ids, labels=ids).loss
     loss.backward()
-    assert all(p.grad is not None for p in model.parameters())
+    params = list(model.parameters())
+    assert all(p.grad is not None for p in params)
+    # The global norm over the DTensor gradient shards equals the norm of the full gradient,
+    # and clipping scales every shard by the same factor.
+    grads: list[Any] = [p.grad for p in params]
+    full = torch.cat([g.full_tensor().flatten() for g in grads])
+    norm = clip_grad_norm_(params, max_norm=0.5)
+    torch.testing.assert_close(norm, full.norm(), rtol=1e-4, atol=1e-6)  # summation order
+    clipped = torch.cat([g.full_tensor().flatten() for g in grads])
+    torch.testing.assert_close(clipped.norm(), torch.tensor(0.5), rtol=1e-4, atol=1e-6)
 
 
 def test_checkpointed_layer_choice() -> None:
