@@ -47,7 +47,6 @@ DEFAULT_OUT = REPO_ROOT / ".local-run"
 # What a laptop can do in a few minutes on two CPU cores: a ~1M-parameter model, short
 # sequences, a learning rate a tiny model learns quickly with.
 LOCAL_OVERRIDES: dict[str, Any] = {
-    "model": "tiny",
     "num_layers": None,
     "hidden_width": None,
     "num_heads": None,
@@ -86,6 +85,7 @@ class LocalPlan:
     metrics_file: Path
     fail_at_step: int
     max_steps: int
+    preset: str
 
 
 def local_devices(requested: str) -> tuple[str, int]:
@@ -125,6 +125,8 @@ def plan_local_run(
     flags = {
         **trainer_flags(config),
         **LOCAL_OVERRIDES,
+        # The same kind of model at debug size: mixture-of-experts stacks get the tiny MoE.
+        "model": "tiny-moe" if config.model_shape().num_local_experts else "tiny",
         "dataset": str(assets.corpus_dir),
         "tokenizer": str(assets.tokenizer_dir),
         "max_context_width": min(context, config.training.context_width),
@@ -157,6 +159,7 @@ def plan_local_run(
         metrics_file=metrics_file,
         fail_at_step=fail_at,
         max_steps=steps,
+        preset=str(flags["model"]),
     )
 
 
@@ -309,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"Stack {stack_name!r}: on EKS each of {config.gpu_nodes.count} node(s) runs\n")
     print("  " + shlex.join(plan.cluster_command) + "\n")
-    print(f"Here: {nproc} process(es) on {device}, scaled to the tiny preset:\n")
+    print(f"Here: {nproc} process(es) on {device}, scaled to the {plan.preset!r} preset:\n")
     print(
         "  torchrun --standalone "
         + f"--nproc_per_node={nproc} -m trainer "
@@ -340,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     png = plot_loss(
         records,
         plan.metrics_file.parent / "loss.png",
-        title=f"{stack_name}: tiny preset on {nproc} x {device}",
+        title=f"{stack_name}: {plan.preset} preset on {nproc} x {device}",
         fail_at=plan.fail_at_step,
     )
     print(

@@ -47,6 +47,21 @@ def test_local_plan_keeps_the_stacks_choices_and_scales_the_rest(tmp_path: Path)
     assert local.checkpoint.resume_from_checkpoint == local.checkpoint.checkpoint_dir
 
 
+def test_mixture_of_experts_stacks_run_the_tiny_moe_locally(tmp_path: Path) -> None:
+    plan = local_run.plan_local_run(
+        load_stack_file("mixtral-8x7b-p5"),
+        "mixtral-8x7b-p5",
+        out_dir=tmp_path,
+        assets_dir=tmp_path / "assets",
+        steps=20,
+        context=64,
+        batch_size=2,
+        device="cpu",
+        nproc=2,
+    )
+    assert parse_args(plan.local_args).model.shape().num_local_experts > 0
+
+
 def test_local_run_needs_no_pulumi() -> None:
     code = (
         "import sys; import scripts.local_run; "
