@@ -119,7 +119,9 @@ class DocumentPlan:
             remove_columns=docs.column_names or [self.text_column],
         )
         if epoch is not None:
-            tokens.set_epoch(epoch)  # streamed data: datasets reshuffles shard order per epoch
+            # datasets then reshuffles the shard order per epoch: for streamed data that is the
+            # reshuffle; for local data it comes on top of the row permutation above.
+            tokens.set_epoch(epoch)
         return tokens
 
     def _tokenizer_for(
