@@ -15,7 +15,9 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
+import os
 import tomllib
+import uuid
 import zipfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -183,7 +185,9 @@ def write_source_archive(root: Path, out_dir: Path) -> SourceArchive:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"image-source-{sha256[:16]}.zip"
     if not path.exists():
-        partial = path.with_suffix(".zip.partial")
+        # A name of its own per writer: two evaluations at once (pytest -n, two previews) must
+        # not write into, or rename away, each other's half-written archive.
+        partial = path.with_name(f"{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.partial")
         with zipfile.ZipFile(partial, "w", compression=zipfile.ZIP_DEFLATED) as archive:
             for name in names:
                 info = zipfile.ZipInfo(name, date_time=_ZIP_EPOCH)
