@@ -44,7 +44,7 @@ class Checkpoint:
 
 def s3_client() -> Any:
     """A boto3 S3 client; AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_S3 point it elsewhere (tests)."""
-    import boto3  # type: ignore[import-untyped]  # no stubs in the lock
+    import boto3
 
     return boto3.client("s3")
 

@@ -118,7 +118,7 @@ def plot(curves: LossCurves, out: Path, *, title: str, smooth: float = 0.0) -> P
 
 def fetch_s3(uri: str, directory: Path) -> Path:
     """Download one S3 object to `directory` (boto3; AWS_ENDPOINT_URL works for tests)."""
-    import boto3  # type: ignore[import-untyped]  # no stubs in the lock
+    import boto3
 
     bucket, key = split_s3_uri(uri)
     local = directory / Path(key).name

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import boto3  # type: ignore[import-untyped]  # no stubs in the lock
+import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import jsonschema  # type: ignore[import-untyped]  # no stubs in the lock file
+import jsonschema
 import pulumi
 import pulumi_kubernetes as k8s
 import pytest

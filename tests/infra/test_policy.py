@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import grpc  # type: ignore[import-untyped]  # no stubs in the lock
+import grpc
 import pulumi_aws as aws
 import pulumi_eks as eks
 import pulumi_kubernetes as k8s

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import jsonschema  # type: ignore[import-untyped]  # no stubs in the lock file
+import jsonschema
 import pytest
 import yaml
 
