@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import cast
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh
@@ -20,7 +21,9 @@ from torch.distributed.fsdp import (
     OffloadPolicy,
     fully_shard,
 )
+from torch.distributed.tensor import DTensor
 
+from trainer.distributed import REPLICATE_DIM
 from trainer.log import get_logger
 from trainer.models import decoder_layers
 
@@ -108,6 +111,36 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, plan: ParallelPlan) -> None:
     fully_shard(
         model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp_policy, offload_policy=offload
     )
+
+
+def _weighted_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """Position-weighted, so swapped values show too; float64 so the sum is reproducible."""
+    values = tensor.detach().double().flatten()
+    weights = torch.linspace(1, 2, values.numel(), device=values.device, dtype=torch.float64)
+    return (values * weights).sum()
+
+
+def check_replicas_identical(model: nn.Module, mesh: DeviceMesh) -> None:
+    """Fail fast if replicas of the same shard hold different weights (collective).
+
+    HSDP and no_shard assume every replica starts identical and stays so (their gradients are
+    all-reduced); a seeding mistake would otherwise train silently diverging copies.
+    """
+    names = mesh.mesh_dim_names or ()
+    if REPLICATE_DIM not in names or mesh.size(names.index(REPLICATE_DIM)) == 1:
+        return
+    local = [p.to_local() if isinstance(p, DTensor) else p for p in model.parameters()]
+    checksum = torch.stack([_weighted_sum(t) for t in local]).sum()
+    low, high = checksum.clone(), checksum.clone()
+    group = mesh.get_group(REPLICATE_DIM)
+    dist.all_reduce(low, op=dist.ReduceOp.MIN, group=group)
+    dist.all_reduce(high, op=dist.ReduceOp.MAX, group=group)
+    if not torch.equal(low, high):
+        raise RuntimeError(
+            f"replicas hold different weights (checksums {low.item()} .. {high.item()}): "
+            "initialisation must be seeded equally on every replica of a shard"
+        )
+    logger.info("replicas identical across the %d-way replicate dimension", mesh.size(0))
 
 
 def parallelize_model(model: nn.Module, mesh: DeviceMesh, plan: ParallelPlan) -> FSDPModule:

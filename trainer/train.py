@@ -43,7 +43,7 @@ from trainer.metrics import (
 from trainer.models import build_model, hf_config_from, load_pretrained, materialize
 from trainer.models import pretrained_config as load_pretrained_config
 from trainer.optim import build_lr_scheduler, build_optimizer
-from trainer.parallelize import ParallelPlan, parallelize_model
+from trainer.parallelize import ParallelPlan, check_replicas_identical, parallelize_model
 
 logger = get_logger("train")
 
@@ -204,6 +204,7 @@ class Trainer:
         )
         if cfg.model.init_from is not None:
             load_pretrained(self.model, cfg.model.init_from)
+        check_replicas_identical(self.model, self.mesh)
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
 
         # Optimizer and learning-rate schedule.

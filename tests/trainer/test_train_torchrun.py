@@ -196,6 +196,7 @@ def test_every_sharding_strategy_trains(
     assert f"strategy={strategy}" in result.output
     if strategy in ("hybrid", "no_shard"):
         assert "mesh={'replicate': 2, 'shard': 1}" in result.output
+        assert "replicas identical across the 2-way replicate dimension" in result.output
     records = result.train_records()
     assert [r["step"] for r in records] == [4, 8]
     assert all(math.isfinite(r["loss"]) for r in records)
