@@ -39,6 +39,7 @@ import pulumi_aws as aws
 from infra.config.image import ImageConfig
 from infra.image_build import ImageBuild
 from infra.image_source import build_fingerprint, write_source_archive
+from infra.job_manifest import TRAINER_USER_ID
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,9 +47,9 @@ CODEBUILD_IMAGE = "aws/codebuild/amazonlinux-x86_64-standard:5.0"
 """CodeBuild's own Amazon Linux 2023 image with Docker; the build runs Docker inside it."""
 
 BUILDSPEC_PATH = "docker/buildspec.yml"
-IMAGE_USER_ID = 10001
-"""uid:gid the built image runs as (docker/Dockerfile `USER`). A pod writing to a volume owned
-by root (a fresh FSx file system) needs a directory this uid owns, or `runAsUser: 0`."""
+IMAGE_USER_ID = TRAINER_USER_ID
+"""uid:gid the built image runs as (docker/Dockerfile `USER`); the job's init container hands
+the run's directories on the shared volume to this uid (infra/job_manifest.py)."""
 CACHE_TAG = "buildcache"
 """The one mutable tag in the repository: the BuildKit layer cache, rewritten by every build."""
 IMAGE_TAG_PREFIX = "src-"

@@ -30,6 +30,10 @@ would hold `up` (and the CI runner) for the whole training run."""
 TRITON_CACHE_DIR = "/tmp/triton_cache"
 RENDEZVOUS_PORT_NAME = "pytorchjob-port"  # the operator reads the rendezvous port by this name
 RENDEZVOUS_PORT = 23456  # the operator's default for that port
+TRAINER_USER_ID = 10001
+"""uid:gid the project's image runs as (docker/Dockerfile `USER`). A fresh FSx file system is
+owned by root, so the run's directories are created for this uid before the trainer starts."""
+PREPARE_CONTAINER_NAME = "prepare-run-dirs"
 
 # Headroom left on a node for the kubelet, the CNI, device plugins and the FSx client.
 _RESERVED_CPU_FRACTION = 1 / 16
@@ -155,6 +159,32 @@ def _volumes(
     return volumes, mounts
 
 
+def _prepare_run_dirs(image: Any, paths: RunPaths, mounts: list[dict[str, Any]]) -> dict[str, Any]:
+    """An init container that gives the trainer's uid the run's directories on the volume.
+
+    The trainer runs unprivileged, but a new FSx file system (and any directory another user
+    made) is root's; without this, the first checkpoint save fails hours into a run. Only the
+    run's own directories change owner: other runs on the shared volume are left alone.
+    """
+    run_dirs = [paths.run_dir, paths.tensorboard_dir]
+    if paths.export_dir is not None:
+        run_dirs.append(paths.export_dir)
+    quoted = " ".join(f"'{d}'" for d in run_dirs)
+    owner = f"{TRAINER_USER_ID}:{TRAINER_USER_ID}"
+    return {
+        "name": PREPARE_CONTAINER_NAME,
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["sh", "-c", f"mkdir -p {quoted} && chown {owner} {quoted}"],
+        "securityContext": {"runAsUser": 0, "runAsGroup": 0},
+        "resources": {
+            "requests": {"cpu": "100m", "memory": "64Mi"},
+            "limits": {"cpu": "1", "memory": "256Mi"},
+        },
+        "volumeMounts": [m for m in mounts if m["name"] == "shared"],
+    }
+
+
 @dataclass(frozen=True)
 class JobManifest:
     """The rendered PyTorchJob plus the figures plans and outputs show next to it."""
@@ -217,6 +247,7 @@ def render_job(
         "ports": [{"name": RENDEZVOUS_PORT_NAME, "containerPort": RENDEZVOUS_PORT}],
     }
     pod_spec: dict[str, Any] = {
+        "initContainers": [_prepare_run_dirs(image, paths, mounts)],
         "containers": [container],
         "volumes": volumes,
         "nodeSelector": dict(where.node_selector),

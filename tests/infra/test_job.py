@@ -17,6 +17,7 @@ from infra.job_args import run_id, trainer_argv
 from infra.job_manifest import (
     EFA_RESOURCE,
     GPU_RESOURCE,
+    TRAINER_USER_ID,
     Placement,
     container_env,
     kubectl_commands,
@@ -111,6 +112,27 @@ def test_volumes_shm_memory_backed_and_checkpoints_on_the_claim() -> None:
     checkpoint_dir = args[args.index("--checkpoint_dir") + 1]
     assert checkpoint_dir == f"/fsx/checkpoints/{run_id(config)}"
     assert args[args.index("--resume_from_checkpoint") + 1] == checkpoint_dir
+
+
+def test_run_directories_are_handed_to_the_trainer_uid_before_it_starts(
+    crd_schema: dict[str, Any],
+) -> None:
+    config = make_config()
+    manifest = render_job(config, image=IMAGE, pvc_name="fsx-claim").as_dict()
+    jsonschema.validate(manifest, crd_schema)
+    pod = worker(manifest)["template"]["spec"]
+    [prepare] = pod["initContainers"]
+    assert prepare["image"] == IMAGE
+    assert prepare["securityContext"]["runAsUser"] == 0
+    assert prepare["volumeMounts"] == [{"name": "shared", "mountPath": "/fsx"}]
+    script = prepare["command"][-1]
+    checkpoint_dir = f"/fsx/checkpoints/{run_id(config)}"
+    assert f"mkdir -p '{checkpoint_dir}'" in script
+    assert f"chown {TRAINER_USER_ID}:{TRAINER_USER_ID} '{checkpoint_dir}'" in script
+    # Only this run's directories change owner, never the shared mount itself.
+    assert "'/fsx'" not in script and "-R" not in script
+    # The trainer container itself keeps the image's unprivileged user.
+    assert "securityContext" not in container(manifest)
 
 
 def test_workers_find_each_other_through_c10d_rendezvous(crd_schema: dict[str, Any]) -> None:
