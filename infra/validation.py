@@ -29,8 +29,11 @@ from infra.job_manifest import (
     EFA_RESOURCE,
     GPU_RESOURCE,
     KIND,
+    RENDEZVOUS_PORT,
+    RENDEZVOUS_PORT_NAME,
     container_env,
     default_placement,
+    elastic_policy,
 )
 
 BENCH_SCRIPT_NAME = "nccl_allreduce.py"
@@ -225,6 +228,7 @@ def nccl_job(
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "bench", "mountPath": BENCH_MOUNT_PATH, "readOnly": True},
         ],
+        "ports": [{"name": RENDEZVOUS_PORT_NAME, "containerPort": RENDEZVOUS_PORT}],
     }
     pod_spec = {
         "nodeSelector": dict(placement.node_selector),
@@ -245,6 +249,11 @@ def nccl_job(
         },
         "spec": {
             "nprocPerNode": str(expected.gpus),
+            # Workers only, as for the training job: without a Master replica the operator
+            # wires the nodes together only through an elastic (c10d) rendezvous.
+            "elasticPolicy": elastic_policy(
+                workers=expected.node_count, max_restarts=0, run_name=f"{run_id}-nccl"
+            ),
             "runPolicy": {
                 # Keep the pods after the run: the verdict is read from their logs.
                 "cleanPodPolicy": "None",

@@ -158,6 +158,11 @@ def test_nccl_job_uses_every_gpu_of_every_node_with_the_trainers_environment():
     volumes = {v["name"]: v for v in worker["template"]["spec"]["volumes"]}
     assert volumes["dshm"]["emptyDir"]["medium"] == "Memory"
     assert volumes["bench"]["configMap"]["name"] == "validate-1-nccl-bench"
+    # Workers only: the operator connects them through the elastic rendezvous on worker 0.
+    elastic = job["spec"]["elasticPolicy"]
+    assert elastic["rdzvBackend"] == "c10d"
+    assert elastic["minReplicas"] == elastic["maxReplicas"] == 2
+    assert {"name": "pytorchjob-port", "containerPort": 23456} in container["ports"]
 
 
 def test_nccl_job_without_efa_does_not_ask_for_the_efa_provider():
