@@ -13,7 +13,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Imported after parsing so that `--help` and flag errors answer without loading torch.
     from trainer.train import Trainer
 
-    trainer = Trainer(cfg)
+    try:
+        trainer = Trainer(cfg)
+    except BaseException:
+        # Leave the process group cleanly so the failure, not a teardown warning, is what
+        # the log shows last.
+        from trainer.distributed import shutdown
+
+        shutdown()
+        raise
     try:
         trainer.train()
     finally:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import math
 import os
 import sys
@@ -297,6 +298,19 @@ class Trainer:
             self.step,
             cfg.optim.max_steps,
             self.throughput.flops_per_token,
+        )
+        # The whole configuration, so a log or metrics file explains its own run.
+        logger.info("config: %s", json.dumps(cfg.to_dict(), sort_keys=True))
+        self.sinks.write(
+            {
+                "kind": "run",
+                "step": self.step,
+                "world_size": self.dist.world_size,
+                "parameters": total_params,
+                "flops_per_token": self.throughput.flops_per_token,
+                "resumed_from": None if self.resumed_from is None else str(self.resumed_from),
+                "config": cfg.to_dict(),
+            }
         )
 
     # --- the loop

@@ -84,6 +84,10 @@ def test_reference_run_learns_shards_data_and_stops_exactly(reference_run: Any) 
     assert complete == ["step-10", "step-20"]
     validations = [r for r in result.metrics if r["kind"] == "validation"]
     assert [v["step"] for v in validations] == [10, 20]
+    # The metrics file opens with the run's whole configuration.
+    run = result.metrics[0]
+    assert (run["kind"], run["world_size"], run["resumed_from"]) == ("run", 2, None)
+    assert run["config"]["model"]["max_context_width"] == SEQ_LEN
     assert validations[1]["val_loss"] < validations[0]["val_loss"]
 
 
@@ -140,6 +144,7 @@ def test_crash_and_restart_resumes_and_reproduces_the_losses(
     assert resumed.returncode == 0, resumed.output[-4000:]
     assert f"resumed from {checkpoint_dir / 'step-10'} at step 10" in resumed.output
     assert _steps_logged(resumed) == list(range(11, MAX_STEPS + 1))
+    assert resumed.metrics[0]["resumed_from"] == str(checkpoint_dir / "step-10")
     expected = reference.losses()
     for step, loss in resumed.losses().items():
         assert loss == pytest.approx(expected[step], rel=1e-5), step
