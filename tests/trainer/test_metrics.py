@@ -149,3 +149,24 @@ def test_only_rank_zero_writes(tmp_path: Path) -> None:
     sink.write({"kind": "train", "step": 1})
     sink.close()
     assert not (tmp_path / "m.jsonl").exists()
+
+
+def test_rank_zero_logs_info_and_other_ranks_only_warnings(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import logging
+
+    from trainer.log import get_logger, setup_logging
+
+    setup_logging(0)
+    get_logger("train").info("Batch 1 Loss: 2.0")
+    assert re.search(
+        r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d I \[test_metrics.py:\d+\] Batch 1 Loss: 2\.0$",
+        capsys.readouterr().err.strip(),
+    )
+    setup_logging(3)
+    get_logger("train").info("hidden")
+    get_logger("train").warning("shown")
+    err = capsys.readouterr().err
+    assert "hidden" not in err and "[rank3] " in err and "shown" in err
+    setup_logging(0, level=logging.INFO)

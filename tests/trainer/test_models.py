@@ -187,3 +187,30 @@ def test_compile_wraps_each_decoder_layer_keeping_checkpoint_keys() -> None:
     apply_compile(model)
     assert all(type(layer).__name__ == "OptimizedModule" for layer in decoder_layers(model))
     assert sorted(get_model_state_dict(model)) == keys_before
+
+
+def test_hybrid_mesh_shape_follows_the_node_size() -> None:
+    from trainer.distributed import hsdp_shape
+
+    assert hsdp_shape(16, 8) == (2, 8)  # two nodes of eight GPUs: shard in-node
+    assert hsdp_shape(2, 1) == (2, 1)
+    with pytest.raises(ValueError, match="--hsdp_shard_size"):
+        hsdp_shape(12, 8)
+
+
+def test_strategy_choices(single_rank_group: DistInfo) -> None:
+    from trainer.parallelize import mixed_precision_policy, reshard_after_forward
+
+    assert [reshard_after_forward(s) for s in ("full", "hybrid", "shard_grad_op", "no_shard")] == [
+        True,
+        True,
+        False,
+        False,
+    ]
+    assert mixed_precision_policy(True).param_dtype == torch.bfloat16
+    assert mixed_precision_policy(True).reduce_dtype == torch.float32
+    assert mixed_precision_policy(False).param_dtype is None
+    assert build_mesh(single_rank_group, "no_shard").mesh_dim_names == ("replicate", "shard")
+    assert build_mesh(single_rank_group, "shard_grad_op").mesh_dim_names == ("shard",)
+    with pytest.raises(ValueError, match="--sharding_strategy 'zero3'"):
+        build_mesh(single_rank_group, "zero3")
