@@ -7,9 +7,11 @@
 
 Evaluates the real program (`infra.program.main`) under Pulumi's mock runtime with AWS-shaped
 answers (`infra.offline`) and prints the resources as a tree with their key settings, the
-estimated cost and the PyTorchJob exactly as it would be applied. Secrets in the stack file
-(`secure:`) are replaced by a placeholder and never printed. A stack the config model rejects
-prints its problems and exits with status 1: the same check `pulumi up` makes first.
+estimated cost, the guardrails' verdict (the same checks as the policy pack in
+`infra/policy/`) and the PyTorchJob exactly as it would be applied. Secrets in the stack file
+(`secure:`) are replaced by a placeholder and never printed. A stack the config model rejects,
+or one that breaks a guardrail, prints its problems and exits with status 1: what
+`pulumi up` would refuse, found first.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ if str(REPO_ROOT) not in sys.path:
 from infra.config import StackConfig, StackConfigError, StackFile, read_stack_file  # noqa: E402
 from infra.config.stack import cost_estimate, parse_stack_config  # noqa: E402
 from infra.offline import Evaluation, RecordedResource, evaluate  # noqa: E402
+from infra.policy.offline import Violation, run_policies  # noqa: E402
+from infra.policy.settings import policy_config_for  # noqa: E402
 from infra.program import main as program  # noqa: E402
 from trainer.presets import approx_num_parameters  # noqa: E402
 
@@ -71,6 +75,7 @@ class Plan:
     config: StackConfig
     evaluation: Evaluation
     seconds: float
+    violations: list[Violation]
 
 
 def evaluate_stack(stack: StackFile) -> Evaluation:
@@ -93,7 +98,9 @@ def plan_stack(name: str | Path) -> Plan:
     )
     start = time.perf_counter()
     evaluation = evaluate_stack(stack)
-    return Plan(stack, config, evaluation, time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    violations = run_policies(evaluation, policy_config_for(config))
+    return Plan(stack, config, evaluation, seconds, violations)
 
 
 def whole_numbers(value: Any) -> Any:
@@ -176,10 +183,16 @@ def summary_lines(config: StackConfig) -> list[str]:
     ]
 
 
+def display_path(path: Path) -> str:
+    """Repository files relative to the root (as reviewers know them), others as given."""
+    resolved = path.resolve()
+    return str(resolved.relative_to(REPO_ROOT)) if resolved.is_relative_to(REPO_ROOT) else str(path)
+
+
 def render(plan: Plan) -> str:
     evaluation = plan.evaluation
     lines = [
-        f"Stack {plan.stack.stack_name} ({plan.stack.path.relative_to(REPO_ROOT)})",
+        f"Stack {plan.stack.stack_name} ({display_path(plan.stack.path)})",
         *(f"  {line}" for line in summary_lines(plan.config)),
         "",
         f"Resources ({len(evaluation.resources)}), evaluated offline in {plan.seconds:.2f}s:",
@@ -195,6 +208,11 @@ def render(plan: Plan) -> str:
             lines.extend(f"    {k}: {v}" for k, v in value.items())
         else:
             lines.append(f"  {key}: {value}")
+    lines += ["", "Guardrails:"]
+    if plan.violations:
+        lines.extend(f"  {violation}" for violation in plan.violations)
+    else:
+        lines.append("  all passed")
     jobs = evaluation.of_type(PYTORCHJOB_TYPE)
     for job in jobs:
         manifest = whole_numbers(
@@ -254,8 +272,11 @@ def main(argv: list[str] | None = None) -> int:
                     f"| {label} | {count} | {statistics.median(samples):.2f} | {max(samples):.2f} |"
                 )
             else:
-                print(render(plan_stack(name)))
+                plan = plan_stack(name)
+                print(render(plan))
                 print()
+                if plan.violations:
+                    status = 1
         except StackConfigError as err:
             print(err, file=sys.stderr)
             status = 1

@@ -9,12 +9,10 @@ stack that creates no node group (an existing cluster). CI writes the file with
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from infra.config import StackConfig, load_stack_file
 from infra.config.cost import CostConfig
 
 PROJECT = "fsdp-eks"
@@ -49,26 +47,22 @@ def policy_config(
     return {COST_POLICY: settings}
 
 
+def policy_config_for(config: StackConfig) -> PolicyConfig:
+    """Settings for the pack from a whole validated stack config."""
+    return policy_config(
+        config.cost,
+        instance_type=config.gpu_nodes.instance_type,
+        node_count=config.gpu_nodes.count,
+        capacity_type=config.gpu_nodes.capacity.type,
+        job_max_run_hours=config.job.max_run_hours,
+    )
+
+
 def policy_config_from_stack_file(path: Path) -> PolicyConfig:
     """Settings for the pack from a `stacks/Pulumi.<name>.yaml` file.
 
-    Reads only the keys the pack needs, so it works before (and independently of) the full
-    stack model; `fsdp-eks:cost` is validated with its own model, so a typo there fails here
-    with the key named.
+    The file goes through the same config model as `pulumi up`, so a typo anywhere in it fails
+    here with the key named, before any guardrail runs.
     """
-    document = yaml.safe_load(path.read_text()) or {}
-    config = document.get("config") or {}
-    if not isinstance(config, Mapping):
-        raise ValueError(f"{path}: `config` must be a mapping, got {type(config).__name__}")
-    cost = CostConfig.model_validate(config.get(f"{PROJECT}:cost") or {})
-    gpu_nodes = config.get(f"{PROJECT}:gpuNodes") or {}
-    job = config.get(f"{PROJECT}:job") or {}
-    capacity = gpu_nodes.get("capacity") or {}
-    return policy_config(
-        cost,
-        instance_type=gpu_nodes.get("instanceType"),
-        node_count=gpu_nodes.get("count"),
-        capacity_type=(capacity.get("type") if isinstance(capacity, Mapping) else None)
-        or "on-demand",
-        job_max_run_hours=job.get("maxRunHours") if isinstance(job, Mapping) else None,
-    )
+    config = load_stack_file(path)
+    return policy_config_for(config)

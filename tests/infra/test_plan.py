@@ -20,6 +20,28 @@ def test_plan_of_every_stack(capsys: pytest.CaptureFixture[str]) -> None:
         name = path.name.removeprefix("Pulumi.").removesuffix(".yaml")
         assert f"Stack {name} (stacks/{path.name})" in out
     assert SECRET_PLACEHOLDER not in out
+    assert out.count("\nGuardrails:\n  all passed\n") == len(stacks)
+
+
+def test_plan_of_a_stack_breaking_a_guardrail_names_it_and_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Valid for the config model (EFA may be turned off by choice), refused by the guardrails.
+    stack = tmp_path / "Pulumi.noefa.yaml"
+    stack.write_text(
+        yaml.safe_dump(
+            {"config": {"fsdp-eks:gpuNodes": {"instanceType": "p5.48xlarge", "count": 2,
+                                              "efa": False},
+                        "fsdp-eks:job": {"maxRunHours": 1},
+                        "fsdp-eks:cost": {"maxUsdPerRun": 1000}}}
+        )
+    )  # fmt: skip
+    assert plan.main([str(stack)]) == 1
+    out = capsys.readouterr().out
+    assert f"Stack noefa ({stack})" in out
+    guardrails = out.split("\nGuardrails:\n", 1)[1].split("\n\n", 1)[0]
+    assert "efa-on-efa-instances" in guardrails
+    assert "all passed" not in guardrails
 
 
 def test_plan_shows_tree_cost_and_the_job_as_applied(capsys: pytest.CaptureFixture[str]) -> None:
