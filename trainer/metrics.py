@@ -29,8 +29,8 @@ logger = get_logger("metrics")
 PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
     ("GB200", 2.5e15),
     ("B200", 2.25e15),
-    ("H200", 989.4e12),
     ("GH200", 989.4e12),
+    ("H200", 989.4e12),
     ("H100 PCIe", 756.0e12),
     ("H100 NVL", 835.0e12),
     ("H100", 989.4e12),  # SXM ("NVIDIA H100 80GB HBM3")
@@ -38,6 +38,7 @@ PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
     ("A100", 312.0e12),
     ("A800", 312.0e12),
     ("L40S", 362.05e12),
+    ("L40", 181.05e12),
     ("L4", 121.0e12),
     # AWS publishes no separate figure for the A10G; this is the A10 data sheet's.
     ("A10G", 125.0e12),

@@ -61,6 +61,8 @@ def test_peak_flops_by_gpu_name(monkeypatch: pytest.MonkeyPatch) -> None:
         ("NVIDIA A100-SXM4-40GB", 312.0e12),
         ("NVIDIA A10G", 125.0e12),
         ("NVIDIA L40S", 362.05e12),
+        ("NVIDIA L40", 181.05e12),
+        ("NVIDIA L4", 121.0e12),
         ("NVIDIA B200", 2.25e15),
         ("Some Future GPU", None),
     ]:
