@@ -63,6 +63,9 @@ SHAPE_FLAGS = (
     "rope_theta",
     "tie_word_embeddings",
 )
+# Per-rank batch fingerprints go into the metrics file (evidence that ranks read different
+# data) up to this world size; beyond it the lines would be mostly fingerprints.
+MAX_RANKS_WITH_DIGESTS = 64
 # `--fail_at_step` exits with this code, so a test (or an operator) can tell the simulated
 # crash from a real failure.
 FAIL_AT_STEP_EXIT_CODE = 17
@@ -433,8 +436,13 @@ class Trainer:
     def _log_train(self, step: int, result: StepResult, timer: StepTimer) -> float:
         # The one sync point of a logging step: the mean loss over ranks.
         mean_loss = float(all_reduce_mean(result.loss).item())
-        digests: list[str | None] = [None] * self.dist.world_size
-        dist.all_gather_object(digests, result.digest)
+        extra: dict[str, Any] = {
+            "micro_batch_shape": [self.cfg.data.train_batch_size, self.seq_len]
+        }
+        if self.dist.world_size <= MAX_RANKS_WITH_DIGESTS:
+            digests: list[str | None] = [None] * self.dist.world_size
+            dist.all_gather_object(digests, result.digest)
+            extra["batch_digests"] = digests
         elapsed, steps = timer.lap(step)
         step_time = elapsed / max(steps, 1)
         record = self.throughput.record(
@@ -446,10 +454,7 @@ class Trainer:
             steps=steps,
             peak_mem_gib=peak_memory_gib(self.device),
             eta_s=timer.eta_seconds(step, step_time),
-            extra={
-                "micro_batch_shape": [self.cfg.data.train_batch_size, self.seq_len],
-                "batch_digests": digests,
-            },
+            extra=extra,
         )
         logger.info(record.log_line())
         self.sinks.write(record.to_json())
