@@ -10,6 +10,7 @@ holds the full weights of a sharded model.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,8 @@ from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     set_model_state_dict,
 )
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -185,29 +188,102 @@ def resolve_pretrained_dir(name_or_path: str) -> Path:
     return Path(snapshot_download(name_or_path, allow_patterns=["*.json", "*.safetensors"]))
 
 
+# transformers keeps Mixtral's experts fused (one [experts, ...] tensor per layer), while
+# checkpoints on the hub, and save_pretrained, keep the original per-expert matrices.
+_FUSED_EXPERTS = (".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")
+_RENAMES = ((".mlp.gate.weight", ".block_sparse_moe.gate.weight"),)
+
+
+def _checkpoint_key(fqn: str, available: set[str]) -> str:
+    """The name `fqn` has in a safetensors checkpoint (the original one for renamed weights)."""
+    if fqn in available:
+        return fqn
+    for ours, theirs in _RENAMES:
+        if fqn.endswith(ours):
+            return fqn[: -len(ours)] + theirs
+    return fqn
+
+
+def _local_rows(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """This rank's rows of a parameter sharded on dim 0 (FSDP's layout) and the first row's
+    global index; the whole tensor and 0 when it is not sharded."""
+    if not isinstance(tensor, DTensor):
+        return tensor, 0
+    local_shape, offset = compute_local_shape_and_global_offset(
+        tensor.shape, tensor.device_mesh, tensor.placements
+    )
+    if any(offset[1:]) or tuple(local_shape[1:]) != tuple(tensor.shape[1:]):
+        raise NotImplementedError(f"only dim-0 sharding is supported, got {tensor.placements}")
+    return tensor.to_local(), int(offset[0])
+
+
+def _load_fused_experts(state: dict[str, Any], directory: Path) -> set[str]:
+    """Fill this rank's experts of every fused expert tensor from per-expert matrices.
+
+    Reads only the experts this rank holds: gate_up_proj[e] is w1 then w3 of expert e
+    stacked on dim 0, down_proj[e] is w2.
+    """
+    fused = [fqn for fqn in state if fqn.endswith(_FUSED_EXPERTS)]
+    if not fused:
+        return set()
+    from safetensors import safe_open
+
+    with contextlib.ExitStack() as stack:
+        handles = [
+            stack.enter_context(safe_open(str(file), framework="pt"))
+            for file in sorted(directory.glob("*.safetensors"))
+        ]
+        # A safe_open handle is not a mapping: keys() is its only listing.
+        where = {key: handle for handle in handles for key in handle.keys()}  # noqa: SIM118
+
+        def read(key: str) -> torch.Tensor:
+            if key not in where:
+                raise ValueError(f"checkpoint {directory} has no weight {key!r}")
+            return where[key].get_tensor(key)
+
+        for fqn in fused:
+            local, first = _local_rows(state[fqn])
+            prefix = fqn.rsplit(".mlp.experts.", 1)[0] + ".block_sparse_moe.experts."
+            for row in range(local.shape[0]):
+                expert = f"{prefix}{first + row}"
+                if fqn.endswith("gate_up_proj"):
+                    value = torch.cat([read(f"{expert}.w1.weight"), read(f"{expert}.w3.weight")])
+                else:
+                    value = read(f"{expert}.w2.weight")
+                local[row].copy_(value)
+    return set(fused)
+
+
 @torch.no_grad()
 def load_pretrained(model: PreTrainedModel, name_or_path: str) -> None:
     """Overwrite the (possibly sharded) parameters with published safetensors weights.
 
     Collective when the model is sharded. Distributed checkpoint's Hugging Face reader reads
-    only the slices this rank owns, so a 70B model loads without any rank holding it whole.
+    only the slices this rank owns (fused MoE experts: only its experts), so a 70B model
+    loads without any rank holding it whole.
     """
     directory = resolve_pretrained_dir(name_or_path)
     reader = dcp.HuggingFaceStorageReader(str(directory))
     available = set(reader.read_metadata().state_dict_metadata)
     state = get_model_state_dict(model)
-    missing = sorted(set(state) - available)
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
-    if tied and "lm_head.weight" in missing:
-        # A tied head is the embedding; checkpoints of tied models leave it out.
-        state.pop("lm_head.weight")
-        missing.remove("lm_head.weight")
+    fused = _load_fused_experts(state, directory)
+    by_checkpoint_key = {
+        _checkpoint_key(fqn, available): tensor
+        for fqn, tensor in state.items()
+        if fqn not in fused and not (tied and fqn == "lm_head.weight")
+    }
+    missing = sorted(set(by_checkpoint_key) - available)
     if missing:
         raise ValueError(
             f"--init_from {name_or_path!r} lacks {len(missing)} weights the model needs, "
             f"e.g. {missing[:3]}; is it the same architecture?"
         )
-    dcp.load(state, storage_reader=reader)
+    # DCP loads into these tensors in place, so `state` (same tensors) holds the result.
+    dcp.load(by_checkpoint_key, storage_reader=reader)
+    if tied:
+        # A tied head is the embedding; checkpoints of tied models leave it out.
+        state.pop("lm_head.weight", None)
     set_model_state_dict(model, state, options=StateDictOptions(strict=not tied))
     model.tie_weights()
     _check_finite(model)

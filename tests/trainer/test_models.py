@@ -149,11 +149,12 @@ def test_checkpointed_layer_choice() -> None:
         checkpointed_layer_indices(4, "some", 1)
 
 
-@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize(("preset", "tied"), [("tiny", False), ("tiny", True), ("tiny-moe", False)])
 def test_init_from_a_local_pretrained_dir_loads_into_shards(
-    tied: bool, tmp_path: Path, single_rank_group: DistInfo
+    preset: str, tied: bool, tmp_path: Path, single_rank_group: DistInfo
 ) -> None:
-    config = hf_config_from(PRESETS["tiny"].with_overrides(tie_word_embeddings=tied))
+    """Includes Mixtral's layout: per-expert matrices on disk, fused experts in the model."""
+    config = hf_config_from(PRESETS[preset].with_overrides(tie_word_embeddings=tied))
     source = build_model(config, device=torch.device("cpu"), seed=11)
     source.save_pretrained(tmp_path)
     loaded_config = pretrained_config(str(tmp_path))
