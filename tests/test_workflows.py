@@ -215,6 +215,7 @@ def write_stack(directory: Path, name: str, region: str | None = "us-east-2") ->
     directory.mkdir(parents=True, exist_ok=True)
     config: dict[str, Any] = {
         "fsdp-eks:gpuNodes": {"instanceType": "g5.8xlarge", "count": 2},
+        "fsdp-eks:job": {"maxRunHours": 4},
         "fsdp-eks:cost": {"maxUsdPerRun": 50},
     }
     if region:
