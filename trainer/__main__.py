@@ -11,10 +11,18 @@ from trainer.config import parse_args
 def main(argv: Sequence[str] | None = None) -> int:
     cfg = parse_args(sys.argv[1:] if argv is None else argv)
     # Imported after parsing so that `--help` and flag errors answer without loading torch.
+    from trainer.data import DataConfigError
     from trainer.train import Trainer
 
     try:
         trainer = Trainer(cfg)
+    except DataConfigError as error:
+        # A bad --dataset/--tokenizer is the user's to fix: one line naming the flag, no trace.
+        from trainer.distributed import shutdown
+
+        shutdown()
+        print(f"trainer: error: {error}", file=sys.stderr)
+        return 2
     except BaseException:
         # Leave the process group cleanly so the failure, not a teardown warning, is what
         # the log shows last.

@@ -164,18 +164,27 @@ class DataConfig:
         "json/jsonl/parquet/txt files).",
         "--dataset_path",
     )
-    dataset_config_name: str | None = _flag("en", "Dataset configuration (subset) name.")
+    dataset_config_name: str | None = _flag(
+        "en", "Dataset configuration (subset) name; an empty value means none."
+    )
     tokenizer: str | None = _flag(
         None,
         "Tokenizer: hub id or local directory. Default: --init_from when given, else "
         f"{DEFAULT_TOKENIZER}.",
     )
     text_column: str = _flag("text", "Column of the dataset that holds the raw text.")
-    num_workers: int = _flag(0, "DataLoader worker processes per rank.")
+    num_workers: int = _flag(
+        0,
+        "Batches each rank reads and tokenises ahead in a background thread (0: inline).",
+    )
     train_batch_size: int = _flag(2, "Sequences per rank per micro-batch.")
     val_batch_size: int = _flag(4, "Sequences per rank per validation batch.")
 
     def __post_init__(self) -> None:
+        # Stack files render `datasetConfigName: null` as an empty flag value; `datasets`
+        # wants None for "no configuration", and "" would be looked up as a name.
+        if self.dataset_config_name == "":
+            self.dataset_config_name = None
         _require_positive(self, "train_batch_size")
         _require_positive(self, "val_batch_size")
         if self.num_workers < 0:

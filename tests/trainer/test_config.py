@@ -197,3 +197,9 @@ def test_entry_point_rejects_a_bad_flag_before_loading_torch() -> None:
     )
     assert completed.returncode == 2
     assert "unrecognized arguments: --max_stepz 5" in completed.stderr
+
+
+def test_empty_dataset_config_name_means_none() -> None:
+    # The stack renders `datasetConfigName: null` as an empty value; `datasets` needs None.
+    assert parse_args(["--dataset_config_name", ""]).data.dataset_config_name is None
+    assert parse_args([]).data.dataset_config_name == "en"

@@ -93,6 +93,8 @@ def run_trainer(
         "TOKENIZERS_PARALLELISM": "false",
         "HF_DATASETS_OFFLINE": "1",
         "HF_HUB_OFFLINE": "1",
+        # Tests never write Arrow copies of their corpora into the user's ~/.cache.
+        "HF_DATASETS_CACHE": str(metrics_file.parent / "hf_datasets_cache"),
         "PYTHONPATH": str(REPO_ROOT),
         **(env or {}),
     }
