@@ -1,7 +1,7 @@
 """List and download a run's checkpoints from S3, where FSx exports them.
 
-    python scripts/checkpoints.py --stack llama3-8b-p5 list
-    python scripts/checkpoints.py --stack llama3-8b-p5 download latest ./ckpt
+    python scripts/checkpoints.py --stack llama31-8b-p5 list
+    python scripts/checkpoints.py --stack llama31-8b-p5 download latest ./ckpt
     python scripts/checkpoints.py --s3-uri s3://bucket/checkpoints/run-1234 download export ./model
 
 The trainer writes `step-N/` directories under its checkpoint directory on FSx and marks each

@@ -1,7 +1,7 @@
 """Follow the logs of rank 0 of a training run (the pod that prints loss and throughput).
 
-    python scripts/logs.py --stack llama3-8b-p5            # follow, like kubectl logs -f
-    python scripts/logs.py --stack llama3-8b-p5 --loss     # only the `Batch N Loss: ...` lines
+    python scripts/logs.py --stack llama31-8b-p5            # follow, like kubectl logs -f
+    python scripts/logs.py --stack llama31-8b-p5 --loss     # only the `Batch N Loss: ...` lines
     python scripts/logs.py --job exp --namespace training --tail 200 --no-follow
 
 Rank 0 runs in the master pod when the job has a Master replica, else in worker 0 (our jobs

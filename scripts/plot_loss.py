@@ -1,7 +1,7 @@
 """Plot a run's loss curve from the trainer's JSONL metrics file.
 
     python scripts/plot_loss.py runs/dev/metrics.jsonl                 # -> runs/dev/loss.png
-    python scripts/plot_loss.py --stack llama3-8b-p5 --out loss.png    # from S3, after `up`
+    python scripts/plot_loss.py --stack llama31-8b-p5 --out loss.png    # from S3, after `up`
     python scripts/plot_loss.py s3://bucket/checkpoints/run-1/metrics.jsonl --smooth 0.9
 
 The trainer (trainer.metrics.JsonlSink) writes one JSON object per line: `kind: "train"` with

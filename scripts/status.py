@@ -1,7 +1,7 @@
 """Where a training run stands: the PyTorchJob's state, its pods, time left and money spent.
 
-    python scripts/status.py --stack llama3-8b-p5
-    python scripts/status.py --job llama3-8b-p5 --namespace training --json
+    python scripts/status.py --stack llama31-8b-p5
+    python scripts/status.py --job llama31-8b-p5 --namespace training --json
 
 Exit status: 0 while the job is pending, running or done; 1 when it failed; 2 when it cannot be
 found. Reads the job and pods with kubectl (the cluster's kubeconfig must be current:
