@@ -24,6 +24,9 @@ from trainer.presets import PRESETS
 # most 63 characters, so the job name leaves room for the suffix.
 JOB_NAME_MAX_LENGTH = 48
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# The training operator's webhook and Kubernetes Services (one per worker, named after the job)
+# require a DNS-1035 label: a leading digit is refused at `pulumi up`, not before.
+_DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 # Variables that silently slow down or break NCCL over EFA (design brief); `extraEnv` may not
 # set them. Values matter for two of them, so the rule is a predicate per name.
@@ -163,7 +166,15 @@ class JobConfig(ConfigSection):
     @field_validator("name")
     @classmethod
     def _name_is_dns_label(cls, value: str | None) -> str | None:
-        return None if value is None else _check_dns_label(value, "job.name")
+        if value is not None and (
+            len(value) > JOB_NAME_MAX_LENGTH or not _DNS_1035_LABEL.match(value)
+        ):
+            raise ValueError(
+                f"job.name {value!r} must be a DNS-1035 label of at most "
+                f"{JOB_NAME_MAX_LENGTH} characters: lowercase letters, digits and '-', "
+                "starting with a letter and ending alphanumeric"
+            )
+        return value
 
     @field_validator("namespace")
     @classmethod

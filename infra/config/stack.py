@@ -379,8 +379,11 @@ def _unqualified(key: str) -> str | None:
 
 
 def dns_name(stack_name: str) -> str:
-    """A stack name as a DNS-1123 label, for the default job name."""
+    """A stack name as a DNS-1035 label (what the training operator accepts as a job name),
+    for the default job name: a name that starts with a digit gets a `job-` prefix."""
     name = re.sub(r"[^a-z0-9-]+", "-", stack_name.lower()).strip("-")
+    if name[:1].isdigit():
+        name = f"job-{name}"
     return name[:48].rstrip("-") or "training"
 
 

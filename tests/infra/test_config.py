@@ -202,7 +202,12 @@ BAD_CONFIGS: list[tuple[str, dict[str, Any], str]] = [
     (
         "job name Kubernetes refuses",
         with_(job={"maxRunHours": 0.25, "name": "Llama_8B"}),
-        "job.name 'Llama_8B' must be a DNS-1123 label of at most 48 characters",
+        "job.name 'Llama_8B' must be a DNS-1035 label of at most 48 characters",
+    ),
+    (
+        "job name the training operator refuses (leading digit)",
+        with_(job={"maxRunHours": 0.25, "name": "7b-run"}),
+        "job.name '7b-run' must be a DNS-1035 label of at most 48 characters",
     ),
     (
         "section written as a scalar",
@@ -334,7 +339,13 @@ def test_several_problems_are_all_reported() -> None:
 
 @pytest.mark.parametrize(
     ("stack", "expected"),
-    [("dev", "dev"), ("Llama_3.1-8B", "llama-3-1-8b"), ("---", "training"), ("a" * 60, "a" * 48)],
+    [
+        ("dev", "dev"),
+        ("Llama_3.1-8B", "llama-3-1-8b"),
+        ("---", "training"),
+        ("a" * 60, "a" * 48),
+        ("7b-p5", "job-7b-p5"),
+    ],
 )
 def test_default_job_name_from_the_stack_name(stack: str, expected: str) -> None:
     assert dns_name(stack) == expected
