@@ -98,6 +98,16 @@ def test_layers_go_from_slow_to_fast_changing() -> None:
     assert STEPS[lock][1].split()[:2] == ["pyproject.toml", "uv.lock"]
 
 
+def test_base_image_nccl_plugins_cannot_shadow_aws_ofi_nccl() -> None:
+    """NGC bases ship HPC-X NCCL net plugins; left in place, NCCL may load one of them and run
+    over TCP sockets on EFA. They go before the loader cache is rebuilt for aws-ofi-nccl."""
+    efa = STEPS[index_of("efa_installer.sh", "RUN")][1]
+    removed = [path for args in re.findall(r"rm -rf ([^&;]+)", efa) for path in args.split()]
+    assert "/opt/hpcx/nccl_rdma_sharp_plugin" in removed
+    assert "/opt/hpcx/ncclnet_plugin" in removed
+    assert efa.index("/opt/hpcx/nccl_rdma_sharp_plugin") < efa.index("ldconfig")
+
+
 def test_dependencies_are_the_locked_trainer_group_only() -> None:
     install = STEPS[index_of("uv pip install", "RUN")][1]
     assert "--only-group trainer" in install  # the default groups include infra (pulumi)
