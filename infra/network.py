@@ -125,7 +125,15 @@ class Network(pulumi.ComponentResource):
     def _create(self, name: str, args: NetworkArgs) -> None:
         config = args.config
         available = aws.get_availability_zones(
-            state="available", opts=pulumi.InvokeOptions(parent=self)
+            state="available",
+            # Only the region's own AZs: an opted-in Local Zone (us-west-2-lax-1a) sorts before
+            # us-west-2a and would take a system subnet, but EKS cannot use it.
+            filters=[
+                aws.GetAvailabilityZonesFilterArgs(
+                    name="opt-in-status", values=["opt-in-not-required"]
+                )
+            ],
+            opts=pulumi.InvokeOptions(parent=self),
         ).names
         system_azs = _system_azs(config, available)
         gpu_az = _gpu_az(args.gpu_availability_zone, system_azs, available)

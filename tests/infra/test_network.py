@@ -143,3 +143,11 @@ def test_existing_gpu_subnet_must_be_in_the_capacity_az() -> None:
     finally:
         # A failed run leaves pending outputs in the SDK's process-wide set (see test_gpu_nodes).
         settings.SETTINGS.outputs.clear()
+
+
+def test_only_the_regions_own_azs_are_candidates() -> None:
+    # An opted-in Local Zone (us-west-2-lax-1a) sorts before us-west-2a; EKS cannot use it.
+    result = build({})
+    (asked,) = [args for token, args in result.invokes if token.endswith("getAvailabilityZones")]
+    assert asked["state"] == "available"
+    assert {"name": "opt-in-status", "values": ["opt-in-not-required"]} in asked["filters"]
