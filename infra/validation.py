@@ -146,6 +146,10 @@ def gpu_check_job(
         mount_path = config.storage.fsx.mount_path
         container["env"].append({"name": "FSX_PATH", "value": mount_path})
         container["volumeMounts"] = [{"name": "shared", "mountPath": mount_path}]
+        # The probe writes at the volume's root, which on a new file system is root's (0755);
+        # the trainer image runs as an unprivileged uid and would report "not writable" on a
+        # healthy mount. The job itself gets its run directories from a root init container.
+        container["securityContext"] = {"runAsUser": 0, "runAsGroup": 0}
         pod_spec["volumes"] = [
             {"name": "shared", "persistentVolumeClaim": {"claimName": claim_name}}
         ]

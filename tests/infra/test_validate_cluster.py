@@ -127,6 +127,8 @@ def test_gpu_check_probes_the_jobs_fsx_claim_where_the_job_mounts_it():
     assert container["volumeMounts"] == [{"name": "shared", "mountPath": "/fsx"}]
     assert {"name": "FSX_PATH", "value": "/fsx"} in container["env"]
     assert "FSX_PATH" in container["command"][-1]
+    # The volume's root is root's on a new file system; the trainer image's uid cannot write it.
+    assert container["securityContext"] == {"runAsUser": 0, "runAsGroup": 0}
     no_claim = gpu_check_job(P5, image="img:1", run_id="validate-1")
     assert "volumes" not in no_claim["spec"]["template"]["spec"]
 
