@@ -52,7 +52,7 @@ from trainer.metrics import (
 )
 from trainer.models import build_model, hf_config_from, materialize
 from trainer.optim import build_optimizer
-from trainer.parallelize import ParallelPlan, parallelize_model
+from trainer.parallelize import ParallelPlan, parallelize_model, parameter_device
 from trainer.presets import PRESETS, get_preset
 from trainer.train import clip_grad_norm_
 
@@ -208,7 +208,14 @@ def run_benchmark(args: argparse.Namespace, info: DistInfo) -> BenchResult:
         cpu_offload=args.cpu_offload,
     )
     parallelize_model(model, mesh, plan)
-    materialize(model, device=info.device, seed=args.seed + shard_coordinate(mesh))
+    # As in the trainer: offloaded shards are materialised in CPU memory (FSDP2 refuses GPU ones),
+    # the buffers the computation uses on the GPU.
+    materialize(
+        model,
+        device=parameter_device(plan, info.device),
+        buffer_device=info.device,
+        seed=args.seed + shard_coordinate(mesh),
+    )
     params = sum(p.numel() for p in model.parameters())
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = build_optimizer(model, lr=1e-4, weight_decay=0.1, beta1=0.9, beta2=0.95)
@@ -297,7 +304,7 @@ def run_benchmark(args: argparse.Namespace, info: DistInfo) -> BenchResult:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    info = init_distributed(args.device)
+    info = init_distributed(args.device, cpu_offload=args.cpu_offload)
     setup_logging(info.rank)
     try:
         result = run_benchmark(args, info)

@@ -61,13 +61,25 @@ def pick_device(choice: str, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
-def init_distributed(device_choice: str = "auto") -> DistInfo:
+def process_group_backend(device: torch.device, *, cpu_offload: bool = False) -> str:
+    """nccl for GPU tensors, gloo for CPU ones; both when a GPU run offloads to the CPU.
+
+    Under CPU offload the sharded parameters and gradients are CPU tensors, and the collectives
+    on them (reducing the global gradient norm, the replica check) fail on an nccl-only group:
+    NCCL takes no CPU tensors. A `cuda:nccl,cpu:gloo` group routes each tensor by its device.
+    """
+    if device.type != "cuda":
+        return "gloo"
+    return "cuda:nccl,cpu:gloo" if cpu_offload else "nccl"
+
+
+def init_distributed(device_choice: str = "auto", *, cpu_offload: bool = False) -> DistInfo:
     """Join (or, without torchrun, create) the default process group: nccl on GPU, gloo on CPU."""
     world_size = _env_int("WORLD_SIZE", 1)
     local_rank = _env_int("LOCAL_RANK", 0)
     local_world_size = _env_int("LOCAL_WORLD_SIZE", world_size)
     device = pick_device(device_choice, local_rank)
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    backend = process_group_backend(device, cpu_offload=cpu_offload)
     if not dist.is_initialized():
         # Binding the GPU up front lets NCCL create its communicators eagerly and lets
         # barriers know their device.

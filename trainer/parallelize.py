@@ -82,6 +82,12 @@ def mixed_precision_policy(bf16: bool) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy()
 
 
+def parameter_device(plan: ParallelPlan, compute_device: torch.device) -> torch.device:
+    """Where the sharded parameters are materialised: CPU memory under CPU offload (FSDP2
+    refuses offloaded parameters anywhere else), the compute device otherwise."""
+    return torch.device("cpu") if plan.cpu_offload else compute_device
+
+
 def reshard_after_forward(strategy: str) -> bool:
     """Free gathered parameters after forward (ZeRO-3) or keep them until backward (ZeRO-2).
 

@@ -44,7 +44,12 @@ from trainer.metrics import (
 from trainer.models import build_model, hf_config_from, load_pretrained, materialize
 from trainer.models import pretrained_config as load_pretrained_config
 from trainer.optim import build_lr_scheduler, build_optimizer
-from trainer.parallelize import ParallelPlan, check_replicas_identical, parallelize_model
+from trainer.parallelize import (
+    ParallelPlan,
+    check_replicas_identical,
+    parallelize_model,
+    parameter_device,
+)
 
 logger = get_logger("train")
 
@@ -117,7 +122,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg
         # Device and process groups.
-        self.dist = init_distributed(cfg.parallel.device)
+        self.dist = init_distributed(cfg.parallel.device, cpu_offload=cfg.parallel.cpu_offload)
         setup_logging(self.dist.rank)
         if not self.dist.is_main:
             quiet_libraries()
@@ -202,7 +207,7 @@ class Trainer:
         # Offloaded parameters live in CPU memory; the computation's buffers stay on the GPU.
         materialize(
             self.model,
-            device=torch.device("cpu") if cfg.parallel.cpu_offload else self.device,
+            device=parameter_device(plan, self.device),
             buffer_device=self.device,
             seed=self.seed + shard_coordinate(self.mesh),
         )

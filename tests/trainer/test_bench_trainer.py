@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from scripts import bench_trainer
@@ -118,3 +119,30 @@ def test_bench_under_torchrun_two_ranks_as_documented(tmp_path):
     assert result["tokens_per_step"] == 2 * 2 * 32
     assert result["tokens_per_sec_per_gpu"] == pytest.approx(result["tokens_per_sec"] / 2)
     assert math.isfinite(result["final_loss"])
+
+
+def test_bench_cpu_offload_materialises_shards_in_cpu_memory(capsys, monkeypatch):
+    """FSDP2 refuses offloaded parameters outside CPU memory: the bench must put them there
+    (and the rotary buffers on the compute device), as the trainer does."""
+    calls = []
+    real = bench_trainer.materialize
+
+    def spy(model, **kwargs):
+        calls.append(kwargs)
+        real(model, **kwargs)
+
+    monkeypatch.setattr(bench_trainer, "materialize", spy)
+    argv = [*TINY, "--steps", "1", "--warmup_steps", "0", "--num_layers", "1", "--bf16", "0"]
+    assert bench_trainer.main([*argv, "--cpu_offload", "1"]) == 0
+    assert math.isfinite(_last_json_line(capsys.readouterr().out)["final_loss"])
+    [kwargs] = calls
+    assert kwargs["device"].type == "cpu"
+    assert kwargs["buffer_device"].type == "cpu"  # the compute device of this CPU run
+
+
+def test_offloaded_parameters_live_in_cpu_memory_whatever_the_compute_device():
+    from trainer.parallelize import ParallelPlan, parameter_device
+
+    gpu = torch.device("cuda", 5)
+    assert parameter_device(ParallelPlan(cpu_offload=True), gpu) == torch.device("cpu")
+    assert parameter_device(ParallelPlan(cpu_offload=False), gpu) == gpu

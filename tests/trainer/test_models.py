@@ -215,3 +215,20 @@ def test_strategy_choices(single_rank_group: DistInfo) -> None:
     assert build_mesh(single_rank_group, "shard_grad_op").mesh_dim_names == ("shard",)
     with pytest.raises(ValueError, match="--sharding_strategy 'zero3'"):
         build_mesh(single_rank_group, "zero3")
+
+
+def test_cpu_offload_on_gpu_joins_a_cpu_backend_too() -> None:
+    """Offloaded shards and gradients are CPU tensors: their collectives (the gradient norm,
+    the replica check) need gloo beside nccl, which takes no CPU tensors."""
+    from torch.distributed.distributed_c10d import Backend, BackendConfig
+
+    from trainer.distributed import process_group_backend
+
+    gpu = torch.device("cuda", 3)
+    assert process_group_backend(gpu) == "nccl"
+    offloaded = process_group_backend(gpu, cpu_offload=True)
+    assert BackendConfig(Backend(offloaded)).get_device_backend_map() == {
+        "cuda": "nccl",
+        "cpu": "gloo",
+    }
+    assert process_group_backend(torch.device("cpu"), cpu_offload=True) == "gloo"
