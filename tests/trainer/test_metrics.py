@@ -59,7 +59,8 @@ def test_peak_flops_by_gpu_name(monkeypatch: pytest.MonkeyPatch) -> None:
         ("NVIDIA H100 80GB HBM3", 989.4e12),
         ("NVIDIA H100 PCIe", 756.0e12),
         ("NVIDIA A100-SXM4-40GB", 312.0e12),
-        ("NVIDIA A10G", 125.0e12),
+        ("NVIDIA A10G", 70.0e12),  # g5: not the A10's 125
+        ("NVIDIA A10", 125.0e12),
         ("NVIDIA L40S", 362.05e12),
         ("NVIDIA L40", 181.05e12),
         ("NVIDIA L4", 121.0e12),
