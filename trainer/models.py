@@ -185,7 +185,15 @@ def resolve_pretrained_dir(name_or_path: str) -> Path:
     from huggingface_hub import snapshot_download
 
     # Every rank calls this; the hub client's file locks let one download while others wait.
-    return Path(snapshot_download(name_or_path, allow_patterns=["*.json", "*.safetensors"]))
+    # Mistral's repositories also hold the whole model again in its own layout
+    # (consolidated.safetensors, 14+ GB) that transformers does not read: leave it there.
+    return Path(
+        snapshot_download(
+            name_or_path,
+            allow_patterns=["*.json", "*.safetensors"],
+            ignore_patterns=["consolidated*"],
+        )
+    )
 
 
 # transformers keeps Mixtral's experts fused (one [experts, ...] tensor per layer), while

@@ -232,3 +232,44 @@ def test_cpu_offload_on_gpu_joins_a_cpu_backend_too() -> None:
         "cpu": "gloo",
     }
     assert process_group_backend(torch.device("cpu"), cpu_offload=True) == "gloo"
+
+
+def test_init_from_a_hub_id_downloads_only_the_transformers_weights(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Mistral repos carry a second full copy in their own layout (consolidated.safetensors);
+    a run that fetches it downloads 14+ GB it never reads."""
+    import fnmatch
+
+    import huggingface_hub
+
+    from trainer.models import resolve_pretrained_dir
+
+    asked: dict[str, Any] = {}
+
+    def fake_download(repo_id: str, **kwargs: Any) -> str:
+        asked.update(kwargs, repo_id=repo_id)
+        return str(tmp_path)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_download)
+    assert resolve_pretrained_dir("mistralai/Mathstral-7B-v0.1") == tmp_path
+    assert asked["repo_id"] == "mistralai/Mathstral-7B-v0.1"
+    repo_files = [
+        "config.json",
+        "model.safetensors.index.json",
+        "model-00001-of-00003.safetensors",
+        "consolidated.safetensors",
+        "original/consolidated.00.pth",
+        "tokenizer.model.v3",
+    ]
+
+    def fetched(name: str) -> bool:
+        allowed = any(fnmatch.fnmatch(name, p) for p in asked.get("allow_patterns") or ["*"])
+        ignored = any(fnmatch.fnmatch(name, p) for p in asked.get("ignore_patterns") or [])
+        return allowed and not ignored
+
+    assert [f for f in repo_files if fetched(f)] == [
+        "config.json",
+        "model.safetensors.index.json",
+        "model-00001-of-00003.safetensors",
+    ]
