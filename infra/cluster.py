@@ -102,6 +102,23 @@ def deployer_principal_arn(parent: pulumi.Resource | None = None) -> str:
     return aws.iam.get_session_context(arn=caller.arn, opts=opts).issuer_arn
 
 
+def same_iam_principal(first: str, second: str) -> bool:
+    """Whether two IAM user/role ARNs name the same principal.
+
+    Names are unique per account whatever the path, and the session issuer reports a role's
+    path (SSO roles live under `aws-reserved/sso.amazonaws.com/`) that a user writing the ARN
+    by hand usually leaves out.
+    """
+
+    def identity(arn: str) -> tuple[str, str, str, str]:
+        prefix, _, rest = arn.partition(":iam::")
+        account, _, resource = rest.partition(":")
+        kind, _, path_and_name = resource.partition("/")
+        return prefix, account, kind, path_and_name.rsplit("/", 1)[-1]
+
+    return identity(first) == identity(second)
+
+
 @dataclass
 class ClusterArgs:
     """Inputs of `Cluster`: the `cluster` and `gpuNodes` sections, and the network (create)."""
@@ -198,7 +215,9 @@ class Cluster(pulumi.ComponentResource):
 
         deployer = deployer_principal_arn(self)
         access_entries = {}
-        if config.admin_role_arn is not None and config.admin_role_arn != deployer:
+        if config.admin_role_arn is not None and not same_iam_principal(
+            config.admin_role_arn, deployer
+        ):
             # The deployer is admitted by EKS as the cluster creator; a second entry for the
             # same principal would fail with ResourceInUseException.
             access_entries["admin"] = eks.AccessEntryArgs(

@@ -7,7 +7,7 @@ import pulumi
 import pytest
 from pulumi.runtime import settings
 
-from infra.cluster import Cluster, ClusterArgs, default_cluster_name
+from infra.cluster import Cluster, ClusterArgs, default_cluster_name, same_iam_principal
 from infra.config.cluster import ClusterConfig, GpuNodesConfig
 from infra.network import Network, NetworkArgs
 from infra.offline import Evaluation, FakeCloud, evaluate
@@ -95,6 +95,39 @@ def test_deployer_is_not_given_a_second_entry() -> None:
     assert result.one(EKS).inputs.get("accessEntries", {}) == {}
     tokens = [token for token, _ in result.invokes]
     assert "aws:iam/getSessionContext:getSessionContext" in tokens
+
+
+def test_deployer_role_with_a_path_is_recognised_without_it() -> None:
+    # SSO roles: the session issuer carries the path, users write the ARN without it.
+    sso = "AWSReservedSSO_Admin_0123456789abcdef"
+    real_caller = INVOKE_RESULTS["aws:index/getCallerIdentity:getCallerIdentity"]
+    real_session = INVOKE_RESULTS["aws:iam/getSessionContext:getSessionContext"]
+
+    def caller(args: dict[str, Any]) -> dict[str, Any]:
+        return {**real_caller(args), "arn": f"arn:aws:sts::{ACCOUNT_ID}:assumed-role/{sso}/me"}
+
+    def session(args: dict[str, Any]) -> dict[str, Any]:
+        issuer = f"arn:aws:iam::{ACCOUNT_ID}:role/aws-reserved/sso.amazonaws.com/{sso}"
+        return {**real_session(args), "issuerArn": issuer}
+
+    INVOKE_RESULTS["aws:index/getCallerIdentity:getCallerIdentity"] = caller
+    INVOKE_RESULTS["aws:iam/getSessionContext:getSessionContext"] = session
+    try:
+        same = build({"name": "train", "adminRoleArn": f"arn:aws:iam::{ACCOUNT_ID}:role/{sso}"})
+        other = build({"name": "train", "adminRoleArn": ADMIN_ROLE})
+    finally:
+        INVOKE_RESULTS["aws:index/getCallerIdentity:getCallerIdentity"] = real_caller
+        INVOKE_RESULTS["aws:iam/getSessionContext:getSessionContext"] = real_session
+    assert same.one(EKS).inputs.get("accessEntries", {}) == {}
+    assert list(other.one(EKS).inputs["accessEntries"]) == ["admin"]
+
+
+def test_same_iam_principal_ignores_paths_but_not_names_kinds_or_accounts() -> None:
+    role = f"arn:aws:iam::{ACCOUNT_ID}:role/ops"
+    assert same_iam_principal(role, f"arn:aws:iam::{ACCOUNT_ID}:role/team/a/ops")
+    assert not same_iam_principal(role, f"arn:aws:iam::{ACCOUNT_ID}:role/ops2")
+    assert not same_iam_principal(role, f"arn:aws:iam::{ACCOUNT_ID}:user/ops")
+    assert not same_iam_principal(role, "arn:aws:iam::210987654321:role/ops")
 
 
 def test_secrets_encrypted_with_a_rotating_key_the_control_plane_may_use(
