@@ -30,6 +30,11 @@ would hold `up` (and the CI runner) for the whole training run."""
 TRITON_CACHE_DIR = "/tmp/triton_cache"
 RENDEZVOUS_PORT_NAME = "pytorchjob-port"  # the operator reads the rendezvous port by this name
 RENDEZVOUS_PORT = 23456  # the operator's default for that port
+RENDEZVOUS_JOIN_TIMEOUT_S = 1800
+"""How long torchrun waits for every node to join (its default: 600 s). Workers start as their
+pods do; one pulling a 20 GB image, or on a node whose device plugins are not ready yet, can be
+later than that, and each early worker's timeout is a container restart that uses up
+runPolicy.backoffLimit, failing the job before it trained a step."""
 TRAINER_USER_ID = 10001
 """uid:gid the project's image runs as (docker/Dockerfile `USER`). A fresh FSx file system is
 owned by root, so the run's directories are created for this uid before the trainer starts."""
@@ -306,6 +311,7 @@ def elastic_policy(*, workers: int, max_restarts: int, run_name: str) -> dict[st
     PET_NNODES. Elastic rendezvous also lets torchrun restart the whole worker group (up to
     `max_restarts` times) when one node's processes fail, so every node resumes together from
     the latest checkpoint. min = max = the node count: the job never runs on fewer nodes.
+    A long join timeout lets late pods join instead of restarting the early ones.
     """
     return {
         "rdzvBackend": "c10d",
@@ -313,6 +319,8 @@ def elastic_policy(*, workers: int, max_restarts: int, run_name: str) -> dict[st
         "minReplicas": workers,
         "maxReplicas": workers,
         "maxRestarts": max_restarts,
+        # The operator passes these to torchrun as PET_RDZV_CONF (`--rdzv-conf`).
+        "rdzvConf": [{"key": "join_timeout", "value": str(RENDEZVOUS_JOIN_TIMEOUT_S)}],
     }
 
 

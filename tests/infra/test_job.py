@@ -148,6 +148,9 @@ def test_workers_find_each_other_through_c10d_rendezvous(crd_schema: dict[str, A
         "minReplicas": 4,
         "maxReplicas": 4,
         "maxRestarts": 2,
+        # torchrun's 600 s default would restart early workers while a late pod still pulls
+        # its image, spending runPolicy.backoffLimit before the first step.
+        "rdzvConf": [{"key": "join_timeout", "value": "1800"}],
     }
     assert container(manifest)["ports"] == [{"name": "pytorchjob-port", "containerPort": 23456}]
 
@@ -189,7 +192,8 @@ def test_rendered_command_parses_with_the_trainers_parser() -> None:
     assert parsed.parallel.hsdp_shard_size == 8
     assert parsed.checkpoint.export_dir == f"{job.paths.run_dir}/export"
     assert parsed.logging.metrics_file == "/tmp/m.jsonl"
-    assert parsed.data.dataset_config_name == ""
+    # null in the stack file reaches the trainer as "no dataset config" (not its default 'en')
+    assert parsed.data.dataset_config_name is None
 
 
 def test_run_id_changes_with_the_experiment_and_not_with_the_job_wrapper() -> None:
