@@ -124,9 +124,10 @@ class TrainingJob(pulumi.ComponentResource):
         k8s_opts = pulumi.ResourceOptions(parent=self, provider=args.k8s_provider)
 
         secret_name = None
+        depends_on = list(args.depends_on)
         if config.hf_token is not None:
             secret_name = f"{job_name}-hf-token"
-            k8s.core.v1.Secret(
+            secret = k8s.core.v1.Secret(
                 f"{name}-hf-token",
                 metadata={"name": secret_name, "namespace": args.namespace},
                 type="Opaque",
@@ -135,6 +136,8 @@ class TrainingJob(pulumi.ComponentResource):
                 },
                 opts=k8s_opts,
             )
+            # A pod started before its Secret exists fails to start (CreateContainerConfigError).
+            depends_on.append(secret)
 
         self.manifest = render_job(
             config,
@@ -155,7 +158,7 @@ class TrainingJob(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions.merge(
                 k8s_opts,
                 pulumi.ResourceOptions(
-                    depends_on=list(args.depends_on),
+                    depends_on=depends_on,
                     # Same-name relaunch: the old job must be gone before the new one exists.
                     delete_before_replace=True,
                     replace_on_changes=["spec"],

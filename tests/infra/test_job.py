@@ -281,6 +281,7 @@ def test_component_registers_a_replace_safe_pytorchjob_with_its_secret() -> None
     assert pod["containers"][0]["image"] == IMAGE
     secret = result.one("kubernetes:core/v1:Secret")
     assert secret.inputs["metadata"]["name"] == "llama-hf-token"
+    assert result.depends_on(job, secret)  # no worker starts before its token exists
     assert result.one("kubernetes:core/v1:Namespace").inputs["metadata"]["name"] == "training"
     assert result.stack_outputs["jobName"] == "llama"
     assert result.stack_outputs["checkpointPath"].startswith("/fsx/checkpoints/llama-")
