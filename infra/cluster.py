@@ -442,9 +442,21 @@ class Cluster(pulumi.ComponentResource):
 
         def choose(values: list[Any]) -> str:
             stacked, cluster_subnets = values
-            # The fallback only feeds exports: creating FSx on an existing cluster without a
-            # known subnet is rejected by the stack config (infra.config.stack).
-            return str(stacked) if stacked else str(cluster_subnets[0])
+            if stacked:
+                return str(stacked)
+            if platform is not None:
+                # The stack config admits FSx on the strength of platformStack alone; say so
+                # when that stack cannot tell, rather than pick another AZ in silence.
+                pulumi.log.warn(
+                    f"cluster.platformStack {config.platform_stack!r} exports no gpuSubnetId: "
+                    f"using the cluster's first subnet {cluster_subnets[0]!r}, which may be in "
+                    "another AZ than the GPU nodes (FSx goes there); set "
+                    "cluster.network.gpuSubnetId",
+                    resource=self,
+                )
+            # Otherwise the fallback only feeds exports: creating FSx on an existing cluster
+            # with no known subnet is rejected by the stack config (infra.config.stack).
+            return str(cluster_subnets[0])
 
         return pulumi.Output.all(from_platform, found.vpc_config.subnet_ids).apply(choose)
 

@@ -1,6 +1,7 @@
 """The cluster: an owned, encrypted, API-auth EKS platform, or a look-up that owns nothing."""
 
 import json
+import logging
 from typing import Any
 
 import pulumi
@@ -11,7 +12,7 @@ from infra.cluster import Cluster, ClusterArgs, default_cluster_name, same_iam_p
 from infra.config.cluster import ClusterConfig, GpuNodesConfig
 from infra.network import Network, NetworkArgs
 from infra.offline import Evaluation, FakeCloud, evaluate
-from infra.offline.outputs import ACCOUNT_ID, INVOKE_RESULTS, short_hash
+from infra.offline.outputs import ACCOUNT_ID, INVOKE_RESULTS, RESOURCE_OUTPUTS, short_hash
 
 EKS = "eks:index:Cluster"
 MNG = "eks:index:ManagedNodeGroup"
@@ -359,6 +360,28 @@ def test_existing_cluster_reads_the_platform_stack() -> None:
     expected = f"subnet-{short_hash('org/fsdp-eks/platform' + 'gpu')}"
     assert result.stack_outputs["gpuSubnet"] == expected
     assert [r.type for r in result.resources if r.custom] == ["pulumi:providers:kubernetes"]
+
+
+def test_a_platform_stack_without_a_gpu_subnet_is_reported(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    real = RESOURCE_OUTPUTS["pulumi:pulumi:StackReference"]
+
+    def without_subnet(name: str, inputs: dict[str, Any]) -> dict[str, Any]:
+        answer = real(name, inputs)
+        outputs = {k: v for k, v in answer["outputs"].items() if k != "gpuSubnetId"}
+        return {**answer, "outputs": outputs}
+
+    RESOURCE_OUTPUTS["pulumi:pulumi:StackReference"] = without_subnet
+    try:
+        with caplog.at_level(logging.WARNING):
+            result = build(
+                {"mode": "existing", "name": "team-gpu", "platformStack": "org/fsdp-eks/old"}
+            )
+    finally:
+        RESOURCE_OUTPUTS["pulumi:pulumi:StackReference"] = real
+    assert result.stack_outputs["gpuSubnet"] == f"subnet-{short_hash('team-gpu' + 'us-west-2a')}"
+    assert "cluster.platformStack 'org/fsdp-eks/old' exports no gpuSubnetId" in caplog.text
 
 
 def test_existing_cluster_with_a_configured_subnet_and_the_agent() -> None:
