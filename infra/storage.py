@@ -234,7 +234,11 @@ class Storage(pulumi.ComponentResource):
             tags={**args.tags, "Name": f"{pulumi.get_stack()}-fsx"},
             opts=self._opts(**keep),
         )
+        # A prefix is a directory, as `scripts/run_target.py` reads it back: without the
+        # slash, "runs" would also link the keys of "runs-old/" and "runs2/".
         prefix = fsx.data_repository_prefix
+        if prefix and not prefix.endswith("/"):
+            prefix += "/"
         aws.fsx.DataRepositoryAssociation(
             f"{self._name}-fsx-s3-link",
             file_system_id=file_system.id,

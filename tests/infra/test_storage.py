@@ -137,6 +137,13 @@ def test_data_repository_association_links_the_bucket_both_ways():
     assert dra.inputs["s3"]["autoExportPolicy"]["events"] == events
 
 
+@pytest.mark.parametrize(("prefix", "linked"), [("runs", "runs/"), ("a/b", "a/b/"), ("", "")])
+def test_data_repository_prefix_is_a_directory(prefix, linked):
+    result = run({"fsx": {"dataRepositoryPrefix": prefix}})
+    bucket_name = result.one(BUCKET).outputs["bucket"]
+    assert result.one(DRA).inputs["dataRepositoryPath"] == f"s3://{bucket_name}/{linked}"
+
+
 def test_auto_import_and_export_can_be_switched_off():
     result = run({"fsx": {"autoImport": False, "autoExport": False}})
     s3 = result.one(DRA).inputs.get("s3") or {}
