@@ -81,11 +81,13 @@ class JobConfig(ConfigSection):
         default="training",
         description="Kubernetes namespace of the job, its HF-token Secret and the FSx claim.",
     )
-    create_namespace: bool = Field(
-        default=True,
+    create_namespace: bool | None = Field(
+        default=None,
         description=(
             "Create job.namespace with the stack (false: it exists already, e.g. a team "
-            "namespace on a shared cluster; the stack then never deletes it)."
+            "namespace on a shared cluster; the stack then never deletes it). Default: true "
+            "when the stack creates its cluster, false on an existing one, where a namespace "
+            "shared by several experiments must not belong to (and be deleted with) one stack."
         ),
     )
     run_id: str | None = Field(

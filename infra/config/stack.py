@@ -446,9 +446,13 @@ def parse_stack_config(
         config = StackConfig.model_validate(sections)
     except ValidationError as err:
         raise StackConfigError(format_validation_error(err), source=where) from None
+    filled: dict[str, Any] = {}
     if config.job.name is None:
-        job = config.job.model_copy(update={"name": dns_name(stack_name)})
-        config = config.model_copy(update={"job": job})
+        filled["name"] = dns_name(stack_name)
+    if config.job.create_namespace is None:
+        filled["create_namespace"] = config.cluster.mode == "create"
+    if filled:
+        config = config.model_copy(update={"job": config.job.model_copy(update=filled)})
     problems = cross_section_problems(config)
     if problems:
         raise StackConfigError(problems, source=where)

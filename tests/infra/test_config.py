@@ -423,3 +423,20 @@ def test_entry_point_reports_a_bad_stack_as_a_clean_run_error() -> None:
     assert evaluate(entry_point, config=BASE, stack="exp").of_type(
         "kubernetes:kubeflow.org/v1:PyTorchJob"
     )
+
+
+@pytest.mark.parametrize(
+    ("cluster", "job", "creates"),
+    [
+        ({}, {}, True),  # the stack owns its cluster, so the namespace is its own too
+        ({"mode": "existing", "name": "team"}, {}, False),  # shared: never owned by one stack
+        ({"mode": "existing", "name": "team"}, {"createNamespace": True}, True),
+        ({}, {"createNamespace": False}, False),
+    ],
+)
+def test_namespace_is_created_by_default_only_on_the_stacks_own_cluster(
+    cluster: dict[str, Any], job: dict[str, Any], creates: bool
+) -> None:
+    values = with_(cluster=cluster or None, job={"maxRunHours": 0.25, **job})
+    config = parse_stack_config(values, stack_name="exp")
+    assert config.job.create_namespace is creates
