@@ -20,6 +20,7 @@ _BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 # PERSISTENT_2 accepts 1.2 TiB, or any multiple of 2.4 TiB (Amazon FSx for Lustre user guide).
 _FSX_SMALLEST_GIB = 1200
 _FSX_INCREMENT_GIB = 2400
+_SYSTEM_DIRS = ("/dev", "/proc", "/sys")
 # PVC/claim names are DNS-1123 subdomains.
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
@@ -162,6 +163,18 @@ class FsxConfig(ConfigSection):
     def _absolute_path(cls, path: str) -> str:
         if not path.startswith("/") or "//" in path or ".." in path.split("/"):
             raise ValueError(f"storage.fsx path {path!r} must be an absolute, normalised path")
+        return path
+
+    @field_validator("mount_path")
+    @classmethod
+    def _mountable(cls, path: str) -> str:
+        # "/" would hide the image; /dev, /proc and /sys are the kernel's (/dev/shm is the
+        # job's memory volume).
+        if path == "/" or any(path == top or path.startswith(f"{top}/") for top in _SYSTEM_DIRS):
+            raise ValueError(
+                f"storage.fsx.mountPath {path!r} would hide a directory the container needs; "
+                "use a directory of its own, e.g. /fsx"
+            )
         return path
 
     @field_validator("data_repository_prefix")
