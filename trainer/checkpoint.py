@@ -390,8 +390,8 @@ class CheckpointManager:
         )
         if not allow_change:
             raise CheckpointError(
-                f"{message} (pass allow_world_size_change=True to restart the data from its "
-                "beginning)"
+                f"{message} (run with --allow_world_size_change 1 to resume anyway, the data "
+                "starting again from its beginning)"
             )
         logger.warning("%s; every rank starts its train_state afresh", message)
         return False

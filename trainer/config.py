@@ -292,6 +292,12 @@ class CheckpointConfig:
         "Directory to resume from (may equal --checkpoint_dir): the latest complete step-N "
         "in it, or a step-N directory itself. Empty or missing: start fresh.",
     )
+    allow_world_size_change: bool = _flag(
+        False,
+        "Resume from a checkpoint written by a different number of ranks: weights, optimizer "
+        "and schedule reshard to this run, but each rank's data position cannot, so the data "
+        "starts again from its beginning.",
+    )
     checkpoint_freq: int = _flag(1000, "Save every N steps (0: only the final save).")
     keep_last_checkpoints: int = _flag(
         3, "Keep the newest K checkpoints and delete older ones (0: keep all)."

@@ -275,7 +275,11 @@ class Trainer:
             location, keep_last=self.cfg.checkpoint.keep_last_checkpoints
         )
         step, train_state = manager.load(
-            latest, model=self.model, optimizer=self.optimizer, lr_scheduler=self.lr_scheduler
+            latest,
+            model=self.model,
+            optimizer=self.optimizer,
+            lr_scheduler=self.lr_scheduler,
+            allow_world_size_change=self.cfg.checkpoint.allow_world_size_change,
         )
         if "data" in train_state:
             self.train_loader.load_state_dict(train_state["data"])

@@ -154,6 +154,31 @@ def test_crash_and_restart_resumes_and_reproduces_the_losses(
     assert (checkpoint_dir / "step-20" / "COMPLETE").exists()
 
 
+def test_resume_on_another_world_size_with_the_flag(
+    reference_run: Any, tiny_assets: TinyAssets, tmp_path: Path
+) -> None:
+    """Two ranks wrote the checkpoint; one rank resumes it (weights and optimizer reshard)."""
+    root, reference = reference_run
+    args = tiny_args(
+        tiny_assets,
+        max_steps=MAX_STEPS + 2,
+        max_context_width=SEQ_LEN,
+        checkpoint_dir=tmp_path / "ckpt",
+        resume_from_checkpoint=root / "ckpt",
+        allow_world_size_change=1,
+    )
+    result = run_trainer(args, metrics_file=tmp_path / "metrics.jsonl", nproc=1)
+    assert result.returncode == 0, result.output[-4000:]
+    assert f"resumed from {root / 'ckpt' / f'step-{MAX_STEPS}'} at step {MAX_STEPS}" in (
+        result.output
+    )
+    assert "was written by 2 ranks but this run has 1" in result.output
+    records = result.train_records()
+    assert [r["step"] for r in records] == [MAX_STEPS + 1, MAX_STEPS + 2]
+    # It continues from the trained weights, not from a fresh model's ln(512) ~ 6.2.
+    assert records[0]["loss"] < reference.losses()[MAX_STEPS] + 0.5
+
+
 @pytest.mark.parametrize(
     ("strategy", "extra"),
     [
