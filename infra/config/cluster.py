@@ -36,6 +36,7 @@ _AZ_PATTERN = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
 _IAM_ROLE_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]+$")
 _KMS_KEY_ARN = re.compile(r"^arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:(key|alias)/[\w/-]+$")
 _RESERVATION_ID = re.compile(r"^cr-[0-9a-f]{8,17}$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _LABEL_KEY = re.compile(
     r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 )
@@ -385,12 +386,35 @@ class CapacityConfig(ConfigSection):
         return self.type in ("reservation", "block")
 
 
+def _is_label_value(value: str) -> bool:
+    return len(value) <= 63 and _LABEL_VALUE.match(value) is not None
+
+
 class TaintConfig(ConfigSection):
     """One extra Kubernetes taint for the GPU nodes."""
 
     key: str = Field(description="Taint key.")
     value: str = Field(default="true", description="Taint value.")
     effect: TaintEffect = Field(default="NoSchedule", description="Taint effect.")
+
+    # Taint keys and values follow the label rules; EKS rejects others only when it creates
+    # the node group, long after the cluster.
+    @field_validator("key")
+    @classmethod
+    def _key_is_valid(cls, key: str) -> str:
+        if not _LABEL_KEY.match(key) or len(key) > 316:
+            raise ValueError(f"gpuNodes.taints key {key!r} is not a Kubernetes taint key")
+        return key
+
+    @field_validator("value")
+    @classmethod
+    def _value_is_valid(cls, value: str) -> str:
+        if not _is_label_value(value):
+            raise ValueError(
+                f"gpuNodes.taints value {value!r} is not a Kubernetes taint value (at most 63 "
+                "letters, digits, '-', '_' or '.', starting and ending with a letter or digit)"
+            )
+        return value
 
 
 class GpuNodesConfig(ConfigSection):
@@ -465,9 +489,15 @@ class GpuNodesConfig(ConfigSection):
     @field_validator("labels")
     @classmethod
     def _labels_are_valid(cls, value: dict[str, str]) -> dict[str, str]:
-        for key in value:
+        for key, label in value.items():
             if not _LABEL_KEY.match(key) or len(key) > 316:
                 raise ValueError(f"gpuNodes.labels key {key!r} is not a Kubernetes label key")
+            if not _is_label_value(label):
+                raise ValueError(
+                    f"gpuNodes.labels value {label!r} of {key!r} is not a Kubernetes label value "
+                    "(at most 63 letters, digits, '-', '_' or '.', starting and ending with a "
+                    "letter or digit)"
+                )
             if "kubernetes.io/" in key or "k8s.io/" in key:
                 raise ValueError(
                     f"gpuNodes.labels key {key!r} uses a prefix EKS reserves "

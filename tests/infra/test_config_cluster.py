@@ -193,6 +193,10 @@ def test_efa_and_placement_can_be_switched_off() -> None:
         ({"labels": {"node.kubernetes.io/pool": "x"}}, r"prefix EKS reserves"),
         ({"labels": {"bad key": "x"}}, r"not a Kubernetes label key"),
         ({"taints": [{"key": "nvidia.com/gpu"}]}, r"must not repeat"),
+        ({"labels": {"team": "ml research"}}, r"gpuNodes\.labels value 'ml research'"),
+        ({"labels": {"team": "x" * 64}}, r"gpuNodes\.labels value"),
+        ({"taints": [{"key": "dedicated to"}]}, r"gpuNodes\.taints key 'dedicated to'"),
+        ({"taints": [{"key": "dedicated", "value": "-ml"}]}, r"gpuNodes\.taints value '-ml'"),
         ({"rootVolumeGiB": 20}, r"rootVolumeGiB"),
     ],
 )
