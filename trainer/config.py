@@ -302,7 +302,10 @@ class CheckpointConfig:
     keep_last_checkpoints: int = _flag(
         3, "Keep the newest K checkpoints and delete older ones (0: keep all)."
     )
-    export_dir: str | None = _flag(None, "At the end, write a Hugging Face safetensors model here.")
+    export_dir: str | None = _flag(
+        None,
+        "At the end, write a Hugging Face safetensors model here (bf16 weights when --bf16).",
+    )
     fail_at_step: int = _flag(
         0,
         "Debugging: exit abruptly (code 17) right after step N, unless this run resumed from "

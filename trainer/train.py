@@ -92,6 +92,14 @@ def clip_grad_norm_(parameters: list[torch.nn.Parameter], max_norm: float) -> to
     return total
 
 
+def export_dtype(*, bf16: bool) -> torch.dtype | None:
+    """The dtype of exported weights: a bf16 run's forward computes with bf16 weights, so a bf16
+    export is the model it trained, at half the size of the fp32 master copy (an fp32 config
+    also makes `from_pretrained(dtype="auto")` and servers load it in fp32). The DCP checkpoint
+    keeps fp32 for further training. None (fp32 runs) keeps the weights as trained."""
+    return torch.bfloat16 if bf16 else None
+
+
 def quiet_libraries() -> None:
     """Ranks > 0 keep the libraries' progress bars and info chatter out of the job log."""
     import datasets
@@ -494,7 +502,13 @@ class Trainer:
         """Collective: a Hugging Face safetensors model that `transformers` loads back."""
         from trainer.export import export_hf
 
-        export_hf(self.model, hf_config=self.hf_config, tokenizer=self.tokenizer, out_dir=out_dir)
+        export_hf(
+            self.model,
+            hf_config=self.hf_config,
+            tokenizer=self.tokenizer,
+            out_dir=out_dir,
+            dtype=export_dtype(bf16=self.cfg.parallel.bf16),
+        )
 
     @contextlib.contextmanager
     def _progress_bar(self) -> Iterator[Any]:

@@ -7,6 +7,7 @@ a crashed-and-restarted pair checks resuming against it; one short run per other
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import shutil
@@ -215,7 +216,7 @@ def test_every_sharding_strategy_trains(
 ) -> None:
     # The side features ride along with one strategy each, to keep the number of launches down.
     if strategy == "hybrid":
-        extra = {**extra, "tensorboard_dir": tmp_path / "tb"}
+        extra = {**extra, "tensorboard_dir": tmp_path / "tb", "export_dir": tmp_path / "export"}
     pretrained = strategy == "shard_grad_op"
     if pretrained:
         reference_root, reference = request.getfixturevalue("reference_run")
@@ -234,6 +235,9 @@ def test_every_sharding_strategy_trains(
     assert records[0]["batch_digests"][0] != records[0]["batch_digests"][1]
     if strategy == "hybrid":
         assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+        # A bf16 run exports the bf16 weights its forward used, not the fp32 master copy.
+        exported = json.loads((tmp_path / "export" / "config.json").read_text())
+        assert exported["dtype"] == "bfloat16"
     if "cpu_offload" in extra:
         assert "cpu_offload=True" in result.output
     if pretrained:
