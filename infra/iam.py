@@ -47,15 +47,6 @@ def service_trust_policy(
     ).json
 
 
-def pod_identity_trust_policy(
-    opts: pulumi.InvokeOutputOptions | None = None,
-) -> pulumi.Output[str]:
-    """Trust policy for a role that EKS Pod Identity hands to a service account."""
-    return service_trust_policy(
-        POD_IDENTITY_PRINCIPAL, actions=("sts:AssumeRole", "sts:TagSession"), opts=opts
-    )
-
-
 def aws_managed_policy_arn(policy_name: str, partition: pulumi.Input[str]) -> pulumi.Output[str]:
     """ARN of an AWS-managed policy in `partition` (aws, aws-cn, aws-us-gov)."""
     return pulumi.Output.concat("arn:", partition, ":iam::aws:policy/", policy_name)

@@ -39,6 +39,7 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from infra.config.storage import StorageConfig, claim_name_for
+from infra.iam import POD_IDENTITY_PRINCIPAL
 
 LUSTRE_PORTS: tuple[tuple[int, int], ...] = ((988, 988), (1018, 1023))
 """TCP ports Lustre (LNet) uses between clients and the file system servers."""
@@ -329,7 +330,7 @@ class Storage(pulumi.ComponentResource):
                     {
                         "Sid": "EksPodIdentityForTheFsxCsiController",
                         "Effect": "Allow",
-                        "Principal": {"Service": "pods.eks.amazonaws.com"},
+                        "Principal": {"Service": POD_IDENTITY_PRINCIPAL},
                         "Action": ["sts:AssumeRole", "sts:TagSession"],
                         # Session tags Pod Identity sets: only this cluster's controller SA.
                         "Condition": {
