@@ -76,8 +76,11 @@ class ImageConfig(ConfigSection):
         description=(
             "An image you publish yourself (registry/repo:tag or registry/repo@sha256:...), used "
             "as is; setting it skips the ECR repository, source bucket and CodeBuild build. "
-            "The image must contain the trainer package (`python -m trainer`). A digest is "
-            "recommended: a tag can move between runs. Default: build this repository's image."
+            "The image must contain the trainer package (`python -m trainer`) and `sh` (an "
+            "init container creates the run's directories with it), and run as uid 10001 (as "
+            "this repository's image does) or root: the run's directories on the shared volume "
+            "are handed to uid 10001. A digest is recommended: a tag can move between runs. "
+            "Default: build this repository's image."
         ),
     )
     base_image: str = Field(
