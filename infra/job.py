@@ -9,8 +9,9 @@ component only registers it. Two choices matter for `pulumi up` on a changed exp
   job of the same name, so delete-then-create is the only clean relaunch. A config hash in the
   name would allow create-before-delete, but the new job's pods would then wait for GPUs the
   old job still holds while `up` waits for the new job to run: a deadlock on a full node group.
-* `pulumi.com/waitFor: condition=Running` makes `up` return once every worker runs, not when
-  training ends; a job that never starts fails `up` at the create timeout.
+* `pulumi.com/waitFor` (`.status.replicaStatuses.Worker.active` = the node count) makes `up`
+  return once every worker runs, not when training ends; a job whose workers do not all start
+  fails `up` at the create timeout.
 
 Construction (`infra/program.py`):
 

@@ -24,9 +24,19 @@ EFA_RESOURCE = "vpc.amazonaws.com/efa"
 HF_TOKEN_SECRET_KEY = "HF_TOKEN"
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 WAIT_FOR_ANNOTATION = "pulumi.com/waitFor"
-WAIT_FOR_RUNNING = "condition=Running"
-"""pulumi-kubernetes >= 4.18: `up` returns once every worker pod runs. Waiting for Succeeded
-would hold `up` (and the CI runner) for the whole training run."""
+
+
+def wait_for_workers(workers: int) -> str:
+    """pulumi-kubernetes >= 4.18 waits for this before `up` returns: every worker pod running.
+
+    The operator's `Running` condition turns true as soon as *one* worker runs, so
+    `condition=Running` would report success while the other pods still cannot be scheduled
+    (and the running ones wait in rendezvous). Waiting for Succeeded would hold `up` (and the
+    CI runner) for the whole training run.
+    """
+    return f"jsonpath={{.status.replicaStatuses.Worker.active}}={workers}"
+
+
 TRITON_CACHE_DIR = "/tmp/triton_cache"
 RENDEZVOUS_PORT_NAME = "pytorchjob-port"  # the operator reads the rendezvous port by this name
 RENDEZVOUS_PORT = 23456  # the operator's default for that port
@@ -288,7 +298,7 @@ def render_job(
         "name": job.name,
         "namespace": job.namespace,
         "labels": {**labels, "fsdp-eks/run-id": run_id_label},
-        "annotations": {WAIT_FOR_ANNOTATION: WAIT_FOR_RUNNING},
+        "annotations": {WAIT_FOR_ANNOTATION: wait_for_workers(config.gpu_nodes.count)},
     }
     return JobManifest(
         name=job.name,

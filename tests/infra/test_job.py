@@ -164,7 +164,10 @@ def test_run_policy_and_wait_annotation() -> None:
         "activeDeadlineSeconds": 7200,
         "ttlSecondsAfterFinished": 3600,
     }
-    assert manifest["metadata"]["annotations"] == {"pulumi.com/waitFor": "condition=Running"}
+    # Every worker running, not the operator's Running condition (true once one worker runs).
+    assert manifest["metadata"]["annotations"] == {
+        "pulumi.com/waitFor": "jsonpath={.status.replicaStatuses.Worker.active}=4"
+    }
 
 
 def test_rendered_command_parses_with_the_trainers_parser() -> None:
