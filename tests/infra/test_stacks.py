@@ -241,3 +241,18 @@ def test_existing_cluster_stack_creates_only_image_and_job() -> None:
     assert ("aws:eks/getCluster:getCluster", {"name": "ml-team-cluster"}) in [
         (token, {"name": args.get("name")}) for token, args in result.invokes
     ]
+
+
+@pytest.mark.parametrize("name", STACKS)
+def test_a_stack_that_names_an_availability_zone_names_its_region(name: str) -> None:
+    """An AZ only exists in its region: without `aws:region` the stack would run in whatever
+    region the deployer's environment defaults to and fail there (or worse, in CI's default)."""
+    raw = read_stack_file(name).config
+    gpu_zone = (raw.get("fsdp-eks:gpuNodes") or {}).get("availabilityZone")
+    network = (raw.get("fsdp-eks:cluster") or {}).get("network") or {}
+    zones = [z for z in [gpu_zone, *(network.get("availabilityZones") or [])] if z]
+    if not zones:
+        return
+    region = raw.get("aws:region")
+    assert region is not None, f"{name}: availability zones {zones} but no aws:region"
+    assert all(zone.startswith(str(region)) for zone in zones), (region, zones)
