@@ -238,6 +238,21 @@ def cross_section_problems(config: StackConfig) -> list[str]:
             )
 
     cluster = config.cluster
+    if (
+        cluster.mode == "create"
+        and cluster.network.creates_vpc
+        and nodes.capacity.is_reserved
+        and nodes.availability_zone is None
+    ):
+        # A reservation or block exists in one AZ; a new VPC's GPU subnet would otherwise go to
+        # the first AZ, and the node group would wait until EKS gives up on it.
+        problems.append(
+            f"gpuNodes.availabilityZone is required with gpuNodes.capacity.type "
+            f"{nodes.capacity.type!r} in a new VPC: the GPU subnet must be in the AZ of "
+            f"{nodes.capacity.reservation_id or 'the reservation'}; allowed: that AZ's name, "
+            "e.g. us-west-2b"
+        )
+
     fsx = config.storage.fsx
     if (
         cluster.mode == "existing"

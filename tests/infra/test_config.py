@@ -52,6 +52,18 @@ BAD_CONFIGS: list[tuple[str, dict[str, Any], str]] = [
     ),
     ("no GPU nodes at all", with_(gpuNodes=None), "gpuNodes is required and missing"),
     (
+        "reserved capacity in a new VPC without its AZ",
+        with_(
+            gpuNodes={
+                "instanceType": "p5.48xlarge",
+                "count": 2,
+                "capacity": {"type": "reservation", "reservationId": "cr-0123456789abcdef0"},
+            }
+        ),
+        "gpuNodes.availabilityZone is required with gpuNodes.capacity.type 'reservation' in a "
+        "new VPC: the GPU subnet must be in the AZ of cr-0123456789abcdef0",
+    ),
+    (
         "instance type without GPUs",
         with_(gpuNodes={"instanceType": "m5.large", "count": 1}),
         "gpuNodes.instanceType 'm5.large' is not a known GPU instance type; allowed: g5.12xlarge",
