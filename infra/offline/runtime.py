@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +27,7 @@ from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime import rpc, settings
 from pulumi.runtime.proto import resource_pb2
 from pulumi.runtime.stack import wait_for_rpcs
-from pulumi.runtime.sync_await import _sync_await
+from pulumi.runtime.sync_await import _ensure_event_loop, _sync_await
 
 from infra.offline.outputs import FakeCloud
 
@@ -109,6 +110,26 @@ class _RecordingMonitor(pulumi_mocks.MockMonitor):
         super().__init__(mocks)
         self.fake_cloud = mocks
         self.recorded: list[RecordedResource] = []
+        self.thread_loops: set[asyncio.AbstractEventLoop] = set()
+        self._lock = threading.Lock()
+
+    def _track_thread_loop(self) -> None:
+        """Remember the event loop of the executor thread serving this call.
+
+        The SDK calls the monitor from its loop's executor threads, and each of those gets a
+        loop of its own on first use that nothing closes; `evaluate` closes them when done.
+        """
+        loop = _ensure_event_loop()
+        with self._lock:
+            self.thread_loops.add(loop)
+
+    def Invoke(self, request: Any) -> Any:  # noqa: N802 - gRPC method name
+        self._track_thread_loop()
+        return super().Invoke(request)
+
+    def ReadResource(self, request: Any) -> Any:  # noqa: N802 - gRPC method name
+        self._track_thread_loop()
+        return super().ReadResource(request)
 
     def GetDeploymentInfo(self, request: Any) -> Any:  # noqa: N802 - gRPC method name
         info = super().GetDeploymentInfo(request)
@@ -124,6 +145,7 @@ class _RecordingMonitor(pulumi_mocks.MockMonitor):
         return type("SupportsFeatureResponse", (object,), {"hasSupport": supported})
 
     def RegisterResource(self, request: Any) -> Any:  # noqa: N802 - gRPC method name
+        self._track_thread_loop()
         urn = self.make_urn(request.parent, request.type, request.name)
         if request.type == STACK_TYPE:
             return resource_pb2.RegisterResourceResponse(urn=urn)
@@ -195,6 +217,16 @@ def evaluate(
     monitor = _RecordingMonitor(cloud)
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
+    failed = False
+
+    def report_unless_failed(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        # After a failed evaluation the SDK leaves futures holding the very error that was
+        # raised to the caller; asyncio would print each again when they are collected.
+        if failed and isinstance(context.get("exception"), Exception):
+            return
+        loop.default_exception_handler(context)
+
+    loop.set_exception_handler(report_unless_failed)
     try:
         settings.ROOT.set(None)
         entries = _config_entries(project, config)
@@ -206,8 +238,13 @@ def evaluate(
             program()
         except BaseException as exc:
             error = exc
-        _sync_await(wait_for_rpcs())
+        try:
+            _sync_await(wait_for_rpcs())
+        except BaseException:
+            failed = True
+            raise
         if error is not None:
+            failed = True
             raise error
         root = settings.get_root_resource()
         exported = dict(getattr(root, "outputs", {}) or {})
@@ -230,5 +267,9 @@ def evaluate(
             loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
         settings.SETTINGS.outputs.clear()
         settings.ROOT.set(None)
+        loop.run_until_complete(loop.shutdown_default_executor())
         loop.close()
+        for thread_loop in monitor.thread_loops - {loop}:
+            if not thread_loop.is_running():
+                thread_loop.close()
         asyncio.set_event_loop(None)
