@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pulumi
 import pulumi_kubernetes as k8s
-import pytest
-import yaml
 
 from infra.config import StackConfig, parse_stack_config
 from infra.job import JobNamespace, JobNamespaceArgs, TrainingJob, TrainingJobArgs
@@ -26,10 +23,6 @@ from infra.job_manifest import (
 from infra.offline import evaluate
 from trainer.config import parse_args
 
-SCHEMA_PATH = (
-    Path(__file__).resolve().parents[2].parent
-    / "shared/schemas/kubeflow.org_pytorchjobs.v1.9.0.yaml"
-)
 IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/fsdp@sha256:" + "a" * 64
 FORBIDDEN = {
     "NCCL_SOCKET_IFNAME",
@@ -48,14 +41,6 @@ def make_config(stack: str = "exp", **sections: dict[str, Any]) -> StackConfig:
         **sections,
     }
     return parse_stack_config(values, stack_name=stack)
-
-
-@pytest.fixture(scope="module")
-def crd_schema() -> dict[str, Any]:
-    if not SCHEMA_PATH.exists():
-        pytest.skip(f"{SCHEMA_PATH} is not present (shared/ lives outside the repository)")
-    document = yaml.safe_load(SCHEMA_PATH.read_text())
-    return document["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 
 
 def worker(manifest: dict[str, Any]) -> dict[str, Any]:

@@ -2,7 +2,6 @@
 PyTorchJob CRD schema and Kubernetes shapes), expected device counts from the instance table,
 and the parsing of node lists, nvidia-smi output and NCCL logs into a verdict."""
 
-import functools
 import json
 import os
 import socket
@@ -42,7 +41,6 @@ from scripts.validate_cluster import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-SCHEMA = REPO.parent / "shared" / "schemas" / "kubeflow.org_pytorchjobs.v1.9.0.yaml"
 FORBIDDEN_ENV = {"NCCL_SOCKET_IFNAME", "NCCL_PROTO", "NCCL_ALGO", "NCCL_P2P_DISABLE"}
 
 
@@ -174,35 +172,21 @@ def test_nccl_job_without_efa_does_not_ask_for_the_efa_provider():
     assert "FI_PROVIDER" not in {item["name"] for item in container["env"]}
 
 
-@functools.cache
-def _load_schema() -> dict[str, Any]:
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the CRD is ~600 KB
-    crd = yaml.load(SCHEMA.read_text(), Loader=loader)
-    [version] = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
-    return dict(version["schema"]["openAPIV3Schema"])
-
-
-def _schema() -> dict[str, Any]:
-    if not SCHEMA.exists():
-        pytest.skip(f"{SCHEMA} not present (shared reference data)")
-    return _load_schema()
-
-
 @pytest.mark.parametrize(
     ("instance_type", "count"), [("p5.48xlarge", 4), ("g5.8xlarge", 2), ("g5.xlarge", 1)]
 )
-def test_nccl_job_validates_against_the_pytorchjob_crd_schema(instance_type, count):
+def test_nccl_job_validates_against_the_pytorchjob_crd_schema(instance_type, count, crd_schema):
     job = nccl_job(stack(instance_type, count), image="img:1", run_id="validate-1")
     # Through YAML, as kubectl sends it.
     document = yaml.safe_load(validate_cluster.to_yaml([job]))
-    jsonschema.validate(document, _schema())
+    jsonschema.validate(document, crd_schema)
 
 
-def test_the_crd_schema_check_catches_a_broken_job():
+def test_the_crd_schema_check_catches_a_broken_job(crd_schema):
     job = nccl_job(P5, image="img:1", run_id="validate-1")
     job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] = "two"
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(job, _schema())
+        jsonschema.validate(job, crd_schema)
 
 
 def _check_pod_shape(pod: dict[str, Any]) -> None:
