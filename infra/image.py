@@ -40,6 +40,7 @@ from infra.config.image import ImageConfig
 from infra.image_build import ImageBuild
 from infra.image_source import build_fingerprint, write_source_archive
 from infra.job_manifest import TRAINER_USER_ID
+from infra.s3 import guard_bucket
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -277,35 +278,7 @@ class TrainerImage(pulumi.ComponentResource):
             tags=tags,
             opts=child,
         )
-        guards: list[pulumi.Resource] = [
-            aws.s3.BucketPublicAccessBlock(
-                f"{name}-source-public-access",
-                bucket=bucket.id,
-                block_public_acls=True,
-                block_public_policy=True,
-                ignore_public_acls=True,
-                restrict_public_buckets=True,
-                opts=child,
-            ),
-            aws.s3.BucketOwnershipControls(
-                f"{name}-source-ownership",
-                bucket=bucket.id,
-                rule={"object_ownership": "BucketOwnerEnforced"},
-                opts=child,
-            ),
-            aws.s3.BucketServerSideEncryptionConfiguration(
-                f"{name}-source-encryption",
-                bucket=bucket.id,
-                rules=[{"apply_server_side_encryption_by_default": {"sse_algorithm": "AES256"}}],
-                opts=child,
-            ),
-            aws.s3.BucketVersioning(
-                f"{name}-source-versioning",
-                bucket=bucket.id,
-                versioning_configuration={"status": "Enabled"},
-                opts=child,
-            ),
-        ]
+        guards = list(guard_bucket(f"{name}-source", bucket, child))
         aws.s3.BucketLifecycleConfiguration(
             f"{name}-source-lifecycle",
             bucket=bucket.id,

@@ -40,6 +40,7 @@ import pulumi_kubernetes as k8s
 
 from infra.config.storage import StorageConfig, claim_name_for
 from infra.iam import POD_IDENTITY_PRINCIPAL
+from infra.s3 import guard_bucket
 
 LUSTRE_PORTS: tuple[tuple[int, int], ...] = ((988, 988), (1018, 1023))
 """TCP ports Lustre (LNet) uses between clients and the file system servers."""
@@ -157,38 +158,7 @@ class Storage(pulumi.ComponentResource):
             opts=self._opts(**keep),
         )
         # The hardening is retained with the bucket: a kept bucket must stay private.
-        aws.s3.BucketOwnershipControls(
-            f"{self._name}-bucket-ownership",
-            bucket=bucket.id,
-            rule={"object_ownership": "BucketOwnerEnforced"},
-            opts=self._opts(**keep),
-        )
-        access_block = aws.s3.BucketPublicAccessBlock(
-            f"{self._name}-bucket-public-access",
-            bucket=bucket.id,
-            block_public_acls=True,
-            block_public_policy=True,
-            ignore_public_acls=True,
-            restrict_public_buckets=True,
-            opts=self._opts(**keep),
-        )
-        aws.s3.BucketVersioning(
-            f"{self._name}-bucket-versioning",
-            bucket=bucket.id,
-            versioning_configuration={"status": "Enabled"},
-            opts=self._opts(**keep),
-        )
-        aws.s3.BucketServerSideEncryptionConfiguration(
-            f"{self._name}-bucket-encryption",
-            bucket=bucket.id,
-            rules=[
-                {
-                    "apply_server_side_encryption_by_default": {"sse_algorithm": "AES256"},
-                    "bucket_key_enabled": True,
-                }
-            ],
-            opts=self._opts(**keep),
-        )
+        guards = guard_bucket(f"{self._name}-bucket", bucket, self._opts(**keep), bucket_key=True)
         tls_only = pulumi.Output.json_dumps(
             {
                 "Version": "2012-10-17",
@@ -209,7 +179,7 @@ class Storage(pulumi.ComponentResource):
             bucket=bucket.id,
             policy=tls_only,
             # S3 rejects policy writes that race the public access block being applied.
-            opts=self._opts(depends_on=[access_block], **keep),
+            opts=self._opts(depends_on=[guards.public_access], **keep),
         )
         return bucket.bucket, bucket.arn
 
