@@ -256,29 +256,15 @@ def test_an_empty_gpu_selector_is_refused():
 
 def test_wired_to_the_real_cluster_component():
     """The plugins select the cluster's GPU nodes, tolerate its taints and wait for its nodes."""
-    from infra.cluster import Cluster, ClusterArgs
-    from infra.config.stack import parse_stack_config
-    from infra.network import Network, NetworkArgs
+    from tests.infra.platform_util import real_platform
 
     def program() -> None:
-        stack = parse_stack_config(
+        stack, cluster = real_platform(
             {
-                "gpuNodes": {
-                    "instanceType": "p5.48xlarge",
-                    "count": 2,
-                    "taints": [{"key": "team", "value": "ml"}],
-                },
-                "cost": {"maxUsdPerRun": None},
-            },
-            stack_name="dev",
-        )
-        network = Network(
-            "network",
-            NetworkArgs(config=stack.cluster.network, gpu_availability_zone=None, tags={}),
-        )
-        cluster = Cluster(
-            "platform",
-            ClusterArgs(cluster=stack.cluster, gpu_nodes=stack.gpu_nodes, network=network, tags={}),
+                "instanceType": "p5.48xlarge",
+                "count": 2,
+                "taints": [{"key": "team", "value": "ml"}],
+            }
         )
         Addons(
             "addons",

@@ -345,26 +345,10 @@ def test_addon_version_is_passed_when_pinned():
 
 def test_wired_to_the_real_cluster_component():
     """FSx in the cluster's GPU subnet, Lustre open to the cluster SG, CSI after the agent."""
-    from infra.cluster import Cluster, ClusterArgs
-    from infra.config.stack import parse_stack_config
-    from infra.network import Network, NetworkArgs
+    from tests.infra.platform_util import real_platform
 
     def program() -> None:
-        stack = parse_stack_config(
-            {
-                "gpuNodes": {"instanceType": "p5.48xlarge", "count": 2},
-                "cost": {"maxUsdPerRun": None},
-            },
-            stack_name="dev",
-        )
-        network = Network(
-            "network",
-            NetworkArgs(config=stack.cluster.network, gpu_availability_zone=None, tags={}),
-        )
-        cluster = Cluster(
-            "platform",
-            ClusterArgs(cluster=stack.cluster, gpu_nodes=stack.gpu_nodes, network=network, tags={}),
-        )
+        stack, cluster = real_platform({"instanceType": "p5.48xlarge", "count": 2})
         Storage(
             "storage",
             StorageArgs(
