@@ -1,9 +1,7 @@
 """Throughput, MFU and the sinks that record them (log line, JSONL file, TensorBoard).
 
-MFU follows the PaLM appendix convention used by torchtitan: model FLOPs per token are
-6 x (parameters that do matmuls for a token) + 12 x layers x heads x head_dim x seq_len for
-attention scores and values (forward + backward, causal mask not discounted). Embedding
-lookups are not matmuls and are left out; the LM head is counted even when it is tied.
+The FLOPs-per-token formula and the peak table live in `trainer.flops` (torch-free, so the
+Pulumi program estimates a run's length with the same figures); they are re-exported here.
 """
 
 from __future__ import annotations
@@ -20,31 +18,15 @@ from typing import IO, Any
 
 import torch
 
+from trainer.flops import (  # noqa: F401  (re-exported: the trainer and tests use them here)
+    PEAK_BF16_FLOPS,
+    flops_per_token,
+    matmul_params_per_token,
+    peak_flops_of,
+)
 from trainer.log import get_logger
 
 logger = get_logger("metrics")
-
-# Dense (no sparsity) bf16 tensor-core peak per GPU, from NVIDIA's data sheets. Matched by
-# substring of torch.cuda.get_device_name(); the first match wins, so specific names go first.
-PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
-    ("GB200", 2.5e15),
-    ("B200", 2.25e15),
-    ("GH200", 989.4e12),
-    ("H200", 989.4e12),
-    ("H100 PCIe", 756.0e12),
-    ("H100 NVL", 835.0e12),
-    ("H100", 989.4e12),  # SXM ("NVIDIA H100 80GB HBM3")
-    ("H800", 989.4e12),
-    ("A100", 312.0e12),
-    ("A800", 312.0e12),
-    ("L40S", 362.05e12),
-    ("L40", 181.05e12),
-    ("L4", 121.0e12),
-    # The A10G (g5) is a different part from the A10: its published dense bf16 figure is
-    # 70 TFLOP/s, against the A10 data sheet's 125. Using 125 would halve g5 MFU.
-    ("A10G", 70.0e12),
-    ("A10", 125.0e12),
-)
 
 
 def peak_flops(device: torch.device) -> float | None:
@@ -52,34 +34,10 @@ def peak_flops(device: torch.device) -> float | None:
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)
-    for key, flops in PEAK_BF16_FLOPS:
-        if key in name:
-            return flops
-    logger.warning("no peak FLOP/s known for GPU %r: MFU will not be reported", name)
-    return None
-
-
-def matmul_params_per_token(config: Any) -> int:
-    """Parameters a token is multiplied through: attention, the active MLP experts, LM head."""
-    hidden = int(config.hidden_size)
-    heads = int(config.num_attention_heads)
-    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
-    attention = hidden * head_dim * (2 * heads + 2 * kv_heads)
-    mlp = 3 * hidden * int(config.intermediate_size)
-    experts = int(getattr(config, "num_local_experts", 0) or 0)
-    if experts:
-        active = int(config.num_experts_per_tok)
-        mlp = active * mlp + hidden * experts  # routed experts plus the router
-    return int(config.num_hidden_layers) * (attention + mlp) + int(config.vocab_size) * hidden
-
-
-def flops_per_token(config: Any, seq_len: int) -> int:
-    """Training FLOPs (forward + backward) per token at this sequence length."""
-    heads = int(config.num_attention_heads)
-    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
-    attention_scores = 12 * int(config.num_hidden_layers) * heads * head_dim * seq_len
-    return 6 * matmul_params_per_token(config) + attention_scores
+    flops = peak_flops_of(name)
+    if flops is None:
+        logger.warning("no peak FLOP/s known for GPU %r: MFU will not be reported", name)
+    return flops
 
 
 def peak_memory_gib(device: torch.device) -> float:

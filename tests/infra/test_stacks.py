@@ -10,6 +10,7 @@ import jsonschema
 import pytest
 
 from infra.config import StackConfig, load_stack_file, read_stack_file
+from infra.duration import estimate_duration
 from infra.job_manifest import EFA_RESOURCE, GPU_RESOURCE
 from infra.offline import Evaluation, RecordedResource, evaluate
 from infra.program import main as program
@@ -251,3 +252,16 @@ def test_a_stack_that_names_an_availability_zone_names_its_region(name: str) -> 
     region = raw.get("aws:region")
     assert region is not None, f"{name}: availability zones {zones} but no aws:region"
     assert all(zone.startswith(str(region)) for zone in zones), (region, zones)
+
+
+@pytest.mark.parametrize("name", STACKS)
+def test_the_run_fits_its_own_deadline(name: str) -> None:
+    """The trainer's own FLOPs per token and per-GPU peak (trainer.flops), at the MFU that
+    infra.duration assumes, plus a start-up allowance: a deadline shorter than that kills the
+    run before maxSteps, after the GPUs were paid for."""
+    config = load_stack_file(name)
+    assert config.job.max_run_hours is not None
+    estimate = estimate_duration(config)
+    assert estimate.hours <= config.job.max_run_hours, (
+        f"{name}: {estimate.summary()} exceeds job.maxRunHours {config.job.max_run_hours:g}"
+    )
