@@ -36,6 +36,7 @@ import pulumi_eks as eks
 import pulumi_kubernetes as k8s
 
 from infra.config.cluster import ClusterConfig, GpuNodesConfig
+from infra.eks_versions import UPGRADE_SUPPORT_TYPE
 from infra.gpu_nodes import NODE_POOL_LABEL, GpuNodeGroup, GpuNodeGroupArgs, gpu_tolerations
 from infra.iam import aws_managed_policy_arn, node_role, service_trust_policy
 from infra.network import Network
@@ -240,6 +241,9 @@ class Cluster(pulumi.ComponentResource):
             f"{name}-eks",
             name=cluster_name,
             version=config.kubernetes_version,
+            # Explicit: EKS defaults new clusters to EXTENDED, which starts billing extended
+            # support the day the version leaves standard support (infra/eks_versions.py).
+            upgrade_policy=aws.eks.ClusterUpgradePolicyArgs(support_type=UPGRADE_SUPPORT_TYPE),
             vpc_id=network.vpc_id,
             private_subnet_ids=network.private_subnet_ids,
             endpoint_private_access=config.endpoint_private_access,

@@ -19,10 +19,13 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from infra.config.base import ConfigSection
+from infra.eks_versions import (
+    DEFAULT_KUBERNETES_VERSION,
+    UPGRADE_SUPPORT_TYPE,
+    check_kubernetes_version,
+    in_standard_support,
+)
 from infra.instances import INSTANCE_FACTS, InstanceFacts, instance_facts
-
-DEFAULT_KUBERNETES_VERSION = "1.33"
-"""A version EKS supports in standard support and the AL2023 NVIDIA AMI is published for."""
 
 GPU_TAINT_KEY = "nvidia.com/gpu"
 """Taint on every GPU node: only pods that tolerate it (the job, GPU plugins) land there."""
@@ -204,7 +207,12 @@ class ClusterConfig(ConfigSection):
     kubernetes_version: str = Field(
         default=DEFAULT_KUBERNETES_VERSION,
         pattern=r"^1\.\d{2}$",
-        description='Kubernetes minor version of a created cluster (e.g. "1.33").',
+        description=(
+            "Kubernetes minor version of a created cluster: one still in EKS standard support "
+            f"({', '.join(in_standard_support())}; dates in infra/eks_versions.py). The "
+            f"cluster's upgrade policy is {UPGRADE_SUPPORT_TYPE}: at the end of standard "
+            "support EKS upgrades the control plane instead of billing extended support."
+        ),
     )
     endpoint_public_access: bool = Field(
         default=True,
@@ -268,6 +276,11 @@ class ClusterConfig(ConfigSection):
         default_factory=SystemNodesConfig,
         description="The CPU node group for add-ons and operators (create mode).",
     )
+
+    @field_validator("kubernetes_version")
+    @classmethod
+    def _version_in_standard_support(cls, value: str) -> str:
+        return check_kubernetes_version(value)
 
     @field_validator("admin_role_arn")
     @classmethod

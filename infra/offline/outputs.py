@@ -18,6 +18,7 @@ from typing import Any
 
 from pulumi.runtime import mocks as pulumi_mocks
 
+from infra.eks_versions import DEFAULT_KUBERNETES_VERSION
 from infra.instances import INSTANCE_FACTS
 
 ACCOUNT_ID = "123456789012"
@@ -51,7 +52,7 @@ def _eks_cluster(name: str, inputs: dict[str, Any]) -> dict[str, Any]:
             "clusterSecurityGroupId": f"sg-{short_hash(name + 'cluster')}",
             "vpcId": inputs.get("vpcConfig", {}).get("vpcId", f"vpc-{short_hash(name)}"),
         },
-        "version": inputs.get("version", "1.33"),
+        "version": inputs.get("version", DEFAULT_KUBERNETES_VERSION),
         "status": "ACTIVE",
     }
 

@@ -175,13 +175,13 @@ def test_version_endpoint_access_and_subnets_from_config() -> None:
     result = build(
         {
             "name": "train",
-            "kubernetesVersion": "1.32",
+            "kubernetesVersion": "1.34",
             "endpointPublicAccess": True,
             "publicAccessCidrs": ["203.0.113.0/24"],
         }
     )
     cluster = result.one(EKS).inputs
-    assert cluster["version"] == "1.32"
+    assert cluster["version"] == "1.34"
     assert cluster["endpointPrivateAccess"] is True
     assert cluster["publicAccessCidrs"] == ["203.0.113.0/24"]
     assert cluster["createOidcProvider"] is True
@@ -192,6 +192,14 @@ def test_version_endpoint_access_and_subnets_from_config() -> None:
     private_only = build({"name": "train", "endpointPublicAccess": False}).one(EKS).inputs
     assert private_only["endpointPublicAccess"] is False
     assert "publicAccessCidrs" not in private_only
+
+
+def test_default_version_upgrades_at_the_end_of_standard_support(created: Evaluation) -> None:
+    # EKS's own default policy is EXTENDED: billed extra once the version leaves standard support.
+    cluster = created.one(EKS).inputs
+    assert cluster["version"] == "1.35"
+    assert cluster["upgradePolicy"] == {"supportType": "STANDARD"}
+    assert created.one(NODE_GROUP).inputs["version"] == "1.35"
 
 
 def test_default_name_is_project_and_stack() -> None:

@@ -1,5 +1,6 @@
 """The cluster and gpuNodes sections: defaults that are safe, and errors that name the key."""
 
+from datetime import date
 from typing import Any
 
 import pytest
@@ -13,6 +14,8 @@ from infra.config.cluster import (
     SystemNodesConfig,
     TaintConfig,
 )
+from infra.eks_versions import EKS_VERSIONS, in_standard_support
+from infra.pricing import SOURCES
 
 SECTIONS: list[type[BaseModel]] = [
     ClusterConfig,
@@ -47,7 +50,7 @@ def test_defaults_create_a_private_logged_encrypted_cluster() -> None:
 def test_camel_case_keys_from_a_stack_file() -> None:
     config = ClusterConfig.model_validate(
         {
-            "kubernetesVersion": "1.32",
+            "kubernetesVersion": "1.34",
             "adminRoleArn": "arn:aws:iam::123456789012:role/platform-admins",
             "network": {
                 "vpcCidr": "10.8.0.0/16",
@@ -56,7 +59,7 @@ def test_camel_case_keys_from_a_stack_file() -> None:
             "systemNodes": {"instanceType": "m6i.2xlarge", "desiredSize": 3},
         }
     )
-    assert config.kubernetes_version == "1.32"
+    assert config.kubernetes_version == "1.34"
     assert config.network.availability_zones == ["us-east-1a", "us-east-1b"]
     assert config.system_nodes.desired_size == 3
     assert gpu(rootVolumeGiB=1000).root_volume_gib == 1000
@@ -106,6 +109,28 @@ def test_camel_case_keys_from_a_stack_file() -> None:
 def test_cluster_errors_name_the_key(data: dict[str, Any], message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         ClusterConfig.model_validate(data)
+
+
+def test_default_version_is_in_standard_support_on_the_price_tables_date() -> None:
+    # A cluster priced as of the price table's date must not be billed for extended support
+    # then: EKS calendar, 1.33 left standard support on 2026-07-29 (before 2026-11-09).
+    priced_on = max(date.fromisoformat(source.as_of) for source in SOURCES.values())
+    version = ClusterConfig.model_validate({}).kubernetes_version
+    assert EKS_VERSIONS[version].end_of_standard_support > priced_on
+    assert version == max(in_standard_support(priced_on), key=lambda v: int(v.split(".")[1]))
+
+
+@pytest.mark.parametrize(
+    ("version", "message"),
+    [
+        ("1.33", r"'1\.33' left EKS standard support on 2026-07-29 .*allowed: 1\.34, 1\.35"),
+        ("1.29", r"'1\.29' is not in the project's table .*allowed: 1\.34, 1\.35"),
+        ("1.36", r"'1\.36' is not in the project's table"),
+    ],
+)
+def test_versions_outside_standard_support_are_rejected(version: str, message: str) -> None:
+    with pytest.raises(ValidationError, match=rf"cluster\.kubernetesVersion {message}"):
+        ClusterConfig.model_validate({"kubernetesVersion": version})
 
 
 def test_existing_mode_needs_only_a_name_and_skips_the_agent_by_default() -> None:
