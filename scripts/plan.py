@@ -194,6 +194,7 @@ def render(plan: Plan) -> str:
     lines = [
         f"Stack {plan.stack.stack_name} ({display_path(plan.stack.path)})",
         *(f"  {line}" for line in summary_lines(plan.config)),
+        *(f"  Warning: {warning}" for warning in plan.stack.warnings),
         "",
         f"Resources ({len(evaluation.resources)}), evaluated offline in {plan.seconds:.2f}s:",
         *resource_tree(evaluation),

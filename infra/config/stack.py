@@ -20,6 +20,7 @@ import json
 import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +161,19 @@ class StackConfig(ConfigSection):
         )
 
 
+def gated_hub_references(*, init_from: Any, tokenizer: Any, dataset: Any) -> list[str]:
+    """`key 'value'` for each Hugging Face Hub reference that needs hfToken to download."""
+    return [
+        f"{key} {value!r}"
+        for key, value in (
+            ("model.initFrom", init_from),
+            ("data.tokenizer", tokenizer),
+            ("data.dataset", dataset),
+        )
+        if isinstance(value, str) and value.startswith(GATED_HUB_ORGS)
+    ]
+
+
 def cross_section_problems(config: StackConfig) -> list[str]:
     """Problems that only show when sections are read together, one message each."""
     problems: list[str] = []
@@ -222,15 +236,11 @@ def cross_section_problems(config: StackConfig) -> list[str]:
         )
 
     if config.hf_token is None:
-        gated = [
-            f"{key} {value!r}"
-            for key, value in (
-                ("model.initFrom", config.model.init_from),
-                ("data.tokenizer", config.data.tokenizer),
-                ("data.dataset", config.data.dataset),
-            )
-            if value is not None and value.startswith(GATED_HUB_ORGS)
-        ]
+        gated = gated_hub_references(
+            init_from=config.model.init_from,
+            tokenizer=config.data.tokenizer,
+            dataset=config.data.dataset,
+        )
         if gated:
             problems.append(
                 f"{', '.join(gated)} is gated on the Hugging Face hub and hfToken is not set; "
@@ -504,6 +514,10 @@ class StackFile:
     path: Path
     config: dict[str, Any]
     secret_keys: list[str]
+    warnings: list[str] = dataclass_field(default_factory=list)
+    """What `pulumi up` needs that the file lacks: a secret the run needs and only the
+    deployer sets (`hfToken` for a gated model), read here as a placeholder so that the
+    offline plan shows the run as it will be; the program itself refuses without it."""
 
 
 def stack_file_path(stack: str | Path, stacks_dir: Path | None = None) -> Path:
@@ -538,7 +552,36 @@ def read_stack_file(stack: str | Path, stacks_dir: Path | None = None) -> StackF
             secret_keys.append(key)
         else:
             config[key] = value
-    return StackFile(stack_name=name, path=path, config=config, secret_keys=secret_keys)
+    warnings = []
+    token_needed_by = _gated_in_raw(config)
+    if token_needed_by and not any(_unqualified(key) == HF_TOKEN_KEY for key in config):
+        # A shipped stack cannot carry a token (only the deployer's secrets provider can
+        # decrypt one), so the file has none until `pulumi config set --secret` writes it.
+        key = f"{PROJECT}:{HF_TOKEN_KEY}"
+        config[key] = SECRET_PLACEHOLDER
+        secret_keys.append(key)
+        warnings.append(
+            f"{HF_TOKEN_KEY} is not set and {', '.join(token_needed_by)} is gated on the "
+            f"Hugging Face hub: `pulumi up` refuses this stack until you run `pulumi config "
+            f"set --secret {HF_TOKEN_KEY} hf_... -s {name}` (planned here as if it were set)"
+        )
+    return StackFile(
+        stack_name=name, path=path, config=config, secret_keys=secret_keys, warnings=warnings
+    )
+
+
+def _gated_in_raw(values: Mapping[str, Any]) -> list[str]:
+    """gated_hub_references over a stack file's raw sections (before validation)."""
+    sections = {_unqualified(key): value for key, value in values.items()}
+    model = sections.get("model")
+    data = sections.get("data")
+    model = model if isinstance(model, Mapping) else {}
+    data = data if isinstance(data, Mapping) else {}
+    return gated_hub_references(
+        init_from=model.get("initFrom"),
+        tokenizer=data.get("tokenizer"),
+        dataset=data.get("dataset"),
+    )
 
 
 def load_stack_file(stack: str | Path, stacks_dir: Path | None = None) -> StackConfig:

@@ -8,11 +8,12 @@ from typing import Any
 
 import jsonschema
 import pytest
+import yaml
 
-from infra.config import StackConfig, load_stack_file, read_stack_file
+from infra.config import StackConfig, StackConfigError, load_stack_file, read_stack_file
 from infra.duration import estimate_duration
 from infra.job_manifest import EFA_RESOURCE, GPU_RESOURCE
-from infra.offline import Evaluation, RecordedResource, evaluate
+from infra.offline import Evaluation, FakeCloud, RecordedResource, evaluate
 from infra.program import main as program
 from trainer.config import TrainConfig, parse_args
 
@@ -265,3 +266,73 @@ def test_the_run_fits_its_own_deadline(name: str) -> None:
     assert estimate.hours <= config.job.max_run_hours, (
         f"{name}: {estimate.summary()} exceeds job.maxRunHours {config.job.max_run_hours:g}"
     )
+
+
+def test_no_shipped_stack_carries_an_encrypted_value() -> None:
+    """A `secure:` value decrypts only with the secrets provider of the stack that encrypted
+    it (Pulumi docs, "Secrets": `pulumi config set --secret` stores the ciphertext in the
+    stack settings file), so a placeholder makes a real preview fail before the program runs.
+    Secrets are the deployer's to set; the stack file's comment says how."""
+    for name in STACKS:
+        document = yaml.safe_load((REPO_ROOT / "stacks" / f"Pulumi.{name}.yaml").read_text())
+        encrypted = [
+            key
+            for key, value in document["config"].items()
+            if isinstance(value, dict) and "secure" in value
+        ]
+        assert encrypted == [], f"{name}: {encrypted}"
+
+
+class _CountingCloud(FakeCloud):
+    def __init__(self) -> None:
+        super().__init__()
+        self.registered: list[str] = []
+
+    def new_resource(self, args: Any) -> tuple[str, dict[str, Any]]:
+        self.registered.append(args.typ)
+        return super().new_resource(args)
+
+
+def test_a_gated_tokenizer_without_hf_token_stops_the_program_naming_hf_token() -> None:
+    """As the engine passes llama31-8b-p5 before the deployer sets the token (no placeholder):
+    the program stops naming hfToken and the command, with nothing registered (no cost)."""
+    raw = yaml.safe_load((REPO_ROOT / "stacks/Pulumi.llama31-8b-p5.yaml").read_text())["config"]
+    assert not any(key.endswith(":hfToken") for key in raw)
+    cloud = _CountingCloud()
+    with pytest.raises(StackConfigError) as caught:
+        evaluate(program, config=raw, stack="llama31-8b-p5", fake_cloud=cloud)
+    assert caught.value.problems == [
+        "data.tokenizer 'meta-llama/Llama-3.1-8B' is gated on the Hugging Face hub and hfToken "
+        "is not set; add it with `pulumi config set --secret hfToken hf_...`"
+    ]
+    assert cloud.registered == []
+    with_token = {**raw, "fsdp-eks:hfToken": "hf_test"}
+    evaluate(program, config=with_token, secret_keys=["fsdp-eks:hfToken"], stack="llama31-8b-p5")
+
+
+def test_the_offline_reader_warns_about_the_missing_token_and_plans_as_if_set() -> None:
+    stack_file = read_stack_file("llama31-8b-p5")
+    (warning,) = stack_file.warnings
+    assert "hfToken is not set" in warning
+    assert "pulumi config set --secret hfToken hf_... -s llama31-8b-p5" in warning
+    assert stack_file.secret_keys == ["fsdp-eks:hfToken"]
+    assert load_stack_file("llama31-8b-p5").hf_token is not None
+    for name in STACKS:  # stacks that need no token get neither a token nor a warning
+        if name != "llama31-8b-p5":
+            assert read_stack_file(name).warnings == [], name
+            assert load_stack_file(name).hf_token is None, name
+
+
+@pytest.mark.parametrize("name", STACKS)
+def test_every_node_of_a_multi_node_stack_checkpoints_to_one_shared_claim(name: str) -> None:
+    """Issue 9 item 8: llama32-1b-g5 ran 4 nodes on pod-local emptyDir volumes, so each node's
+    ranks wrote their DCP shards where no other node could see them and the run died at its first
+    save (tests/test_local_run.py rehearses that crash). Every multi-node job mounts one claim."""
+    config, result = stack(name)
+    job = job_of(result)
+    volumes = {v["name"]: v for v in pod_of(job)["volumes"]}
+    checkpoint_dir = trainer_config(job).checkpoint.checkpoint_dir
+    mount = next(m for m in container_of(job)["volumeMounts"] if m["name"] == "shared")
+    assert checkpoint_dir is not None and checkpoint_dir.startswith(f"{mount['mountPath']}/")
+    if config.gpu_nodes.count > 1:
+        assert "persistentVolumeClaim" in volumes["shared"], (name, volumes["shared"])
