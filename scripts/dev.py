@@ -64,7 +64,10 @@ def ensure_venv(group: str) -> Path:
         "export",
         "--frozen",
         "--quiet",
-        "--all-groups",
+        # The group being installed (plus the default infra group), not --all-groups: uv
+        # refuses that once pyproject declares conflicting groups (checkov vs infra).
+        "--group",
+        group,
         "--no-hashes",
         "--no-emit-project",
         "--no-header",
@@ -84,8 +87,36 @@ def ensure_venv(group: str) -> Path:
         "--editable",
         ".",
     )
+    if group == "dev":
+        ensure_checkov_env(python)
     stamp.write_text(digest)
     return python
+
+
+def ensure_checkov_env(python: Path) -> None:
+    """checkov's pins conflict with pulumi's (pyproject.toml, group `checkov`), so it lives in
+    its own environment, .venv/checkov, pinned by the same uv.lock; the tests run its binary."""
+    env = VENV / "checkov"
+    env_python = env / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+    if not env_python.exists():
+        venv.create(env, with_pip=True)
+    requirements = VENV / "checkov-requirements.txt"
+    run(
+        python,
+        "-m",
+        "uv",
+        "export",
+        "--frozen",
+        "--quiet",
+        "--only-group",
+        "checkov",
+        "--no-emit-project",
+        "--no-hashes",
+        "--no-header",
+        "--output-file",
+        requirements,
+    )
+    run(env_python, "-m", "pip", "install", "--quiet", "--requirement", requirements)
 
 
 def command_test(python: Path, pytest_args: list[str]) -> None:
