@@ -9,7 +9,15 @@ CIDR block since every pod on a GPU node takes a VPC IP.
 Construct (create-cluster mode only; an existing cluster brings its own network):
 
     network = Network("net", NetworkArgs(config=cluster.network,
-                                         gpu_availability_zone=gpu_nodes.availability_zone))
+                                         gpu_availability_zone=gpu_nodes.availability_zone,
+                                         gpu_instance_type=gpu_nodes.instance_type))
+
+Not every AZ offers every instance type (p4d/p5 are in a few AZs of a region), and the AZ of a
+new GPU subnet is fixed before anything is registered, so the AZ is checked against EC2's
+offerings (`DescribeInstanceTypeOfferings` through `aws.ec2.get_instance_type_offerings`, the
+call pulumi-eks makes in `nodejs/eks/nodes/instances.ts` `getSupportedAZs` before it filters EFA
+subnets). Without that check the subnet, FSx and the node group land in an AZ where EKS can
+never launch the nodes, which only shows after the cluster has been created.
 """
 
 from __future__ import annotations
@@ -17,11 +25,13 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import pulumi
 import pulumi_aws as aws
 
 from infra.config.cluster import NetworkConfig
+from infra.config.stack import StackConfigError
 
 INTERNAL_ELB_TAG = {"kubernetes.io/role/internal-elb": "1"}
 PUBLIC_ELB_TAG = {"kubernetes.io/role/elb": "1"}
@@ -65,8 +75,10 @@ class NetworkArgs:
 
     config: NetworkConfig
     gpu_availability_zone: str | None = None
-    """AZ of the GPU capacity; default: the first system AZ (new VPC) or the GPU subnet's AZ
-    (existing VPC, which must then agree with it)."""
+    """AZ of the GPU capacity; default: the first system AZ that offers `gpu_instance_type`
+    (new VPC) or the GPU subnet's AZ (existing VPC, which must then agree with it)."""
+    gpu_instance_type: str | None = None
+    """The GPU nodes' instance type: the GPU AZ must offer it. None: no offerings check."""
     tags: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -88,7 +100,7 @@ class Network(pulumi.ComponentResource):
         if args.config.creates_vpc:
             self._create(name, args)
         else:
-            self._reuse(args.config, args.gpu_availability_zone)
+            self._reuse(args.config, args.gpu_availability_zone, args.gpu_instance_type)
         self.register_outputs(
             {
                 "vpcId": self.vpc_id,
@@ -98,27 +110,44 @@ class Network(pulumi.ComponentResource):
             }
         )
 
-    def _reuse(self, config: NetworkConfig, requested_az: str | None) -> None:
+    def _reuse(
+        self, config: NetworkConfig, requested_az: str | None, instance_type: str | None
+    ) -> None:
         # Nothing is registered: the stack must never own (or destroy) someone else's VPC.
         assert config.vpc_id is not None and config.gpu_subnet_id is not None
         gpu_subnet_id = config.gpu_subnet_id
-        subnet_az = aws.ec2.get_subnet_output(
-            id=gpu_subnet_id, opts=pulumi.InvokeOutputOptions(parent=self)
-        ).availability_zone
+        invoke = pulumi.InvokeOutputOptions(parent=self)
+        subnet_az = aws.ec2.get_subnet_output(id=gpu_subnet_id, opts=invoke).availability_zone
+        offering: pulumi.Output[list[str] | None] = (
+            _offerings_output(instance_type, invoke)
+            if instance_type is not None
+            else pulumi.Output.from_input(None)
+        )
 
-        def same_az(actual: str) -> str:
+        def same_az(values: list[Any]) -> str:
+            actual, offered = values
             # Reserved capacity lives in one AZ: nodes in another AZ's subnet never launch.
             if requested_az is not None and actual != requested_az:
-                raise ValueError(
-                    f"gpuNodes.availabilityZone is {requested_az!r} but "
-                    f"cluster.network.gpuSubnetId {gpu_subnet_id!r} is in {actual!r}; "
-                    "make them agree (or drop gpuNodes.availabilityZone)"
+                raise StackConfigError(
+                    [
+                        f"gpuNodes.availabilityZone is {requested_az!r} but "
+                        f"cluster.network.gpuSubnetId {gpu_subnet_id!r} is in {actual!r}; "
+                        "make them agree (or drop gpuNodes.availabilityZone)"
+                    ]
+                )
+            if offered is not None and actual not in offered:
+                raise StackConfigError(
+                    [
+                        f"cluster.network.gpuSubnetId {gpu_subnet_id!r} is in {actual!r}, "
+                        f"which does not offer gpuNodes.instanceType {instance_type!r}; "
+                        f"AZs that do: {sorted(offered)} (give a subnet in one of them)"
+                    ]
                 )
             return gpu_subnet_id
 
         self.vpc_id = pulumi.Output.from_input(config.vpc_id)
         self.private_subnet_ids = pulumi.Output.from_input(list(config.private_subnet_ids))
-        self.gpu_subnet_id = subnet_az.apply(same_az)
+        self.gpu_subnet_id = pulumi.Output.all(subnet_az, offering).apply(same_az)
         self.gpu_availability_zone = subnet_az
         self.public_subnet_ids = pulumi.Output.from_input([])
 
@@ -136,7 +165,15 @@ class Network(pulumi.ComponentResource):
             opts=pulumi.InvokeOptions(parent=self),
         ).names
         system_azs = _system_azs(config, available)
-        gpu_az = _gpu_az(args.gpu_availability_zone, system_azs, available)
+        # Decided before registration: the GPU subnet's AZ is a plain input, and its name too.
+        offering = (
+            _offerings(args.gpu_instance_type, pulumi.InvokeOptions(parent=self))
+            if args.gpu_instance_type is not None
+            else None
+        )
+        gpu_az = _gpu_az(
+            args.gpu_availability_zone, system_azs, available, offering, args.gpu_instance_type
+        )
         plan = plan_subnets(config.vpc_cidr, system_azs)
         child = pulumi.ResourceOptions(parent=self)
         tags = dict(args.tags)
@@ -280,12 +317,83 @@ def _system_azs(config: NetworkConfig, available: Sequence[str]) -> list[str]:
     return list(config.availability_zones)
 
 
-def _gpu_az(requested: str | None, system_azs: Sequence[str], available: Sequence[str]) -> str:
-    if requested is None:
+def _offerings(instance_type: str, opts: pulumi.InvokeOptions) -> list[str]:
+    """Names of the region's AZs where EC2 offers `instance_type`.
+
+    `location_type="availability-zone"` makes `locations` AZ names (the same names as the
+    subnets'); the default, `region`, would only say whether the region has the type at all.
+    """
+    return list(
+        aws.ec2.get_instance_type_offerings(
+            filters=[_instance_type_filter(instance_type)],
+            location_type="availability-zone",
+            opts=opts,
+        ).locations
+    )
+
+
+def _offerings_output(
+    instance_type: str, opts: pulumi.InvokeOutputOptions
+) -> pulumi.Output[list[str] | None]:
+    """`_offerings` as an Output, for checks that wait on other look-ups."""
+    return aws.ec2.get_instance_type_offerings_output(
+        filters=[_instance_type_filter(instance_type)],
+        location_type="availability-zone",
+        opts=opts,
+    ).locations.apply(list)
+
+
+def _instance_type_filter(instance_type: str) -> aws.ec2.GetInstanceTypeOfferingsFilterArgs:
+    return aws.ec2.GetInstanceTypeOfferingsFilterArgs(name="instance-type", values=[instance_type])
+
+
+def _gpu_az(
+    requested: str | None,
+    system_azs: Sequence[str],
+    available: Sequence[str],
+    offering: Sequence[str] | None = None,
+    instance_type: str | None = None,
+) -> str:
+    """The GPU subnet's AZ: the requested one if it offers the type, else the first AZ that does.
+
+    System AZs come first (the GPU subnet shares their NAT route table), then the region's
+    other AZs in the order EC2 lists them, so the choice is stable from one run to the next
+    as long as the offerings are.
+    """
+    if requested is not None:
+        if requested not in available:
+            raise StackConfigError(
+                [
+                    f"gpuNodes.availabilityZone {requested!r} is not available in this region; "
+                    f"available: {list(available)}"
+                ]
+            )
+        if offering is not None and requested not in offering:
+            raise StackConfigError(
+                [
+                    f"gpuNodes.availabilityZone {requested!r} does not offer "
+                    f"gpuNodes.instanceType {instance_type!r}; AZs that do: "
+                    f"{[az for az in available if az in offering]}"
+                ]
+            )
+        return requested
+    if offering is None:
         return system_azs[0]
-    if requested not in available:
-        raise ValueError(
-            f"gpuNodes.availabilityZone {requested!r} is not available in this region; "
-            f"available: {list(available)}"
+    candidates = [az for az in system_azs if az in offering]
+    candidates += [az for az in available if az in offering and az not in system_azs]
+    if not candidates:
+        raise StackConfigError(
+            [
+                f"gpuNodes.instanceType {instance_type!r} is not offered in any AZ of this "
+                f"region ({list(available)}); choose another aws:region or instance type"
+            ]
         )
-    return requested
+    if candidates[0] != system_azs[0]:
+        # EC2 adds offerings over time; an unpinned choice could then move the GPU subnet
+        # (a replacement of the subnet, FSx and node group) on a later `pulumi up`.
+        pulumi.log.warn(
+            f"gpuNodes.availabilityZone is not set and {system_azs[0]!r} does not offer "
+            f"{instance_type!r}: the GPU subnet goes to {candidates[0]!r}; pin "
+            f"gpuNodes.availabilityZone: {candidates[0]} in the stack file"
+        )
+    return candidates[0]

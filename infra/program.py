@@ -42,6 +42,7 @@ def main() -> None:
             NetworkArgs(
                 config=stack.cluster.network,
                 gpu_availability_zone=stack.gpu_nodes.availability_zone,
+                gpu_instance_type=stack.gpu_nodes.instance_type,
                 tags=tags,
             ),
         )

@@ -443,8 +443,9 @@ class GpuNodesConfig(ConfigSection):
         default=None,
         description=(
             "AZ of the GPU capacity (a reservation/block lives in one AZ; EFA needs all nodes "
-            "in one). Default: the first AZ of a new VPC; with an existing VPC it must be the "
-            "AZ of cluster.network.gpuSubnetId (checked at deploy time)."
+            "in one); it must offer `instanceType` (checked against EC2's offerings at deploy "
+            "time). Default: the first AZ of a new VPC that offers `instanceType` (pin it once "
+            "deployed); with an existing VPC it must be the AZ of cluster.network.gpuSubnetId."
         ),
     )
     capacity: CapacityConfig = Field(

@@ -367,3 +367,54 @@ def _existing_cluster_v7(args: dict[str, Any]) -> dict[str, Any]:
 
 
 INVOKE_RESULTS["aws:eks/getCluster:getCluster"] = _existing_cluster_v7
+
+
+# --- Instance type offerings per AZ ----------------------------------------------------------
+
+OFFERINGS_CHECKED_ON = "2026-11-23"
+AZ_IDS_WITHOUT_GPU_TYPES = frozenset({"usw2-az4"})
+"""The one offerings fact this mock region carries, keyed by AZ ID (AZ names map to different
+physical zones in every account; IDs do not). usw2-az4 lacks many instance types: the
+terraform-provider-aws acceptance tests exclude it for that reason ("Many instance types are
+not available in this availability zone"), and the SageMaker HyperPod workshop's
+troubleshooting page (awsome-distributed-training) reports that it does not offer g5.12xlarge.
+That none of the GPU types in infra/instances.py is offered there, and all are in the other
+three, is this mock's simplification, not a measurement: at deploy time the real
+`DescribeInstanceTypeOfferings` answers (checked on OFFERINGS_CHECKED_ON)."""
+
+
+def _offered_az_ids(instance_type: str) -> list[str]:
+    if instance_type in INSTANCE_FACTS:
+        return [az_id for az_id in AZ_IDS if az_id not in AZ_IDS_WITHOUT_GPU_TYPES]
+    return list(AZ_IDS)  # CPU types (system nodes): everywhere
+
+
+def _instance_type_offerings(args: dict[str, Any]) -> dict[str, Any]:
+    """`aws.ec2.get_instance_type_offerings` for the mock region, by the location type asked."""
+    wanted: list[str] = []
+    for entry in args.get("filters", []):
+        if entry["name"] == "instance-type":
+            wanted += entry["values"]
+    location_type = args.get("locationType", "region")
+    names = dict(zip(AZ_IDS, AZ_NAMES, strict=True))
+    rows: list[tuple[str, str]] = []
+    for instance_type in wanted:
+        az_ids = _offered_az_ids(instance_type)
+        if location_type == "availability-zone-id":
+            rows += [(instance_type, az_id) for az_id in az_ids]
+        elif location_type == "availability-zone":
+            rows += [(instance_type, names[az_id]) for az_id in az_ids]
+        elif az_ids:
+            rows.append((instance_type, REGION))
+    return {
+        "instanceTypes": [row[0] for row in rows],
+        "locations": [row[1] for row in rows],
+        "locationTypes": [location_type] * len(rows),
+        "locationType": location_type,
+        "id": REGION,
+    }
+
+
+INVOKE_RESULTS["aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings"] = (
+    _instance_type_offerings
+)

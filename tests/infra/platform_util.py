@@ -20,7 +20,12 @@ def real_platform(gpu_nodes: dict[str, Any]) -> tuple[StackConfig, Cluster]:
     )
     network = Network(
         "network",
-        NetworkArgs(config=stack.cluster.network, gpu_availability_zone=None, tags={}),
+        NetworkArgs(
+            config=stack.cluster.network,
+            gpu_availability_zone=None,
+            gpu_instance_type=stack.gpu_nodes.instance_type,
+            tags={},
+        ),
     )
     cluster = Cluster(
         "platform",

@@ -43,6 +43,7 @@ def build(
                 NetworkArgs(
                     config=cluster_config.network,
                     gpu_availability_zone=gpu_config.availability_zone,
+                    gpu_instance_type=gpu_config.instance_type,
                 ),
             )
         platform = Cluster(

@@ -1,17 +1,24 @@
 """The network: private subnets in >= 2 AZs, a zonal GPU subnet, NAT, S3 endpoint; or nothing."""
 
 import ipaddress
+import logging
+from pathlib import Path
 from typing import Any
 
 import pulumi
 import pytest
 from pulumi.runtime import settings
 
+from infra.config import read_stack_file
 from infra.config.cluster import NetworkConfig
-from infra.network import Network, NetworkArgs, plan_subnets
+from infra.network import Network, NetworkArgs, _gpu_az, plan_subnets
 from infra.offline import Evaluation, evaluate
+from infra.offline.outputs import INVOKE_RESULTS
+from infra.program import main as program
 
 SUBNET = "aws:ec2/subnet:Subnet"
+OFFERINGS = "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings"
+STACKS = Path(__file__).resolve().parents[2] / "stacks"
 
 
 def build(network: dict[str, Any], gpu_az: str | None = None) -> Evaluation:
@@ -151,3 +158,109 @@ def test_only_the_regions_own_azs_are_candidates() -> None:
     (asked,) = [args for token, args in result.invokes if token.endswith("getAvailabilityZones")]
     assert asked["state"] == "available"
     assert {"name": "opt-in-status", "values": ["opt-in-not-required"]} in asked["filters"]
+
+
+# -- the GPU AZ against the instance type's offerings ----------------------------------------
+
+
+def offered_only_in(monkeypatch: pytest.MonkeyPatch, *azs: str) -> None:
+    """Make the mock's EC2 offer every GPU type only in `azs` (by AZ name)."""
+    real = INVOKE_RESULTS[OFFERINGS]
+
+    def answer(args: dict[str, Any]) -> dict[str, Any]:
+        result = real(args)
+        rows = [
+            (t, loc)
+            for t, loc in zip(result["instanceTypes"], result["locations"], strict=True)
+            if loc in azs
+        ]
+        return {
+            **result,
+            "instanceTypes": [t for t, _ in rows],
+            "locations": [loc for _, loc in rows],
+            "locationTypes": result["locationTypes"][: len(rows)],
+        }
+
+    monkeypatch.setitem(INVOKE_RESULTS, OFFERINGS, answer)
+
+
+def run_dev_stack(**sections: Any) -> Evaluation:
+    """The real program on the dev stack file (g5.xlarge), sections replaced."""
+    stack = read_stack_file("dev", STACKS)
+    config = dict(stack.config)
+    for key, value in sections.items():
+        config[f"fsdp-eks:{key}"] = {**config.get(f"fsdp-eks:{key}", {}), **value}
+    try:
+        return evaluate(program, config=config, stack=stack.stack_name)
+    finally:
+        # A failed run leaves pending outputs in the SDK's process-wide set (see test_gpu_nodes).
+        settings.SETTINGS.outputs.clear()
+
+
+def test_without_an_az_the_gpu_subnet_goes_where_the_type_is_offered(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The first system AZ does not offer g5.xlarge: the subnet (and FSx, and the node group)
+    # would sit where EKS can never launch the nodes.
+    offered_only_in(monkeypatch, "us-west-2b", "us-west-2c")
+    with caplog.at_level(logging.WARNING):
+        result = run_dev_stack()
+    gpu_subnet = result.one(SUBNET, "network-gpu")
+    assert gpu_subnet.inputs["availabilityZone"] == "us-west-2b"
+    system = [s for s in result.of_type(SUBNET) if "-private-" in s.name]
+    assert sorted(s.inputs["availabilityZone"] for s in system) == ["us-west-2a", "us-west-2b"]
+    assert "pin gpuNodes.availabilityZone: us-west-2b" in caplog.text
+    (asked,) = [args for token, args in result.invokes if token == OFFERINGS]
+    assert asked["locationType"] == "availability-zone"
+    assert asked["filters"] == [{"name": "instance-type", "values": ["g5.xlarge"]}]
+
+
+def test_an_offering_az_outside_the_system_azs_is_used() -> None:
+    # Not a system AZ, but the region's only one that offers the type.
+    azs = ["us-west-2a", "us-west-2b", "us-west-2c", "us-west-2d"]
+    assert _gpu_az(None, azs[:2], azs, ["us-west-2d"], "p5.48xlarge") == "us-west-2d"
+    assert _gpu_az(None, azs[:2], azs, azs, "p5.48xlarge") == "us-west-2a"
+
+
+def test_an_explicit_az_that_does_not_offer_the_type_is_one_clear_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    offered_only_in(monkeypatch, "us-west-2b", "us-west-2c")
+    with pytest.raises(ValueError) as raised:
+        run_dev_stack(gpuNodes={"availabilityZone": "us-west-2a"})
+    assert (
+        "gpuNodes.availabilityZone 'us-west-2a' does not offer gpuNodes.instanceType "
+        "'g5.xlarge'; AZs that do: ['us-west-2b', 'us-west-2c']"
+    ) in str(raised.value)
+
+
+def test_no_offering_az_in_the_region_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    offered_only_in(monkeypatch)
+    with pytest.raises(ValueError, match=r"'g5\.xlarge' is not offered in any AZ of this region"):
+        run_dev_stack()
+
+
+def test_the_offline_plans_region_has_an_az_without_gpu_types() -> None:
+    # The mock's own table: usw2-az4 (us-west-2d here) offers none of the GPU types.
+    with pytest.raises(ValueError, match=r"'us-west-2d' does not offer .*'g5\.xlarge'"):
+        run_dev_stack(gpuNodes={"availabilityZone": "us-west-2d"})
+
+
+def test_an_existing_gpu_subnet_in_an_az_without_the_type_is_an_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The mock puts every looked-up subnet in us-west-2a.
+    offered_only_in(monkeypatch, "us-west-2b")
+    existing = {
+        "network": {
+            "vpcId": "vpc-0abc",
+            "privateSubnetIds": ["subnet-a", "subnet-b"],
+            "gpuSubnetId": "subnet-g",
+        }
+    }
+    with pytest.raises(
+        ValueError,
+        match=r"cluster\.network\.gpuSubnetId 'subnet-g' is in 'us-west-2a', which does not "
+        r"offer gpuNodes\.instanceType 'g5\.xlarge'; AZs that do: \['us-west-2b'\]",
+    ):
+        run_dev_stack(cluster=existing)
