@@ -427,7 +427,7 @@ def test_export_uri_follows_the_data_repository_association() -> None:
 def test_checkpoint_uri_is_derived_from_the_stack_outputs_and_fsx_settings(
     fake_cli: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """llama2-7b-p4d keeps checkpoints on FSx (exported); llama32-1b-g5 has no FSx."""
+    """llama2-7b-p4d keeps checkpoints on FSx (exported); dev has no FSx."""
     answers = fake_cli / "answers.json"
     data = json.loads(answers.read_text())
     del data["outputs"]["checkpointS3Uri"]
@@ -443,7 +443,7 @@ def test_checkpoint_uri_is_derived_from_the_stack_outputs_and_fsx_settings(
     assert target.require_checkpoint_uri() == "s3://exp-data/checkpoints/llama2-1a2b"
     no_fsx = resolve(
         argparse.Namespace(
-            stack="llama32-1b-g5", job=None, namespace=None, s3_uri=None, context=None
+            stack="dev", job=None, namespace=None, s3_uri=None, context=None
         )
     )
     assert no_fsx.require_job() == JOB_NAME  # status and logs still work
