@@ -16,7 +16,7 @@ The content tag is a hash of the source archive plus every build setting, so `pu
 rebuilds exactly when the image would differ, and `image_uri` (repository@sha256:...) changes
 only then: the training job is never left on a stale image and never restarted for nothing.
 
-Construct it in `infra/__main__.py` as
+Construct it in `infra/program.py` as
 
     image = TrainerImage("trainer-image", TrainerImageArgs(
         config=stack.image, name_prefix=f"fsdp-eks-{pulumi.get_stack()}"))

@@ -1,8 +1,8 @@
 """The Pulumi program: one stack config in, one training run's resources out.
 
 Read top-down it is the architecture: config → network → cluster → namespace → storage,
-add-ons and image → the PyTorchJob → outputs. It lives in a function (called by
-`infra/__main__.py`) so that tests and the offline plan can evaluate it repeatedly under the
+add-ons and image → the PyTorchJob → outputs. It lives in a function (called by the root
+`__main__.py`) so that tests and the offline plan can evaluate it repeatedly under the
 mock runtime. The config is loaded and validated first: a bad stack file raises before any
 resource is registered.
 """

@@ -350,7 +350,7 @@ def _session_context(args: dict[str, Any]) -> dict[str, Any]:
 INVOKE_RESULTS["aws:ec2/getSubnet:getSubnet"] = _subnet
 INVOKE_RESULTS["aws:iam/getSessionContext:getSessionContext"] = _session_context
 RESOURCE_OUTPUTS["pulumi:pulumi:StackReference"] = lambda name, inputs: {
-    # What a create-mode stack of this project exports (see infra/__main__.py).
+    # What a create-mode stack of this project exports (see infra/program.py).
     "outputs": {
         "clusterName": f"{inputs.get('name', name).rsplit('/', 1)[-1]}-cluster",
         "gpuSubnetId": f"subnet-{short_hash(inputs.get('name', name) + 'gpu')}",

@@ -1,0 +1,204 @@
+"""The project layout a real `pulumi up` needs, by the engine's own rules (no Pulumi CLI here).
+
+The mock runtime never starts a resource plugin, so it cannot show that the image build's
+dynamic provider fails to start. These tests port the rules that decide it, as read in
+pulumi/pulumi at commit 1b5949891b3c (Aug 2026), and apply them to this repository:
+
+1. Where plugins run. `pkg/engine/deployment.go` ProjectInfoContext (line 57) takes `pwd`
+   from `getPwdMain(root, Pulumi.yaml main)` (`pkg/engine/project.go`, lines 45-72) and makes
+   it the plugin context's Pwd; `sdk/go/common/resource/plugin/provider_plugin.go` NewProvider
+   starts the provider with `newPlugin(ctx, ctx.Pwd, ...)` (line 287) and `plugin.go`
+   ExecPlugin sets `cmd.Dir = pwd` (line 599).
+2. Which environment the dynamic provider uses. NewProvider passes the project's runtime
+   options as `PULUMI_RUNTIME_<OPTION>` variables (provider_plugin.go line 248); the launcher
+   `sdk/python/dist/pulumi-resource-pulumi-python` sets `PULUMI_RUNTIME_VIRTUALENV=.venv` for
+   `toolchain: uv` (line 7), makes it absolute against `$PWD` (line 20) and runs
+   `$venv/bin/python -u -m pulumi.dynamic` (line 33), or stops with "... doesn't exist".
+3. Where that environment really is. `sdk/python/toolchain/toolchain.go` ResolveToolchain
+   (lines 140-170) builds the uv toolchain from the program directory; `uv.go` newUv (lines
+   57-100) puts `.venv` beside the nearest uv.lock (else pyproject.toml), which is where
+   `uv sync` (run by `pulumi install` and before every program run, uv.go Command) creates it.
+4. What the provider process imports. `python -m` puts the working directory first on sys.path
+   (https://docs.python.org/3/using/cmdline.html#cmdoption-m); `pulumi/dynamic/__main__.py`
+   get_provider unpickles the provider with `dill.loads(base64.b64decode(...))`, and
+   `pulumi/dynamic/dynamic.py` serialize_provider pickled it with `dill.dumps(recurse=True)`:
+   a class from an importable module is stored by reference (module + name), so the module
+   `infra.image_build` must import in that process.
+
+With `main: infra/` (the layout before this file) rule 1 gives `infra/`, rule 2 `infra/.venv`,
+which uv never creates: every preview failed there (pulumi/pulumi#7061, #7907 show the same
+message). The uv toolchain for dynamic providers exists since Pulumi CLI 3.145.0 (pulumi
+CHANGELOG 3.145.0, "Fix dynamic providers when using Poetry or uv", #18126).
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import pytest
+import yaml
+
+from infra.offline import evaluate
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PROJECT_FILE = yaml.safe_load((REPO_ROOT / "Pulumi.yaml").read_text())
+RUNTIME_OPTIONS: dict[str, Any] = PROJECT_FILE["runtime"].get("options", {})
+
+
+def get_pwd_main(root: Path, main: str | None) -> tuple[Path, str]:
+    """pulumi `pkg/engine/project.go` getPwdMain: the directory the program and every plugin
+    run in, and the entry point the language host is given (`.` for a directory)."""
+    if not main:
+        return root, "."
+    target = Path(os.path.normpath(main if Path(main).is_absolute() else root / main))
+    if not target.exists():
+        raise FileNotFoundError(f"project 'main' could not be read: {target}")
+    if target.is_dir():
+        return target, "."
+    return target.parent, target.name
+
+
+def plugin_environment(options: dict[str, Any]) -> dict[str, str]:
+    """provider_plugin.go NewProvider: each runtime option `k: v` as PULUMI_RUNTIME_<K>=v."""
+    return {f"PULUMI_RUNTIME_{key.upper()}": str(value) for key, value in options.items()}
+
+
+def launcher_virtualenv(pwd: Path, environment: dict[str, str]) -> Path | None:
+    """`pulumi-resource-pulumi-python`: the virtualenv whose python runs the dynamic provider,
+    or None where it falls back to `python3` on PATH (no virtualenv, no toolchain)."""
+    venv = environment.get("PULUMI_RUNTIME_VIRTUALENV", "")
+    if not venv and environment.get("PULUMI_RUNTIME_TOOLCHAIN") == "uv":
+        venv = ".venv"
+    if not venv:
+        return None
+    venv = venv.removesuffix("/")  # ${PULUMI_RUNTIME_VIRTUALENV%/}
+    return Path(venv) if venv.startswith("/") else pwd / venv  # $PWD/$PULUMI_RUNTIME_VIRTUALENV
+
+
+def _searchup(start: Path, name: str) -> Path | None:
+    """sdk/python/toolchain searchup: the nearest directory at or above `start` holding `name`."""
+    for directory in (start, *start.parents):
+        if (directory / name).exists():
+            return directory
+    return None
+
+
+def uv_virtualenv(root: Path, program_dir: Path, options: dict[str, Any]) -> Path:
+    """toolchain.go ResolveToolchain + uv.go newUv: the environment the uv toolchain syncs and
+    runs the program in (`toolchain: uv`, or auto-detected from a uv.lock above the program)."""
+    assert options.get("toolchain", "uv") == "uv" and _searchup(program_dir, "uv.lock")
+    if virtualenv := options.get("virtualenv"):
+        return Path(os.path.normpath(root / virtualenv))  # relative to Root, not the program
+    project_dir = (
+        _searchup(program_dir, "uv.lock") or _searchup(program_dir, "pyproject.toml") or root
+    )
+    return project_dir / ".venv"
+
+
+def test_the_engine_runs_the_root_entry_point_and_starts_plugins_in_the_root() -> None:
+    pwd, main = get_pwd_main(REPO_ROOT, PROJECT_FILE.get("main"))
+    assert pwd == REPO_ROOT, f"resource plugins would start in {pwd}, not the project root"
+    # pulumi-language-python-exec: os.chdir(--pwd), then runpy.run_path(PROGRAM): for "." the
+    # directory's __main__.py.
+    assert main == "." and (pwd / "__main__.py").is_file()
+
+
+def test_the_dynamic_provider_launcher_finds_the_environment_uv_creates() -> None:
+    pwd, _ = get_pwd_main(REPO_ROOT, PROJECT_FILE.get("main"))
+    launched = launcher_virtualenv(pwd, plugin_environment(RUNTIME_OPTIONS))
+    synced = uv_virtualenv(REPO_ROOT, pwd, RUNTIME_OPTIONS)
+    assert synced == REPO_ROOT / ".venv"
+    assert launched == synced, (
+        f"the dynamic provider's launcher looks for {launched}, but uv creates {synced}"
+    )
+
+
+def test_the_policy_pack_runs_in_the_same_environment() -> None:
+    """A policy pack is a plugin with its own PulumiPolicy.yaml, run in its own directory
+    (pulumi-language-python main.go RunPlugin: `cmd.Dir = req.Info.ProgramDirectory`, line
+    1639; plugin.go ExecPlugin passes the pack directory as root and program directory); its
+    uv.lock above selects the uv toolchain with its `virtualenv`, taken relative to that root."""
+    pack = REPO_ROOT / "infra" / "policy"
+    options = yaml.safe_load((pack / "PulumiPolicy.yaml").read_text())["runtime"]["options"]
+    assert uv_virtualenv(pack, pack, options) == REPO_ROOT / ".venv"
+
+
+SERIALIZE = (
+    "from pulumi.dynamic.dynamic import serialize_provider\n"
+    "from infra.image_build import ImageBuildProvider\n"
+    "print(serialize_provider(ImageBuildProvider()))\n"
+)
+# What pulumi/dynamic/__main__.py get_provider does with the resource's __provider property.
+DESERIALIZE = (
+    "import base64, sys, dill\n"
+    "provider = dill.loads(base64.b64decode(sys.stdin.read()))\n"
+    "module = sys.modules[type(provider).__module__]\n"
+    "print(type(provider).__module__, type(provider).__qualname__, module.__file__)\n"
+)
+
+
+def test_the_provider_process_unpickles_the_image_build_provider() -> None:
+    """Both sides as separate processes, started as the engine starts them: the program in the
+    directory getPwdMain gives (pulumi-language-python-exec chdirs to --pwd), the provider with
+    the launcher's python, in that directory, with the launcher's environment and no
+    PYTHONPATH (`-c` puts the working directory first on sys.path, as `-m pulumi.dynamic`)."""
+    pwd, _ = get_pwd_main(REPO_ROOT, PROJECT_FILE.get("main"))
+    environment = plugin_environment(RUNTIME_OPTIONS)
+    venv = launcher_virtualenv(pwd, environment)
+    assert venv == REPO_ROOT / ".venv", f"the launcher would look for {venv}"
+    python = venv / "bin" / "python"
+    if not python.exists():
+        pytest.skip(f"no environment at {venv}: create it with `uv sync` or scripts/dev.py")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env |= environment | {"PATH": f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"}
+
+    def run(code: str, stdin: str = "") -> str:
+        done = subprocess.run(
+            [str(python), "-u", "-c", code],
+            cwd=pwd,
+            env=env,
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    payload = run(SERIALIZE)
+    module, name, path = run(DESERIALIZE, stdin=payload).split()
+    assert (module, name) == ("infra.image_build", "ImageBuildProvider")
+    assert Path(path) == REPO_ROOT / "infra" / "image_build.py"
+
+
+def test_the_entry_point_reports_a_bad_stack_as_one_run_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The entry point as the language host runs it (pulumi-language-python-exec: chdir to
+    --pwd, `runpy.run_path(PROGRAM, run_name="__main__")`, lines 149 and 188; a RunError is
+    logged as its message alone, any other exception with a traceback)."""
+    pwd, main = get_pwd_main(REPO_ROOT, PROJECT_FILE.get("main"))
+    monkeypatch.chdir(pwd)
+
+    def entry_point() -> None:
+        runpy.run_path(main, run_name="__main__")
+
+    good = {
+        "gpuNodes": {"instanceType": "p5.48xlarge", "count": 1},
+        "job": {"maxRunHours": 0.25},
+        "storage": {"fsx": {"enabled": False}},
+    }
+    assert evaluate(entry_point, config=good, stack="exp").of_type(
+        "kubernetes:kubeflow.org/v1:PyTorchJob"
+    )
+    with pytest.raises(pulumi.RunError) as caught:  # every stack must name its gpuNodes
+        evaluate(entry_point, config={"job": good["job"]}, stack="exp")
+    message = str(caught.value)
+    assert message.startswith("stack 'exp' is invalid (1 problem(s)):"), message
+    assert "gpuNodes is required and missing" in message and "Traceback" not in message
