@@ -38,14 +38,15 @@ from infra.job_manifest import (
     API_VERSION,
     HF_TOKEN_SECRET_KEY,
     KIND,
+    POD_START_BUDGET_S,
     JobManifest,
     Placement,
     kubectl_commands,
     render_job,
 )
 
-CREATE_TIMEOUT = "60m"
-"""GPU nodes scaling up and a 20 GB image pull can take most of an hour before pods run."""
+CREATE_TIMEOUT = f"{POD_START_BUDGET_S // 60}m"
+"""`up` waits as long as a worker may take to start (GPU nodes scaling up, a 20 GB image pull)."""
 
 
 @dataclass

@@ -40,11 +40,24 @@ def wait_for_workers(workers: int) -> str:
 TRITON_CACHE_DIR = "/tmp/triton_cache"
 RENDEZVOUS_PORT_NAME = "pytorchjob-port"  # the operator reads the rendezvous port by this name
 RENDEZVOUS_PORT = 23456  # the operator's default for that port
-RENDEZVOUS_JOIN_TIMEOUT_S = 1800
-"""How long torchrun waits for every node to join (its default: 600 s). Workers start as their
-pods do; one pulling a 20 GB image, or on a node whose device plugins are not ready yet, can be
-later than that, and each early worker's timeout is a container restart that uses up
-runPolicy.backoffLimit, failing the job before it trained a step."""
+POD_START_BUDGET_S = 3600
+"""How long one worker may take from the job's creation to a running container: GPU nodes
+scaling up from zero (instance launch, EFA, device plugins) and a ~20 GB image pull. The one
+figure for that budget: the rendezvous timeouts below and `pulumi up`'s wait for the job
+(`infra.job`, `infra.job_wait`) are all derived from it."""
+
+RENDEZVOUS_JOIN_TIMEOUT_S = POD_START_BUDGET_S
+"""How long torchrun waits, once connected to worker 0's store, for every node to join (its
+default: 600 s). Workers start as their pods do; each early worker's timeout is a container
+restart that uses up runPolicy.backoffLimit, failing the job before it trained a step."""
+
+RENDEZVOUS_READ_TIMEOUT_S = POD_START_BUDGET_S
+"""How long a non-zero worker tries to reach worker 0's c10d store before it gives up (torch's
+default: 60 s). torch `elastic/rendezvous/c10d_rendezvous_backend.py` `_create_tcp_store`
+builds the store client with `TCPStore(..., timeout=read_timeout)` before the rendezvous
+handler (and so `join_timeout`) exists: when worker 0's pod starts a minute after the others
+(its node scaled up later, its image still pulling), every other worker exits with
+`RendezvousConnectionError` and the operator counts the restarts against backoffLimit."""
 TRAINER_USER_ID = 10001
 """uid:gid the project's image runs as (docker/Dockerfile `USER`). A fresh FSx file system is
 owned by root, so the run's directories are created for this uid before the trainer starts."""
@@ -321,7 +334,8 @@ def elastic_policy(*, workers: int, max_restarts: int, run_name: str) -> dict[st
     PET_NNODES. Elastic rendezvous also lets torchrun restart the whole worker group (up to
     `max_restarts` times) when one node's processes fail, so every node resumes together from
     the latest checkpoint. min = max = the node count: the job never runs on fewer nodes.
-    A long join timeout lets late pods join instead of restarting the early ones.
+    Long read and join timeouts (`rendezvous_conf`) let late pods join instead of restarting
+    the early ones.
     """
     return {
         "rdzvBackend": "c10d",
@@ -330,8 +344,27 @@ def elastic_policy(*, workers: int, max_restarts: int, run_name: str) -> dict[st
         "maxReplicas": workers,
         "maxRestarts": max_restarts,
         # The operator passes these to torchrun as PET_RDZV_CONF (`--rdzv-conf`).
-        "rdzvConf": [{"key": "join_timeout", "value": str(RENDEZVOUS_JOIN_TIMEOUT_S)}],
+        "rdzvConf": [{"key": key, "value": value} for key, value in rendezvous_conf().items()],
     }
+
+
+def rendezvous_conf() -> dict[str, str]:
+    """torchrun's c10d rendezvous settings, the same for the cluster and a local run.
+
+    The job carries them as `elasticPolicy.rdzvConf`; training operator v1.9 joins them into
+    `PET_RDZV_CONF=key=value,...` (`pkg/controller.v1/pytorch/elastic.go`
+    `generateEnvRDZVConf`), which torchrun reads as `--rdzv-conf` (`torch/distributed/run.py`,
+    `argparse_util.env`). A local rehearsal passes `rendezvous_conf_arg()` to its agents.
+    """
+    return {
+        "join_timeout": str(RENDEZVOUS_JOIN_TIMEOUT_S),
+        "read_timeout": str(RENDEZVOUS_READ_TIMEOUT_S),
+    }
+
+
+def rendezvous_conf_arg() -> str:
+    """`rendezvous_conf()` as torchrun's `--rdzv-conf` value (what PET_RDZV_CONF holds)."""
+    return ",".join(f"{key}={value}" for key, value in rendezvous_conf().items())
 
 
 def kubectl_commands(name: str, namespace: str) -> dict[str, str]:

@@ -133,9 +133,12 @@ def test_workers_find_each_other_through_c10d_rendezvous(crd_schema: dict[str, A
         "minReplicas": 4,
         "maxReplicas": 4,
         "maxRestarts": 2,
-        # torchrun's 600 s default would restart early workers while a late pod still pulls
-        # its image, spending runPolicy.backoffLimit before the first step.
-        "rdzvConf": [{"key": "join_timeout", "value": "1800"}],
+        # torchrun's 600 s join / 60 s read defaults would restart early workers while a late
+        # pod still pulls its image, spending runPolicy.backoffLimit before the first step.
+        "rdzvConf": [
+            {"key": "join_timeout", "value": "3600"},
+            {"key": "read_timeout", "value": "3600"},
+        ],
     }
     assert container(manifest)["ports"] == [{"name": "pytorchjob-port", "containerPort": 23456}]
 

@@ -1,0 +1,154 @@
+"""The job's c10d rendezvous tolerates a late worker 0, on paper and under a real torchrun.
+
+The rule (torch `elastic/rendezvous/c10d_rendezvous_backend.py` `_create_tcp_store`): an
+agent that does not host the store connects to it as a `TCPStore` client whose timeout is the
+rendezvous `read_timeout` (default 60 s), before any `join_timeout` applies. On the cluster the
+agents of workers 1..N-1 are those clients: the operator points PET_RDZV_ENDPOINT at
+`<job>-worker-0` (training-operator v1.9 `pkg/controller.v1/pytorch/elastic.go`
+`generateEnvRDZVEndpoint`), which only worker 0's pod hostname matches (torch
+`elastic/rendezvous/utils.py` `_matches_machine_hostname`).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from infra.config import parse_stack_config
+from infra.job_manifest import (
+    POD_START_BUDGET_S,
+    render_job,
+    rendezvous_conf,
+    rendezvous_conf_arg,
+)
+from tests.trainer.torchrun_util import REPO_ROOT, free_port
+
+IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/fsdp@sha256:" + "a" * 64
+
+HOST_DELAY_S = 6.0
+"""How long after the early agent the store-hosting agent starts (3x the short read timeout,
+a fifth of the long one: far from both bounds, so the outcome never depends on load)."""
+SHORT_READ_TIMEOUT_S = 2
+LONG_READ_TIMEOUT_S = 30
+
+WORKER = "import os; print('joined rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'])"
+
+AGENT = """
+import pathlib, sys, time
+from torch.distributed.run import main
+
+ready, go, delay = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), float(sys.argv[3])
+ready.touch()
+while not go.exists():
+    time.sleep(0.05)
+time.sleep(delay)
+main(sys.argv[4:])
+"""
+"""torchrun's own entry point, started only once torch is imported and the test says go: the
+delay between the agents is then the delay between their rendezvous, whatever the load of
+the machine makes an import of torch cost."""
+
+
+def test_the_job_renders_a_read_timeout_that_covers_the_pod_start_budget() -> None:
+    config = parse_stack_config(
+        {"gpuNodes": {"instanceType": "g5.8xlarge", "count": 2}, "job": {"maxRunHours": 1}},
+        stack_name="exp",
+    )
+    spec = render_job(config, image=IMAGE, pvc_name=None).spec
+    conf = {item["key"]: int(item["value"]) for item in spec["elasticPolicy"]["rdzvConf"]}
+    # Both timeouts: read (connecting to worker 0's store) and join (waiting for the rest).
+    assert conf["read_timeout"] >= POD_START_BUDGET_S
+    assert conf["join_timeout"] >= POD_START_BUDGET_S
+
+
+def test_the_local_argument_is_what_the_operator_puts_in_pet_rdzv_conf() -> None:
+    """elastic.go `generateEnvRDZVConf` joins the list as `key=value` pairs with commas."""
+    spec_conf = rendezvous_conf()
+    assert rendezvous_conf_arg() == ",".join(f"{k}={v}" for k, v in spec_conf.items())
+
+
+def _agent(
+    tmp_path: Path, role: str, port: int, *, read_timeout: int, is_host: bool, delay: float
+) -> subprocess.Popen[str]:
+    """One torchrun agent of a two-node job with one trivial worker process.
+
+    The endpoint is loopback, which `_matches_machine_hostname` takes as "this machine" for
+    both agents: the first one started would host the store itself. `is_host` therefore says
+    explicitly which agent hosts, as the pod hostnames do on the cluster; a `False` agent
+    takes the same client path as worker 1 there (`_create_tcp_store`, cfg_is_host set).
+    """
+    conf = f"read_timeout={read_timeout},join_timeout=60,is_host={str(is_host).lower()}"
+    command = [
+        sys.executable,
+        str(tmp_path / "agent.py"),
+        str(tmp_path / f"{role}.ready"),
+        str(tmp_path / "go"),
+        str(delay),
+        "--nnodes=2",
+        "--nproc_per_node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        "--rdzv-id=late-worker-0",
+        f"--rdzv-conf={conf}",
+        "--max-restarts=0",
+        "--monitor-interval=0.2",
+        str(tmp_path / "worker.py"),
+    ]
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("PET_")},
+        "OMP_NUM_THREADS": "1",
+    }
+    return subprocess.Popen(
+        command,
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=(tmp_path / f"{role}.log").open("w"),
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _two_agents_host_late(tmp_path: Path, read_timeout: int) -> tuple[int, str, str]:
+    """The client agent starts its rendezvous at once, the host agent HOST_DELAY_S later; the
+    client's exit code and both logs. The host is stopped once the client has given up."""
+    port = free_port()
+    (tmp_path / "agent.py").write_text(AGENT)
+    (tmp_path / "worker.py").write_text(WORKER + "\n")
+    early = _agent(tmp_path, "early", port, read_timeout=read_timeout, is_host=False, delay=0)
+    host = _agent(
+        tmp_path, "host", port, read_timeout=read_timeout, is_host=True, delay=HOST_DELAY_S
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not all((tmp_path / f"{role}.ready").exists() for role in ("early", "host")):
+            assert early.poll() is None and host.poll() is None, "an agent died importing torch"
+            assert time.monotonic() < deadline, "torch took over 120 s to import"
+            time.sleep(0.05)
+        (tmp_path / "go").touch()
+        early_rc = early.wait(timeout=120)
+        if early_rc == 0:
+            assert host.wait(timeout=60) == 0, (tmp_path / "host.log").read_text()
+    finally:
+        for process in (early, host):
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    return early_rc, (tmp_path / "early.log").read_text(), (tmp_path / "host.log").read_text()
+
+
+def test_a_short_read_timeout_loses_an_early_worker_to_a_late_worker_0(tmp_path: Path) -> None:
+    early_rc, early_out, host_out = _two_agents_host_late(tmp_path, SHORT_READ_TIMEOUT_S)
+    assert early_rc != 0, early_out
+    # It gave up connecting to worker 0's store, before any join timeout applied.
+    assert "RendezvousConnectionError" in early_out, early_out
+    assert "joined rank" not in early_out + host_out
+
+
+def test_a_long_read_timeout_waits_for_a_late_worker_0(tmp_path: Path) -> None:
+    early_rc, early_out, host_out = _two_agents_host_late(tmp_path, LONG_READ_TIMEOUT_S)
+    assert early_rc == 0, early_out + host_out
+    ranks = {line.split()[2] for line in (early_out + host_out).splitlines() if "joined" in line}
+    assert ranks == {"0", "1"}
