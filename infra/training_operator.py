@@ -2,9 +2,11 @@
 
 How the manifests ship, and why:
 
-* The PyTorchJob CRD (~600 KB of OpenAPI schema) is applied from the release's own file at a
-  pinned tag (`yaml.v2.ConfigFile` on a raw GitHub URL). It is too large to copy into this
-  repository and is not ours to copy; the tag makes it as fixed as a vendored file. The
+* The PyTorchJob CRD (~600 KB of OpenAPI schema) is applied from the release's own file at the
+  commit its tag names (`yaml.v2.ConfigFile` on a raw GitHub URL of kubeflow/trainer, the
+  renamed kubeflow/training-operator). It is too large to copy into this repository and is
+  not ours to copy; the commit makes it as fixed as a vendored file (its digest is recorded
+  in `infra.config.addons.TRAINING_OPERATOR_RELEASES`). The
   Kubernetes provider applies it server-side (pulumi-kubernetes 4 default), so it never hits
   the 256 KB `last-applied-configuration` annotation limit of client-side apply.
 * Everything else (about 200 lines upstream) is rendered here from the release's standalone
@@ -27,7 +29,11 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
-from infra.config.addons import TrainingOperatorConfig
+from infra.config.addons import (
+    TRAINING_OPERATOR_REPOSITORY,
+    TrainingOperatorConfig,
+    TrainingOperatorRelease,
+)
 
 NAME = "training-operator"
 """Name of the operator's Deployment, Service, ServiceAccount and ClusterRole (upstream's)."""
@@ -38,15 +44,19 @@ WEBHOOK_SECRET = "training-operator-webhook-cert"
 WEBHOOK_PORT = 9443
 ENABLED_SCHEMES = ("pytorchjob",)
 
-CRD_URL = (
-    "https://raw.githubusercontent.com/kubeflow/training-operator/{version}/"
-    "manifests/base/crds/kubeflow.org_pytorchjobs.yaml"
-)
+CRD_PATH = "manifests/base/crds/kubeflow.org_pytorchjobs.yaml"
 
 
-def crd_url(version: str) -> str:
-    """The PyTorchJob CRD of one operator release, pinned by its tag."""
-    return CRD_URL.format(version=version)
+def crd_url(release: TrainingOperatorRelease) -> str:
+    """The PyTorchJob CRD of one operator release, pinned by the commit its tag names.
+
+    A tag can be moved to other content; a commit cannot, so the file the provider downloads
+    at `up` is byte for byte the one whose digest `release.crd_sha256` records.
+    """
+    return (
+        f"https://raw.githubusercontent.com/{TRAINING_OPERATOR_REPOSITORY}/{release.commit}/"
+        f"{CRD_PATH}"
+    )
 
 
 @dataclass
@@ -114,7 +124,7 @@ class TrainingOperator(pulumi.ComponentResource):
             )
 
         self.crd = k8s.yaml.v2.ConfigFile(
-            f"{name}-pytorchjob-crd", file=crd_url(config.version), opts=child()
+            f"{name}-pytorchjob-crd", file=crd_url(config.release), opts=child()
         )
         namespace = k8s.core.v1.Namespace(
             f"{name}-namespace",

@@ -10,6 +10,7 @@ existing cluster installs only what that cluster lacks and never touches what it
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from pydantic import Field, field_validator
 
@@ -27,11 +28,36 @@ EFA_DEVICE_PLUGIN_CHART_VERSION = "v0.5.30"
 EFA_DEVICE_PLUGIN_MIN_CHART_VERSION = (0, 5, 18)
 """First chart that ships plugin v0.5.10, the oldest that handles P6 (B200) instances."""
 
-TRAINING_OPERATOR_IMAGES: dict[str, str] = {
-    "v1.9.0": "kubeflow/training-operator:v1-5170a36",
+TRAINING_OPERATOR_REPOSITORY = "kubeflow/trainer"
+"""Where the operator's manifests live: kubeflow/training-operator was renamed kubeflow/trainer
+(GitHub redirects the old name, but a redirect is one more thing that can change)."""
+
+
+@dataclass(frozen=True)
+class TrainingOperatorRelease:
+    """One checked training-operator release: what the stack installs for it."""
+
+    image: str
+    """The image the release's standalone overlay pins (`manifests/overlays/standalone`)."""
+    commit: str
+    """The kubeflow/trainer commit the release tag points at: the PyTorchJob CRD is applied
+    from this commit, which (unlike a tag) can never be moved to other content."""
+    crd_sha256: str
+    """sha256 of `manifests/base/crds/kubeflow.org_pytorchjobs.yaml` at `commit`."""
+
+
+TRAINING_OPERATOR_RELEASES: dict[str, TrainingOperatorRelease] = {
+    # `git rev-parse v1.9.0^{commit}` in kubeflow/trainer; the CRD's digest is the same for
+    # v1.9.0 to v1.9.3, and equals the published v1.9.0 schema the job tests validate against.
+    "v1.9.0": TrainingOperatorRelease(
+        image="kubeflow/training-operator:v1-5170a36",
+        commit="6f74c7f6b2ed6c27aabd82d0a316b23f0646059c",
+        crd_sha256="eb80e57a984cdc7ceefaaf3fc561e21b673c30cbb58589f2389528d2b2760d22",
+    ),
 }
-"""Kubeflow training operator releases this project has checked, with the image each release's
-standalone overlay pins. Adding a v1.9.x release means adding its image here."""
+"""Kubeflow training operator releases this project has checked. Adding a v1.9.x release
+means adding its image, its tag's commit and its CRD's digest here."""
+
 
 TRAINING_OPERATOR_VERSION = "v1.9.0"
 
@@ -114,7 +140,7 @@ class TrainingOperatorConfig(ConfigSection):
     )
     version: str = Field(
         default=TRAINING_OPERATOR_VERSION,
-        description=f"Operator release, one of: {', '.join(sorted(TRAINING_OPERATOR_IMAGES))}.",
+        description=f"Operator release, one of: {', '.join(sorted(TRAINING_OPERATOR_RELEASES))}.",
     )
     image: str | None = Field(
         default=None,
@@ -131,8 +157,8 @@ class TrainingOperatorConfig(ConfigSection):
     @field_validator("version")
     @classmethod
     def _known_release(cls, version: str) -> str:
-        if version not in TRAINING_OPERATOR_IMAGES:
-            allowed = ", ".join(sorted(TRAINING_OPERATOR_IMAGES))
+        if version not in TRAINING_OPERATOR_RELEASES:
+            allowed = ", ".join(sorted(TRAINING_OPERATOR_RELEASES))
             raise ValueError(
                 f"addons.trainingOperator.version {version!r} is not a release this project "
                 f"has checked; allowed: {allowed}"
@@ -152,7 +178,12 @@ class TrainingOperatorConfig(ConfigSection):
     @property
     def resolved_image(self) -> str:
         """The image to run: the override, or the one the release pins."""
-        return self.image or TRAINING_OPERATOR_IMAGES[self.version]
+        return self.image or self.release.image
+
+    @property
+    def release(self) -> TrainingOperatorRelease:
+        """The checked release `version` names (image, manifest commit, CRD digest)."""
+        return TRAINING_OPERATOR_RELEASES[self.version]
 
 
 class AddonsConfig(ConfigSection):

@@ -9,7 +9,7 @@ import pulumi_kubernetes as k8s
 import pytest
 
 from infra.addons import Addons, AddonsArgs, gpu_node_affinity
-from infra.config.addons import AddonsConfig
+from infra.config.addons import TRAINING_OPERATOR_RELEASES, AddonsConfig
 from infra.offline import Evaluation, evaluate
 from infra.training_operator import crd_url
 
@@ -144,12 +144,15 @@ def test_operator_image_override():
     assert container["image"].endswith("/to:v1.9.0")
 
 
-def test_only_the_pytorchjob_crd_is_applied_from_the_pinned_release(default):
+def test_only_the_pytorchjob_crd_is_applied_from_the_release_commit(default):
+    """Pinned by the commit of tag v1.9.0 in kubeflow/trainer (the renamed repository), not
+    by the tag: a tag can be moved, a commit's content cannot."""
     crd = default.one(CONFIG_FILE)
     assert crd.remote
-    assert crd.inputs["file"] == crd_url("v1.9.0")
-    assert "/v1.9.0/" in crd.inputs["file"] and crd.inputs["file"].endswith(
-        "kubeflow.org_pytorchjobs.yaml"
+    assert crd.inputs["file"] == crd_url(TRAINING_OPERATOR_RELEASES["v1.9.0"])
+    assert crd.inputs["file"] == (
+        "https://raw.githubusercontent.com/kubeflow/trainer/"
+        "6f74c7f6b2ed6c27aabd82d0a316b23f0646059c/manifests/base/crds/kubeflow.org_pytorchjobs.yaml"
     )
     assert "mpijob" not in crd.inputs["file"]
 

@@ -1,10 +1,13 @@
 """The `addons` section: exact pins, the EFA plugin floor for P6, known operator releases."""
 
+import hashlib
+import re
+
 import pytest
 from pydantic import ValidationError
 
 from infra.config.addons import (
-    TRAINING_OPERATOR_IMAGES,
+    TRAINING_OPERATOR_RELEASES,
     AddonsConfig,
     EfaDevicePluginConfig,
     NvidiaDevicePluginConfig,
@@ -35,10 +38,25 @@ def test_defaults_install_everything_with_exact_pins():
     assert config.training_operator.namespace == "kubeflow"
 
 
-def test_every_known_operator_release_is_v1_9_with_a_pinned_image():
-    for version, image in TRAINING_OPERATOR_IMAGES.items():
+def test_every_known_operator_release_is_v1_9_with_a_pinned_image_commit_and_digest():
+    for version, release in TRAINING_OPERATOR_RELEASES.items():
         assert version.startswith("v1.9.")
-        assert ":" in image and not image.endswith(":latest")
+        assert ":" in release.image and not release.image.endswith(":latest")
+        # A full commit id, not a tag or branch that could move.
+        assert re.fullmatch(r"[0-9a-f]{40}", release.commit), version
+        assert re.fullmatch(r"[0-9a-f]{64}", release.crd_sha256), version
+
+
+def test_the_pinned_crd_is_the_schema_the_job_is_validated_against():
+    """kubeflow/trainer at 6f74c7f6 (`git rev-parse v1.9.0^{commit}`) holds the CRD whose
+    sha256 the release records; the shared copy of the published v1.9.0 CRD, which the job
+    tests validate rendered PyTorchJobs against, must be that same file."""
+    from tests.infra.conftest import CRD_PATH
+
+    if not CRD_PATH.exists():
+        pytest.skip(f"{CRD_PATH} is not present (shared/ lives outside the repository)")
+    digest = hashlib.sha256(CRD_PATH.read_bytes()).hexdigest()
+    assert digest == TRAINING_OPERATOR_RELEASES["v1.9.0"].crd_sha256
 
 
 def test_camel_case_keys_and_install_switches():
