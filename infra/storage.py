@@ -189,7 +189,7 @@ class Storage(pulumi.ComponentResource):
         args = self._args
         fsx = args.config.fsx
         keep = {"retain_on_delete": True} if retain else {}
-        security_group = self._lustre_security_group(retain)
+        security_group, rules = self._lustre_security_group(retain)
         file_system = aws.fsx.LustreFileSystem(
             f"{self._name}-fsx",
             deployment_type="PERSISTENT_2",
@@ -203,7 +203,13 @@ class Storage(pulumi.ComponentResource):
             # The data lives in S3 (auto-export); a final backup would only add cost.
             skip_final_backup=True,
             tags={**args.tags, "Name": f"{pulumi.get_stack()}-fsx"},
-            opts=self._opts(**keep),
+            # CreateFileSystem checks the groups' rules for LNet (TCP 988, 1018-1023) there and
+            # then and fails with InvalidNetworkSettings ("... do not permit Lustre LNET network
+            # traffic on port 988") if they are not in place yet: https://docs.aws.amazon.com/
+            # fsx/latest/LustreGuide/cannot-create-fs.html. `security_group_ids` only orders the
+            # file system after the group, not after its rules, which are separate resources
+            # created concurrently (the same race: aws/aws-parallelcluster#6181).
+            opts=self._opts(depends_on=rules, **keep),
         )
         # A prefix is a directory, as `scripts/run_target.py` reads it back: without the
         # slash, "runs" would also link the keys of "runs-old/" and "runs2/".
@@ -227,12 +233,17 @@ class Storage(pulumi.ComponentResource):
         )
         return file_system
 
-    def _lustre_security_group(self, retain: bool) -> aws.ec2.SecurityGroup:
-        """The file system's SG: Lustre ports from its clients and from itself, nothing else.
+    def _lustre_security_group(
+        self, retain: bool
+    ) -> tuple[aws.ec2.SecurityGroup, list[pulumi.Resource]]:
+        """The file system's SG and every rule for it: Lustre ports from its clients and itself.
 
         The clients' groups also get ingress from this one, because Lustre servers open
         connections back to clients. Rules that name another stack's or EKS's security group
-        are never retained: a leftover reference would block deleting that group.
+        are never retained: a leftover reference would block deleting that group. All rules
+        are returned so the file system can wait for them (see `_file_system`); the required
+        set is in https://docs.aws.amazon.com/fsx/latest/LustreGuide/limit-access-security-groups.html
+        (inbound 988 and 1018-1023 from the file system's own group and from its clients).
         """
         args = self._args
         keep = {"retain_on_delete": True} if retain else {}
@@ -247,41 +258,48 @@ class Storage(pulumi.ComponentResource):
         sources += [
             (f"client{index}", sg, False) for index, sg in enumerate(args.client_security_group_ids)
         ]
+        rules: list[pulumi.Resource] = []
         for label, source, keep_rule in sources:
             rule_opts = {"retain_on_delete": True} if keep_rule else {}
             for low, high in LUSTRE_PORTS:
-                aws.vpc.SecurityGroupIngressRule(
-                    f"{self._name}-fsx-in-{label}-{low}",
-                    security_group_id=group.id,
-                    referenced_security_group_id=source,
-                    ip_protocol="tcp",
-                    from_port=low,
-                    to_port=high,
-                    description=f"Lustre {low}-{high} from {label}",
-                    opts=self._opts(**rule_opts),
-                )
-                if label != "self":
+                rules.append(
                     aws.vpc.SecurityGroupIngressRule(
-                        f"{self._name}-{label}-in-fsx-{low}",
-                        security_group_id=source,
-                        referenced_security_group_id=group.id,
+                        f"{self._name}-fsx-in-{label}-{low}",
+                        security_group_id=group.id,
+                        referenced_security_group_id=source,
                         ip_protocol="tcp",
                         from_port=low,
                         to_port=high,
-                        description=f"Lustre {low}-{high} from FSx",
-                        opts=self._opts(),
+                        description=f"Lustre {low}-{high} from {label}",
+                        opts=self._opts(**rule_opts),
                     )
-            aws.vpc.SecurityGroupEgressRule(
-                f"{self._name}-fsx-out-{label}",
-                security_group_id=group.id,
-                referenced_security_group_id=source,
-                ip_protocol="tcp",
-                from_port=LUSTRE_PORTS[0][0],
-                to_port=LUSTRE_PORTS[-1][1],
-                description=f"Lustre to {label}",
-                opts=self._opts(**rule_opts),
+                )
+                if label != "self":
+                    rules.append(
+                        aws.vpc.SecurityGroupIngressRule(
+                            f"{self._name}-{label}-in-fsx-{low}",
+                            security_group_id=source,
+                            referenced_security_group_id=group.id,
+                            ip_protocol="tcp",
+                            from_port=low,
+                            to_port=high,
+                            description=f"Lustre {low}-{high} from FSx",
+                            opts=self._opts(),
+                        )
+                    )
+            rules.append(
+                aws.vpc.SecurityGroupEgressRule(
+                    f"{self._name}-fsx-out-{label}",
+                    security_group_id=group.id,
+                    referenced_security_group_id=source,
+                    ip_protocol="tcp",
+                    from_port=LUSTRE_PORTS[0][0],
+                    to_port=LUSTRE_PORTS[-1][1],
+                    description=f"Lustre to {label}",
+                    opts=self._opts(**rule_opts),
+                )
             )
-        return group
+        return group, rules
 
     # -- CSI driver ---------------------------------------------------------------------------
 

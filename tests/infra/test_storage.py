@@ -124,6 +124,25 @@ def test_file_system_waits_for_its_security_group(default):
     assert default.depends_on(default.one(FSX), default.one("aws:ec2/securityGroup:SecurityGroup"))
 
 
+@pytest.mark.parametrize("owns_network", [True, False])
+def test_file_system_waits_for_every_rule_of_its_security_group(owns_network):
+    """CreateFileSystem validates the LNet rules synchronously (InvalidNetworkSettings, "... do
+    not permit Lustre LNET network traffic on port 988": docs.aws.amazon.com/fsx/latest/
+    LustreGuide/cannot-create-fs.html; aws/aws-parallelcluster#6181). Waiting for the group
+    alone lets FSx race its rules, which are separate resources, so it must wait for each."""
+    result = run(owns_network=owns_network)
+    fsx = result.one(FSX)
+    fsx_sg = fsx.inputs["securityGroupIds"][0]
+    rules = [
+        rule
+        for rule in result.of_type(INGRESS) + result.of_type(EGRESS)
+        if fsx_sg in (rule.inputs["securityGroupId"], rule.inputs["referencedSecurityGroupId"])
+    ]
+    # Self 988 and 1018-1023 in, client 988 and 1018-1023 in (both ways), egress to both.
+    assert len(rules) == 8
+    assert [rule.name for rule in rules if not result.depends_on(fsx, rule)] == []
+
+
 def test_data_repository_association_links_the_bucket_both_ways():
     result = run({"fsx": {"dataRepositoryPrefix": "runs/", "fileSystemPath": "/data"}})
     dra = result.one(DRA)
