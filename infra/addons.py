@@ -127,8 +127,9 @@ class Addons(pulumi.ComponentResource):
                     config=config.training_operator,
                     k8s_provider=args.k8s_provider,
                     node_selector=args.operator_node_selector,
+                    depends_on=list(args.cluster_ready),
                 ),
-                opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.cluster_ready)),
+                opts=pulumi.ResourceOptions(parent=self),
             )
             self.ready.extend(self.training_operator.ready)
 

@@ -65,6 +65,9 @@ class TrainingOperatorArgs:
     k8s_provider: k8s.Provider
     node_selector: Mapping[str, str] = field(default_factory=dict)
     """Where the operator may run (e.g. the system nodes); empty: anywhere untainted."""
+    depends_on: Sequence[pulumi.Resource] = ()
+    """What must exist first (the cluster's node groups): passed to every child, because the
+    Python SDK does not hand a component's own `depends_on` down to its children."""
 
 
 def _rule(groups: list[str], resources: list[str], verbs: list[str]) -> k8s.rbac.v1.PolicyRuleArgs:
@@ -119,8 +122,16 @@ class TrainingOperator(pulumi.ComponentResource):
         def child(
             depends_on: Sequence[pulumi.Resource] = (), **kwargs: Any
         ) -> pulumi.ResourceOptions:
+            # `args.depends_on` on every child: a parent's `depends_on` orders nothing inside
+            # it (pulumi `sdk/python/lib/pulumi/runtime/resource.py` `prepare_resource` sends
+            # only the resource's own `depends_on` and input dependencies; `Resource.__init__`
+            # inherits protect and providers from the parent, not dependencies). Without it
+            # the Deployment and the Service (both awaited) race the node groups.
             return pulumi.ResourceOptions(
-                parent=self, provider=args.k8s_provider, depends_on=list(depends_on), **kwargs
+                parent=self,
+                provider=args.k8s_provider,
+                depends_on=[*args.depends_on, *depends_on],
+                **kwargs,
             )
 
         self.crd = k8s.yaml.v2.ConfigFile(

@@ -111,6 +111,30 @@ def test_nvidia_affinity_replaces_the_charts_feature_discovery_default(default):
     ]
 
 
+def test_every_kubernetes_child_itself_waits_for_the_node_groups(default):
+    """Each resource that talks to the cluster names the node groups in its own dependencies.
+
+    `Evaluation.depends_on` also counts a parent component's `depends_on`, which the engine
+    never sees for a child: pulumi `sdk/python/lib/pulumi/runtime/resource.py`
+    `prepare_resource` sends only the resource's own `depends_on` (plus input dependencies),
+    and `Resource.__init__` inherits protect and providers from the parent, not dependencies
+    (pulumi/pulumi#8721: a component's dependencies do not hold back its children). So the
+    check here is on each registration's own list. The operator's Deployment and Service,
+    both awaited until their pod runs, raced the node groups before.
+    """
+    nodes = default.one("kubernetes:core/v1:ConfigMap")
+    children = [
+        r
+        for r in default.resources
+        if r.type.startswith("kubernetes:") and (r.custom or r.remote) and r.urn != nodes.urn
+    ]
+    assert {DEPLOYMENT, "kubernetes:core/v1:Service", CONFIG_FILE, RELEASE} <= {
+        r.type for r in children
+    }
+    late = [f"{r.type} {r.name}" for r in children if nodes.urn not in r.dependencies]
+    assert late == []
+
+
 def test_plugins_wait_for_the_node_groups(default):
     nodes = default.one("kubernetes:core/v1:ConfigMap")
     for plugin in default.of_type(RELEASE):
