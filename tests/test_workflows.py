@@ -74,13 +74,6 @@ def test_workflows_validate_against_githubs_schema(tmp_path: Path) -> None:
     assert check_schema(broken).returncode == 1
 
 
-def test_every_action_is_pinned_to_a_version() -> None:
-    uses = [s["uses"] for s in all_steps() if "uses" in s]
-    assert uses
-    for action in uses:
-        assert re.fullmatch(r"[\w.-]+/[\w.-]+@v\d+(\.\d+)*", action), action
-
-
 def _shell(script: str) -> str:
     return re.sub(r"\$\{\{.*?\}\}", "EXPR", script)
 
@@ -133,7 +126,7 @@ def test_preview_uses_oidc_the_pulumi_action_and_the_policy_pack() -> None:
     assert job["permissions"]["pull-requests"] == "write"
     assert job["strategy"]["matrix"]["include"] == "${{ fromJSON(needs.changes.outputs.stacks) }}"
     aws = step_using(workflow, "preview", "aws-actions/configure-aws-credentials")
-    assert aws["with"]["role-to-assume"] == "${{ vars.AWS_ROLE_ARN }}"
+    assert aws["with"]["role-to-assume"] == "${{ vars.AWS_PREVIEW_ROLE_ARN }}"
     assert aws["with"]["aws-region"] == "${{ matrix.region }}"
     pulumi = step_using(workflow, "preview", "pulumi/actions")
     assert pulumi["with"]["command"] == "preview"
