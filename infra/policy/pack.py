@@ -17,6 +17,7 @@ from pulumi_policy import (
 )
 
 from infra.policy.registry import GUARDRAILS, PACK_NAME, Guardrail, ResourceCheck, StackCheck
+from infra.policy.settings import policy_config_from_engine
 from infra.policy.view import Resource
 
 _LEVELS = {"mandatory": EnforcementLevel.MANDATORY, "advisory": EnforcementLevel.ADVISORY}
@@ -30,10 +31,20 @@ def _resource_validation(check: ResourceCheck) -> Any:
     return validate
 
 
-def _stack_validation(check: StackCheck) -> Any:
+def _stack_validation(guardrail: Guardrail, check: StackCheck) -> Any:
     def validate(args: StackValidationArgs, report_violation: ReportViolation) -> None:
+        settings = dict(args.get_config() or {})
+        if guardrail.config_schema:
+            # The stack's own config first (all that `--policy-pack infra/policy` alone gives
+            # the pack), then whatever a `--policy-pack-config` file says, key by key.
+            try:
+                from_stack = policy_config_from_engine().get(guardrail.name, {})
+            except ValueError as error:
+                report_violation(f"cannot read the stack's config: {error}", None)
+                return
+            settings = {**from_stack, **settings}
         resources = [Resource.from_policy(r) for r in args.resources]
-        for finding in check(resources, dict(args.get_config())):
+        for finding in check(resources, settings):
             report_violation(finding.message, finding.urn or None)
 
     return validate
@@ -56,7 +67,7 @@ def to_policy(guardrail: Guardrail) -> Policy:
     return StackValidationPolicy(
         name=guardrail.name,
         description=guardrail.description,
-        validate=_stack_validation(guardrail.stack_check),
+        validate=_stack_validation(guardrail, guardrail.stack_check),
         enforcement_level=level,
         config_schema=schema,
     )

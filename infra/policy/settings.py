@@ -1,19 +1,34 @@
 """The policy pack's configuration, derived from a stack's config.
 
-`pulumi preview --policy-pack infra/policy --policy-pack-config FILE` hands each policy its own
-settings (`{"<policy name>": {...}}`). Only the cost ceiling needs any: the ceiling and price
-override of `fsdp-eks:cost`, and the GPU facts of `fsdp-eks:gpuNodes` as a fallback for a
-stack that creates no node group (an existing cluster). CI writes the file with
-`scripts/policy_config.py`; the offline plan passes the same dict to `run_policies`.
+Only the cost ceiling needs any: the ceiling and price override of `fsdp-eks:cost`, and the
+GPU facts of `fsdp-eks:gpuNodes` as a fallback for a stack that creates no node group (an
+existing cluster). The pack finds them without help: for a local pack such as
+`pulumi preview --policy-pack infra/policy`, the engine starts the pack process with the
+stack's decrypted config in `PULUMI_CONFIG` (a JSON object of `namespace:key` -> string, object
+values JSON-encoded) and its name in `PULUMI_STACK` (pulumi/pulumi `pkg/engine/update.go`
+`newUpdateSource` builds `PolicyAnalyzerOptions{Stack, Config}`; `sdk/go/common/resource/
+plugin/analyzer_plugin.go` `constructEnv`/`constructConfig` set the variables), so
+`policy_config_from_engine` reads the same stack config the program reads.
+
+`--policy-pack-config FILE` still works and wins key by key (`{"<policy name>": {...}}`);
+`scripts/ci_stacks.py policy-config STACK` writes one. The offline plan passes the same dict
+to `run_policies`.
 """
 
 from __future__ import annotations
 
+import json
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from infra.config import StackConfig, load_stack_file
+from infra.config.cluster import GpuNodesConfig
 from infra.config.cost import CostConfig
+from infra.config.job import JobConfig
 
 PROJECT = "fsdp-eks"
 COST_POLICY = "cost-ceiling"
@@ -66,3 +81,52 @@ def policy_config_from_stack_file(path: Path) -> PolicyConfig:
     """
     config = load_stack_file(path)
     return policy_config_for(config)
+
+
+def policy_config_from_engine(environ: Mapping[str, str] | None = None) -> PolicyConfig:
+    """Settings for the pack from the stack the engine is previewing or updating.
+
+    `environ` defaults to the process environment, where the engine put `PULUMI_CONFIG` and
+    `PULUMI_STACK` (see the module docstring). Empty when the pack runs outside a stack
+    operation (e.g. `pulumi policy publish`). Only the sections the settings come from are
+    validated, each on its own: the whole-stack checks (the config model's own cost check
+    among them) are the program's, and the pack must still see a ceiling the stack breaks.
+    Raises ValueError naming the key for a section the program would reject too.
+    """
+    env = os.environ if environ is None else environ
+    raw, stack = env.get("PULUMI_CONFIG"), env.get("PULUMI_STACK")
+    if not raw or not stack:
+        return {}
+    sections: dict[str, Any] = {}
+    for key, value in json.loads(raw).items():
+        namespace, _, name = key.rpartition(":")
+        if namespace == PROJECT and name in _SETTINGS_SECTIONS:
+            sections[name] = json.loads(value) if isinstance(value, str) else value
+    name = ""
+    try:
+        name = "cost"
+        cost = CostConfig.model_validate(sections.get(name) or {})
+        name = "job"
+        job = JobConfig.model_validate(sections.get(name) or {})
+        name = "gpuNodes"
+        nodes = GpuNodesConfig.model_validate(sections[name]) if name in sections else None
+    except ValidationError as error:
+        raise ValueError(f"stack {stack!r} (PULUMI_CONFIG): {_problems(name, error)}") from None
+    return policy_config(
+        cost,
+        instance_type=nodes.instance_type if nodes else None,
+        node_count=nodes.count if nodes else None,
+        capacity_type=nodes.capacity.type if nodes else None,
+        job_max_run_hours=job.max_run_hours,
+    )
+
+
+_SETTINGS_SECTIONS = ("cost", "gpuNodes", "job")
+
+
+def _problems(section: str, error: ValidationError) -> str:
+    """`section.key: message` for each of pydantic's errors in one section."""
+    return "; ".join(
+        ".".join(str(part) for part in (section, *detail["loc"])) + f": {detail['msg']}"
+        for detail in error.errors()
+    )

@@ -5,7 +5,9 @@ really serves them to the Pulumi CLI over gRPC.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -14,11 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pulumi
 import pulumi_aws as aws
 import pulumi_eks as eks
 import pulumi_kubernetes as k8s
 import pytest
 from google.protobuf import empty_pb2, struct_pb2
+from pulumi.runtime import rpc
 from pulumi.runtime.proto import analyzer_pb2, analyzer_pb2_grpc, plugin_pb2
 
 from infra.config.cost import CostConfig
@@ -26,7 +30,12 @@ from infra.offline import evaluate
 from infra.policy.offline import Violation, check_resources, run_policies
 from infra.policy.pack import build_policies
 from infra.policy.registry import GUARDRAILS
-from infra.policy.settings import COST_POLICY, policy_config, policy_config_from_stack_file
+from infra.policy.settings import (
+    COST_POLICY,
+    policy_config,
+    policy_config_from_engine,
+    policy_config_from_stack_file,
+)
 from infra.policy.view import PYTORCH_JOB, UNKNOWN, Resource, gpu_node_groups, plain
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -500,11 +509,22 @@ def _struct(value: dict[str, Any]) -> struct_pb2.Struct:
 def analyzer() -> Iterator[analyzer_pb2_grpc.AnalyzerStub]:
     """`python infra/policy` (its __main__.py), from the repository root, as the Python language
     host starts a policy pack: it prints its port, then serves the analyzer API."""
+    with served_pack({}) as stub:
+        yield stub
+
+
+@contextlib.contextmanager
+def served_pack(env: dict[str, str]) -> Iterator[analyzer_pb2_grpc.AnalyzerStub]:
+    """The pack's process with `env` added to this one's environment (the engine's additions)."""
+    environment = {
+        k: v for k, v in os.environ.items() if k not in ("PULUMI_CONFIG", "PULUMI_STACK")
+    }
     process = subprocess.Popen(
         [sys.executable, str(ROOT / "infra/policy")],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        env={**environment, **env},
     )
     try:
         assert process.stdout is not None
@@ -680,3 +700,119 @@ def test_the_guardrails_see_the_programs_gpu_nodes_and_job(path: Path) -> None:
     needs_efa = config.gpu_nodes.count > 1 and config.gpu_nodes.efa_interface_count > 0
     assert "job-run-bound" in found
     assert ("efa-on-efa-instances" in found) is needs_efa
+
+
+# --- `pulumi preview --policy-pack infra/policy`, exactly as the README runs it ----------------
+
+
+def engine_environment(path: Path) -> dict[str, str]:
+    """What the engine adds to the pack's environment for this stack (no --policy-pack-config):
+    PULUMI_CONFIG maps `namespace:key` to a string, object values JSON-encoded, secrets
+    decrypted (pulumi `analyzer_plugin.go` constructEnv/constructConfig, `PropertyMapToConfig`);
+    PULUMI_STACK names the stack. A gated stack's token is the one its deployer has set."""
+    from infra.config import read_stack_file
+
+    stack = read_stack_file(path)
+    config = {
+        key if ":" in key else f"fsdp-eks:{key}": value
+        if isinstance(value, str)
+        else json.dumps(value)
+        for key, value in stack.config.items()
+    }
+    return {"PULUMI_CONFIG": json.dumps(config), "PULUMI_STACK": stack.stack_name}
+
+
+def _as_wire_asset(value: Any) -> dict[str, Any]:
+    """An asset or archive input as the engine's wire format marks it (pulumi `runtime/rpc.py`
+    special signature keys); the guardrails never read them."""
+    if isinstance(value, pulumi.Archive):
+        return {rpc._special_sig_key: rpc._special_archive_sig}
+    if isinstance(value, pulumi.Asset):
+        return {rpc._special_sig_key: rpc._special_asset_sig, "path": getattr(value, "path", "")}
+    raise TypeError(f"{type(value).__name__} in recorded inputs")
+
+
+def _analyzer_resources(path: Path) -> list[analyzer_pb2.AnalyzerResource]:
+    return [
+        analyzer_pb2.AnalyzerResource(
+            type=r.type,
+            name=r.name,
+            urn=r.urn,
+            properties=_struct(json.loads(json.dumps(r.inputs, default=_as_wire_asset))),
+            parent=r.parent or "",
+            dependencies=list(r.dependencies),
+        )
+        for r in evaluated(path).resources
+    ]
+
+
+def _configure_without_a_config_file(stub: Any) -> None:
+    """What the engine sends without --policy-pack-config: each policy's enforcement level and
+    no properties (pulumi `pkg/engine/update.go` installAndLoadPolicyPlugins ->
+    ReconcilePolicyPackConfig(policies, initialConfig, nil) -> Configure)."""
+    stub.Configure(
+        analyzer_pb2.ConfigureAnalyzerRequest(
+            policyConfig={
+                g.name: analyzer_pb2.PolicyConfig(enforcementLevel=analyzer_pb2.MANDATORY)
+                for g in GUARDRAILS
+            }
+        )
+    )
+
+
+@pytest.mark.parametrize("path", STACK_FILES, ids=lambda p: p.stem)
+def test_the_pack_as_the_readme_runs_it_passes_every_experiment(path: Path) -> None:
+    """`pulumi preview --policy-pack infra/policy` with no config file: the served pack reads
+    the stack's own ceiling from the engine's PULUMI_CONFIG. (It used to fall back to the $100
+    default and fail every stack whose run costs more.)"""
+    resources = _analyzer_resources(path)
+    with served_pack(engine_environment(path)) as stub:
+        _configure_without_a_config_file(stub)
+        diagnostics = [
+            d
+            for r in resources
+            for d in stub.Analyze(
+                analyzer_pb2.AnalyzeRequest(
+                    type=r.type, name=r.name, urn=r.urn, properties=r.properties
+                )
+            ).diagnostics
+        ]
+        stack = stub.AnalyzeStack(analyzer_pb2.AnalyzeStackRequest(resources=resources))
+    assert [d.message for d in [*diagnostics, *stack.diagnostics]] == []
+
+
+def test_the_pack_holds_the_stack_to_its_own_ceiling_and_a_config_file_still_wins() -> None:
+    path = ROOT / "stacks/Pulumi.llama31-8b-p5.yaml"  # 4 x p5 x 12 h = $2,641.92, ceiling $3,000
+    env = engine_environment(path)
+    config = json.loads(env["PULUMI_CONFIG"])
+    config["fsdp-eks:cost"] = json.dumps({"maxUsdPerRun": 2000})
+    resources = _analyzer_resources(path)
+    with served_pack({**env, "PULUMI_CONFIG": json.dumps(config)}) as stub:
+        _configure_without_a_config_file(stub)
+        request = analyzer_pb2.AnalyzeStackRequest(resources=resources)
+        diagnostics = list(stub.AnalyzeStack(request).diagnostics)
+        (diagnostic,) = diagnostics
+        assert diagnostic.policyName == COST_POLICY
+        assert "$2,641.92" in diagnostic.message and "$2,000.00" in diagnostic.message
+        stub.Configure(
+            analyzer_pb2.ConfigureAnalyzerRequest(
+                policyConfig={
+                    COST_POLICY: analyzer_pb2.PolicyConfig(
+                        enforcementLevel=analyzer_pb2.MANDATORY,
+                        properties=_struct({"maxUsdPerRun": 5000}),
+                    )
+                }
+            )
+        )
+        assert list(stub.AnalyzeStack(request).diagnostics) == []
+
+
+def test_policy_config_from_the_engine_environment() -> None:
+    path = ROOT / "stacks/Pulumi.mixtral-8x7b-p5.yaml"
+    assert policy_config_from_engine(engine_environment(path)) == policy_config_from_stack_file(
+        path
+    )
+    assert policy_config_from_engine({}) == {}  # e.g. `pulumi policy publish`: no stack
+    bad = {"PULUMI_STACK": "x", "PULUMI_CONFIG": json.dumps({"fsdp-eks:cost": '{"maxUsd": 1}'})}
+    with pytest.raises(ValueError, match=r"cost\.maxUsd: Extra inputs are not permitted"):
+        policy_config_from_engine(bad)
