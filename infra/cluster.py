@@ -24,7 +24,6 @@ A stack that other stacks reference with `cluster.platformStack` should export `
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -39,6 +38,12 @@ from infra.config.cluster import ClusterConfig, GpuNodesConfig
 from infra.eks_versions import UPGRADE_SUPPORT_TYPE
 from infra.gpu_nodes import NODE_POOL_LABEL, GpuNodeGroup, GpuNodeGroupArgs, gpu_tolerations
 from infra.iam import aws_managed_policy_arn, node_role, service_trust_policy
+from infra.kube_access import (
+    cluster_kubeconfig,
+    deployer_principal_arn,
+    kubernetes_access,
+    same_iam_principal,
+)
 from infra.network import Network
 
 SYSTEM_AMI_TYPE = "AL2023_x86_64_STANDARD"
@@ -55,71 +60,6 @@ def default_cluster_name(project: str, stack: str) -> str:
     return name[:100]
 
 
-def exec_kubeconfig(cluster_name: str, endpoint: str, ca_data: str, region: str) -> dict[str, Any]:
-    """A kubeconfig that authenticates with `aws eks get-token` (no long-lived credentials)."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": cluster_name,
-                "cluster": {"server": endpoint, "certificate-authority-data": ca_data},
-            }
-        ],
-        "contexts": [{"name": cluster_name, "context": {"cluster": cluster_name, "user": "aws"}}],
-        "current-context": cluster_name,
-        "users": [
-            {
-                "name": "aws",
-                "user": {
-                    "exec": {
-                        "apiVersion": "client.authentication.k8s.io/v1beta1",
-                        "command": "aws",
-                        "args": [
-                            "eks",
-                            "get-token",
-                            "--cluster-name",
-                            cluster_name,
-                            "--region",
-                            region,
-                            "--output",
-                            "json",
-                        ],
-                    }
-                },
-            }
-        ],
-    }
-
-
-def deployer_principal_arn(parent: pulumi.Resource | None = None) -> str:
-    """IAM ARN of the principal running `pulumi up` (a role's ARN, not its session's).
-
-    Access entries take IAM user or role ARNs; `get_caller_identity` returns an STS session ARN
-    for assumed roles, and `get_session_context` maps it back to the role (path included).
-    """
-    opts = pulumi.InvokeOptions(parent=parent)
-    caller = aws.get_caller_identity(opts=opts)
-    return aws.iam.get_session_context(arn=caller.arn, opts=opts).issuer_arn
-
-
-def same_iam_principal(first: str, second: str) -> bool:
-    """Whether two IAM user/role ARNs name the same principal.
-
-    Names are unique per account whatever the path, and the session issuer reports a role's
-    path (SSO roles live under `aws-reserved/sso.amazonaws.com/`) that a user writing the ARN
-    by hand usually leaves out.
-    """
-
-    def identity(arn: str) -> tuple[str, str, str, str]:
-        prefix, _, rest = arn.partition(":iam::")
-        account, _, resource = rest.partition(":")
-        kind, _, path_and_name = resource.partition("/")
-        return prefix, account, kind, path_and_name.rsplit("/", 1)[-1]
-
-    return identity(first) == identity(second)
-
-
 @dataclass
 class ClusterArgs:
     """Inputs of `Cluster`: the `cluster` and `gpuNodes` sections, and the network (create)."""
@@ -127,6 +67,8 @@ class ClusterArgs:
     cluster: ClusterConfig
     gpu_nodes: GpuNodesConfig
     network: Network | None = None
+    aws_profile: str | None = None
+    """The stack's `aws:profile`: the Kubernetes provider signs its tokens with it too."""
     tags: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -215,6 +157,16 @@ class Cluster(pulumi.ComponentResource):
             )
 
         deployer = deployer_principal_arn(self)
+        if config.admin_role_arn is None:
+            # EKS admits only the creator: anyone else running this stack later is locked out.
+            pulumi.log.warn(
+                "cluster.adminRoleArn is not set: only the principal creating the cluster "
+                f"({deployer}) will be its admin, and `pulumi up` run by anyone else (CI, a "
+                "colleague) gets Unauthorized from every Kubernetes call; set "
+                "cluster.adminRoleArn to a role that everyone who runs this stack can assume "
+                "(docs/operations.md, 'Who can reach the cluster')",
+                resource=self,
+            )
         access_entries = {}
         if config.admin_role_arn is not None and not same_iam_principal(
             config.admin_role_arn, deployer
@@ -268,7 +220,12 @@ class Cluster(pulumi.ComponentResource):
         name_after_cluster = cluster.cluster_security_group_id.apply(lambda _: cluster_name)
 
         self.name = name_after_cluster
-        self.kubeconfig = pulumi.Output.secret(cluster.kubeconfig_json)
+        # Not pulumi-eks's kubeconfigJson: it carries neither aws:profile nor the admin role.
+        access = kubernetes_access(config.admin_role_arn, args.aws_profile, deployer)
+        created = aws.eks.get_cluster_output(
+            name=name_after_cluster, opts=pulumi.InvokeOutputOptions(parent=self)
+        )
+        self.kubeconfig = cluster_kubeconfig(created, access, self)
         self.k8s_provider = k8s.Provider(f"{name}-k8s", kubeconfig=self.kubeconfig, opts=child)
         self.cluster_security_group_id = cluster.cluster_security_group_id
         self.oidc_provider_arn = cluster.oidc_provider_arn
@@ -391,7 +348,6 @@ class Cluster(pulumi.ComponentResource):
         assert config.name is not None  # the config model requires it in existing mode
         invoke = pulumi.InvokeOutputOptions(parent=self)
         found = aws.eks.get_cluster_output(name=config.name, opts=invoke)
-        region = aws.get_region_output(opts=invoke).region
         platform = (
             pulumi.StackReference(
                 f"{name}-platform",
@@ -403,9 +359,12 @@ class Cluster(pulumi.ComponentResource):
         )
 
         self.name = found.name
-        self.kubeconfig = pulumi.Output.all(
-            found.name, found.endpoint, found.certificate_authorities, region
-        ).apply(lambda v: json.dumps(exec_kubeconfig(v[0], v[1], v[2][0]["data"], v[3])))
+        # adminRoleArn here: a role with an access entry on that cluster, assumed for every
+        # Kubernetes call (the cluster's creator is rarely the one running this stack).
+        access = kubernetes_access(
+            config.admin_role_arn, args.aws_profile, deployer_principal_arn(self)
+        )
+        self.kubeconfig = cluster_kubeconfig(found, access, self)
         self.k8s_provider = k8s.Provider(
             f"{name}-k8s", kubeconfig=self.kubeconfig, opts=pulumi.ResourceOptions(parent=self)
         )

@@ -35,6 +35,8 @@ def main() -> None:
     stack = load_stack_config()
     tags = resource_tags(stack)
 
+    aws_profile = pulumi.Config("aws").get("profile")
+
     network = None
     if stack.cluster.mode == "create":
         network = Network(
@@ -48,7 +50,13 @@ def main() -> None:
         )
     cluster = Cluster(
         "platform",
-        ClusterArgs(cluster=stack.cluster, gpu_nodes=stack.gpu_nodes, network=network, tags=tags),
+        ClusterArgs(
+            cluster=stack.cluster,
+            gpu_nodes=stack.gpu_nodes,
+            network=network,
+            aws_profile=aws_profile,
+            tags=tags,
+        ),
     )
     namespace = JobNamespace(
         "job-namespace",
@@ -87,7 +95,7 @@ def main() -> None:
         TrainerImageArgs(
             config=stack.image,
             name_prefix=f"{PROJECT}-{dns_name(pulumi.get_stack())}"[:61].rstrip("-"),
-            aws_profile=pulumi.Config("aws").get("profile"),
+            aws_profile=aws_profile,
             tags=tags,
         ),
     )

@@ -234,8 +234,14 @@ class ClusterConfig(ConfigSection):
     admin_role_arn: str | None = Field(
         default=None,
         description=(
-            "IAM role granted cluster admin through an EKS access entry, in addition to the "
-            "deployer (the principal running `pulumi up`, admitted as the cluster creator)."
+            "The IAM role everyone who runs this stack (people and CI) reaches Kubernetes as. "
+            "`create`: granted cluster admin through an EKS access entry (the creator is "
+            "admitted too, but only the creator: without this role a stack created by one "
+            "principal is locked out for every other, and the plan warns). Both modes: the "
+            "Kubernetes provider assumes it for its tokens (`aws eks get-token --role-arn`, "
+            "with `aws:profile` if set) unless Pulumi already runs as it; in `existing` mode it "
+            "must have an access entry on that cluster. Its trust policy must let those "
+            "principals assume it."
         ),
     )
     secrets_kms_key_arn: str | None = Field(

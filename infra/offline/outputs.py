@@ -40,11 +40,14 @@ OutputRule = Callable[[str, dict[str, Any]], dict[str, Any]]
 
 def _eks_cluster(name: str, inputs: dict[str, Any]) -> dict[str, Any]:
     cluster_name = inputs.get("name", name)
-    issuer = f"https://oidc.eks.{REGION}.amazonaws.com/id/{short_hash(name, 32).upper()}"
+    # Endpoint and issuer belong to the cluster (its EKS name), so a look-up by name
+    # (`aws.eks.get_cluster`) answers the same ones the creating resource reported.
+    cluster_id = short_hash(cluster_name, 32).upper()
+    issuer = f"https://oidc.eks.{REGION}.amazonaws.com/id/{cluster_id}"
     return {
         "arn": arn("eks", f"cluster/{cluster_name}"),
         "name": cluster_name,
-        "endpoint": f"https://{short_hash(name, 32).upper()}.gr7.{REGION}.eks.amazonaws.com",
+        "endpoint": f"https://{cluster_id}.gr7.{REGION}.eks.amazonaws.com",
         "certificateAuthority": {"data": "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCg=="},
         "identities": [{"oidcs": [{"issuer": issuer}]}],
         "vpcConfig": {

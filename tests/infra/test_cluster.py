@@ -2,6 +2,7 @@
 
 import json
 import logging
+from pathlib import Path
 from typing import Any
 
 import pulumi
@@ -9,10 +10,12 @@ import pytest
 from pulumi.runtime import settings
 
 from infra.cluster import Cluster, ClusterArgs, default_cluster_name, same_iam_principal
+from infra.config import read_stack_file
 from infra.config.cluster import ClusterConfig, GpuNodesConfig
 from infra.network import Network, NetworkArgs
 from infra.offline import Evaluation, FakeCloud, evaluate
 from infra.offline.outputs import ACCOUNT_ID, INVOKE_RESULTS, RESOURCE_OUTPUTS, short_hash
+from infra.program import main as program
 
 EKS = "eks:index:Cluster"
 MNG = "eks:index:ManagedNodeGroup"
@@ -20,6 +23,8 @@ NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
 ADDON = "aws:eks/addon:Addon"
 ADMIN_ROLE = f"arn:aws:iam::{ACCOUNT_ID}:role/platform-admins"
 GPU = {"instanceType": "p5.48xlarge", "count": 2, "availabilityZone": "us-west-2b"}
+K8S_PROVIDER = "pulumi:providers:kubernetes"
+STACKS = Path(__file__).resolve().parents[2] / "stacks"
 
 
 def unsecret(value: Any) -> Any:
@@ -406,3 +411,83 @@ def test_existing_cluster_with_a_configured_subnet_and_the_agent() -> None:
     addon = result.one(ADDON)
     assert addon.inputs["clusterName"] == "team-gpu"
     assert result.stack_outputs["ready"] == [addon.urn]
+
+
+# -- who the Kubernetes provider is ---------------------------------------------------------
+
+
+def run_stack(name: str, *, cluster: dict[str, Any], **config: Any) -> Evaluation:
+    """The real program on stack file `name`, its cluster section extended, `config` added."""
+    stack = read_stack_file(name, STACKS)
+    entries = {**stack.config, **config}
+    entries["fsdp-eks:cluster"] = {**entries.get("fsdp-eks:cluster", {}), **cluster}
+    return evaluate(program, config=entries, stack=stack.stack_name)
+
+
+def token_command(result: Evaluation) -> list[str]:
+    """`aws <args>` the Kubernetes provider runs for a token, from its kubeconfig."""
+    kubeconfig = json.loads(unsecret(result.one(K8S_PROVIDER).inputs["kubeconfig"]))
+    (user,) = kubeconfig["users"]
+    return [user["user"]["exec"]["command"], *user["user"]["exec"]["args"]]
+
+
+def test_created_clusters_provider_signs_with_the_stacks_profile_as_the_admin_role() -> None:
+    # aws:profile reaches the AWS provider only; pulumi-eks's kubeconfigJson drops it, so with
+    # other ambient credentials every Kubernetes call was signed by someone else.
+    result = run_stack("dev", cluster={"adminRoleArn": ADMIN_ROLE}, **{"aws:profile": "ml-lab"})
+    command = token_command(result)
+    assert command[:3] == ["aws", "eks", "get-token"]
+    assert command[command.index("--cluster-name") + 1] == "fsdp-eks-dev"
+    assert command[command.index("--profile") + 1] == "ml-lab"
+    assert command[command.index("--role-arn") + 1] == ADMIN_ROLE
+
+
+def test_created_clusters_provider_keeps_the_cluster_pulumi_eks_reported() -> None:
+    # pulumi-kubernetes replaces every Kubernetes resource when the kubeconfig's active cluster
+    # (server, CA) changes; moving off kubeconfigJson must change only the user.
+    result = run_stack("dev", cluster={"adminRoleArn": ADMIN_ROLE})
+    ours = json.loads(unsecret(result.one(K8S_PROVIDER).inputs["kubeconfig"]))
+    theirs = result.one(EKS).outputs["kubeconfig"]
+    assert ours["clusters"][0]["cluster"] == theirs["clusters"][0]["cluster"]
+
+
+def test_no_profile_no_profile_flag_and_the_admin_role_is_not_assumed_by_itself() -> None:
+    real = INVOKE_RESULTS["aws:index/getCallerIdentity:getCallerIdentity"]
+
+    def as_admin_role(args: dict[str, Any]) -> dict[str, Any]:
+        session = f"arn:aws:sts::{ACCOUNT_ID}:assumed-role/platform-admins/ci-run-7"
+        return {**real(args), "arn": session}
+
+    INVOKE_RESULTS["aws:index/getCallerIdentity:getCallerIdentity"] = as_admin_role
+    try:
+        # CI running as the admin role itself: a role may not assume itself unless its trust
+        # policy names it, so the token is signed directly.
+        command = token_command(run_stack("dev", cluster={"adminRoleArn": ADMIN_ROLE}))
+    finally:
+        INVOKE_RESULTS["aws:index/getCallerIdentity:getCallerIdentity"] = real
+    assert "--role-arn" not in command
+    assert "--profile" not in command
+
+
+def test_existing_clusters_provider_signs_with_the_profile_and_the_admin_role() -> None:
+    role = f"arn:aws:iam::{ACCOUNT_ID}:role/ml-team-admins"
+    result = run_stack("team-cluster", cluster={"adminRoleArn": role}, **{"aws:profile": "ml"})
+    command = token_command(result)
+    assert command[command.index("--cluster-name") + 1] == "ml-team-cluster"
+    assert command[command.index("--profile") + 1] == "ml"
+    assert command[command.index("--role-arn") + 1] == role
+
+
+def test_creating_a_cluster_without_an_admin_role_is_reported(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING):
+        build({"name": "train"})
+    assert "cluster.adminRoleArn is not set: only the principal creating the cluster" in (
+        caplog.text
+    )
+    assert f"arn:aws:iam::{ACCOUNT_ID}:user/deployer" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        build({"name": "train", "adminRoleArn": ADMIN_ROLE})
+    assert "cluster.adminRoleArn is not set" not in caplog.text
