@@ -87,7 +87,8 @@ def describe(finding: dict[str, Any]) -> str:
 
 
 def test_zizmor_finds_nothing_outside_the_allow_list() -> None:
-    findings = run_zizmor(WORKFLOW_DIR)
+    """The workflows and .github/dependabot.yml (zizmor collects both from the folder)."""
+    findings = run_zizmor(ROOT / ".github")
     unexpected = [describe(f) for f in findings if finding_key(f) not in ALLOWED]
     assert not unexpected, "\n".join(unexpected)
     stale = set(ALLOWED) - {finding_key(f) for f in findings}
@@ -231,3 +232,19 @@ def test_the_deploy_job_outlasts_a_first_up() -> None:
     (aws,) = [s for s in up["steps"] if s.get("uses", "").startswith("aws-actions/configure-aws-")]
     session = aws["with"]["role-duration-seconds"]
     assert timeout * 60 <= session <= 12 * 3600, (timeout, session)
+
+
+def test_dependabot_keeps_the_pinned_actions_current() -> None:
+    """Pins by commit never move by themselves: Dependabot's github-actions updates move the
+    SHA and its tag comment together. check-jsonschema ships Dependabot's schema (offline)."""
+    config = ROOT / ".github/dependabot.yml"
+    result = subprocess.run(
+        [sys.executable, "-m", "check_jsonschema", "--builtin-schema=vendor.dependabot", config],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    updates = yaml.safe_load(config.read_text())["updates"]
+    assert [u["package-ecosystem"] for u in updates] == ["github-actions"]
