@@ -117,3 +117,25 @@ def test_instance_type_invoke_matches_the_sdk_result_shape() -> None:
 
     result = evaluate(program, config={})
     assert result.stack_outputs == {"gpus": 8, "efa": 16}
+
+
+def test_offerings_invoke_answers_each_location_type_in_the_sdk_result_shape() -> None:
+    def program() -> None:
+        for location_type in ("availability-zone", "availability-zone-id", "region"):
+            found = aws.ec2.get_instance_type_offerings_output(
+                filters=[{"name": "instance-type", "values": ["p5.48xlarge"]}],
+                location_type=location_type,
+            )
+            pulumi.export(location_type, found.locations)
+        cpu = aws.ec2.get_instance_type_offerings_output(
+            filters=[{"name": "instance-type", "values": ["m6i.xlarge"]}],
+            location_type="availability-zone",
+        )
+        pulumi.export("cpu", cpu.locations)
+
+    outputs = evaluate(program, config={}).stack_outputs
+    # The mock region's one dated fact: usw2-az4 (us-west-2d here) offers no GPU type.
+    assert outputs["availability-zone"] == ["us-west-2a", "us-west-2b", "us-west-2c"]
+    assert outputs["availability-zone-id"] == ["usw2-az1", "usw2-az2", "usw2-az3"]
+    assert outputs["region"] == ["us-west-2"]
+    assert outputs["cpu"] == ["us-west-2a", "us-west-2b", "us-west-2c", "us-west-2d"]
