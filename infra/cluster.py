@@ -9,6 +9,11 @@ Identity agent, a CPU system node group for add-ons and operators, and the GPU n
 the outputs of the platform stack that created it. Nothing of the cluster is registered, so the
 stack can never change or delete it; only the Pod Identity agent add-on when explicitly asked.
 
+In both modes the Kubernetes provider's kubeconfig is built here from the EKS look-up, signed
+with the stack's `aws:profile` and `cluster.adminRoleArn` (infra/kube_access.py says why), and
+a created cluster runs a version in standard support with upgrade policy STANDARD
+(infra/eks_versions.py).
+
 Construct (after `Network` in create mode; no network in existing mode):
 
     cluster = Cluster("platform", ClusterArgs(cluster=config.cluster,

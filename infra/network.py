@@ -172,7 +172,12 @@ class Network(pulumi.ComponentResource):
             else None
         )
         gpu_az = _gpu_az(
-            args.gpu_availability_zone, system_azs, available, offering, args.gpu_instance_type
+            args.gpu_availability_zone,
+            system_azs,
+            available,
+            offering,
+            args.gpu_instance_type,
+            parent=self,
         )
         plan = plan_subnets(config.vpc_cidr, system_azs)
         child = pulumi.ResourceOptions(parent=self)
@@ -353,6 +358,7 @@ def _gpu_az(
     available: Sequence[str],
     offering: Sequence[str] | None = None,
     instance_type: str | None = None,
+    parent: pulumi.Resource | None = None,
 ) -> str:
     """The GPU subnet's AZ: the requested one if it offers the type, else the first AZ that does.
 
@@ -394,6 +400,7 @@ def _gpu_az(
         pulumi.log.warn(
             f"gpuNodes.availabilityZone is not set and {system_azs[0]!r} does not offer "
             f"{instance_type!r}: the GPU subnet goes to {candidates[0]!r}; pin "
-            f"gpuNodes.availabilityZone: {candidates[0]} in the stack file"
+            f"gpuNodes.availabilityZone: {candidates[0]} in the stack file",
+            resource=parent,
         )
     return candidates[0]
