@@ -1,0 +1,289 @@
+"""The start rule `pulumi up` waits on, over PyTorchJob and Pod documents as the API serves them.
+
+Job documents follow the v1.9.0 CRD (each status is validated against its schema) and what the
+operator writes into them: conditions `Created`/`Running`/`Failed` with reasons
+`PyTorchJob<Type>` (v1.9.0 `pkg/util/status.go` `NewReason`), the backoff message of
+`pkg/controller.v1/common/job.go`, `replicaStatuses.Worker.active` counting Running pods
+(`pkg/core/status.go`). Pods carry the operator's labels and core/v1 status fields.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import jsonschema
+import pytest
+
+from infra.job_manifest import POD_START_BUDGET_S
+from infra.job_wait import (
+    OPERATOR_PICKUP_S,
+    STABLE_RUNNING_S,
+    STUCK_CONTAINER_S,
+    Verdict,
+    assess,
+)
+
+NOW = datetime(2026, 11, 23, 12, 0, 0, tzinfo=UTC)
+WORKERS = 2
+
+
+def stamp(seconds_ago: float) -> str:
+    return (NOW - timedelta(seconds=seconds_ago)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def condition(kind: str, message: str, seconds_ago: float = 30) -> dict[str, Any]:
+    return {
+        "type": kind,
+        "status": "True",
+        "reason": f"PyTorchJob{kind}",
+        "message": message,
+        "lastUpdateTime": stamp(seconds_ago),
+        "lastTransitionTime": stamp(seconds_ago),
+    }
+
+
+def job(*conditions: dict[str, Any], active: int = 0, age: float = 900) -> dict[str, Any]:
+    status: dict[str, Any] = {}
+    if conditions:
+        status = {
+            "conditions": list(conditions),
+            "replicaStatuses": {"Worker": {"active": active, "selector": "x"}},
+            "startTime": stamp(age),
+        }
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": "exp", "namespace": "training", "creationTimestamp": stamp(age)},
+        "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": WORKERS, "template": {}}}},
+        "status": status,
+    }
+
+
+CREATED = condition("Created", "PyTorchJob exp is created.", 900)
+RUNNING = condition("Running", "PyTorchJob training/exp is running.", 300)
+
+
+def pod(
+    index: int,
+    *,
+    phase: str = "Running",
+    trainer_state: dict[str, Any] | None = None,
+    restarts: int = 0,
+    last_state: dict[str, Any] | None = None,
+    conditions: list[dict[str, Any]] | None = None,
+    init_state: dict[str, Any] | None = None,
+    age: float = 900,
+) -> dict[str, Any]:
+    state = trainer_state if trainer_state is not None else {"running": {"startedAt": stamp(600)}}
+    status: dict[str, Any] = {"phase": phase, "conditions": conditions or []}
+    if phase != "Pending" or init_state is not None or trainer_state is not None:
+        status["startTime"] = stamp(age)
+        status["containerStatuses"] = [
+            {
+                "name": "pytorch",
+                "image": "img",
+                "imageID": "",
+                "ready": "running" in state,
+                "restartCount": restarts,
+                "started": "running" in state,
+                "state": state,
+                "lastState": last_state or {},
+            }
+        ]
+    if init_state is not None:
+        status["initContainerStatuses"] = [
+            {
+                "name": "prepare-run-dirs",
+                "image": "img",
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "state": init_state,
+            }
+        ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"exp-worker-{index}",
+            "namespace": "training",
+            "creationTimestamp": stamp(age),
+            "labels": {
+                "training.kubeflow.org/job-name": "exp",
+                "training.kubeflow.org/replica-type": "worker",
+                "training.kubeflow.org/replica-index": str(index),
+                "training.kubeflow.org/operator-name": "pytorchjob-controller",
+            },
+        },
+        "status": status,
+    }
+
+
+def unschedulable(seconds_ago: float) -> list[dict[str, Any]]:
+    return [
+        {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "lastTransitionTime": stamp(seconds_ago),
+            "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu. preemption: "
+            "0/3 nodes are available: 3 No preemption victims found for incoming pod.",
+        }
+    ]
+
+
+def judge(job_doc: dict[str, Any], pods: list[dict[str, Any]], crd_schema: Any) -> Verdict:
+    """`assess`, after checking the job's status against the CRD's status schema (the part
+    this rule reads; the whole ~600 KB schema takes seconds per validation)."""
+    jsonschema.validate(job_doc["status"], crd_schema["properties"]["status"])
+    return assess(job_doc, pods, workers=WORKERS, now=NOW)
+
+
+def test_all_workers_running_is_done(crd_schema: Any) -> None:
+    verdict = judge(job(CREATED, RUNNING, active=2), [pod(0), pod(1)], crd_schema)
+    assert verdict == Verdict(True, None, verdict.progress)
+    assert verdict.progress.startswith("2/2 workers running")
+
+
+def test_one_worker_still_pulling_is_not_done(crd_schema: Any) -> None:
+    """The operator's Running condition is already true with one worker running."""
+    pulling = pod(1, trainer_state={"waiting": {"reason": "ContainerCreating"}}, phase="Pending")
+    verdict = judge(job(CREATED, RUNNING, active=1), [pod(0), pulling], crd_schema)
+    assert not verdict.done and verdict.failure is None
+    assert "exp-worker-1 ContainerCreating" in verdict.progress
+
+
+def test_crash_looping_workers_are_not_done(crd_schema: Any) -> None:
+    """Running (and counted active by the operator) between crashes, but never for long."""
+    crashed = {
+        "terminated": {
+            "exitCode": 1,
+            "reason": "Error",
+            "message": "torch.distributed.elastic.rendezvous.api.RendezvousConnectionError",
+            "startedAt": stamp(80),
+            "finishedAt": stamp(50),
+        }
+    }
+    between_crashes = pod(
+        0, trainer_state={"running": {"startedAt": stamp(15)}}, restarts=2, last_state=crashed
+    )
+    backing_off = pod(
+        1,
+        trainer_state={"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s"}},
+        restarts=2,
+        last_state=crashed,
+    )
+    verdict = judge(job(CREATED, RUNNING, active=2), [between_crashes, backing_off], crd_schema)
+    assert not verdict.done and verdict.failure is None
+    assert "CrashLoopBackOff (2 restarts)" in verdict.progress
+
+
+def test_a_worker_that_restarted_once_and_then_kept_running_is_done(crd_schema: Any) -> None:
+    recovered = pod(1, trainer_state={"running": {"startedAt": stamp(STABLE_RUNNING_S + 5)}})
+    recovered["status"]["containerStatuses"][0]["restartCount"] = 1
+    verdict = judge(job(CREATED, RUNNING, active=2), [pod(0), recovered], crd_schema)
+    assert verdict.done
+
+
+def test_a_failed_job_fails_at_once_with_the_operators_reason_and_the_last_exit(
+    crd_schema: Any,
+) -> None:
+    message = "Job exp has failed because it has reached the specified backoff limit"
+    failed = job(CREATED, RUNNING, condition("Failed", message, 5), active=0)
+    last = {
+        "terminated": {
+            "exitCode": 1,
+            "reason": "Error",
+            "message": "RendezvousConnectionError: The connection to the C10d store has failed.",
+            "finishedAt": stamp(10),
+        }
+    }
+    crashed = pod(1, trainer_state={"waiting": {"reason": "CrashLoopBackOff"}}, last_state=last)
+    verdict = judge(failed, [crashed], crd_schema)
+    assert not verdict.done
+    assert verdict.failure is not None
+    assert verdict.failure.startswith(f"PyTorchJob exp failed (PyTorchJobFailed): {message}")
+    assert "exp-worker-1 exited with code 1 (Error): RendezvousConnectionError" in verdict.failure
+
+
+def test_a_failed_job_without_pods_left_still_fails(crd_schema: Any) -> None:
+    """cleanPodPolicy may have removed the pods by the time the failure is seen."""
+    message = "PyTorchJob exp is failed because 1 Worker replica(s) failed."
+    verdict = judge(job(CREATED, condition("Failed", message)), [], crd_schema)
+    assert verdict.failure == f"PyTorchJob exp failed (PyTorchJobFailed): {message}"
+
+
+def test_a_job_that_succeeded_before_it_was_seen_running_is_done(crd_schema: Any) -> None:
+    done = job(CREATED, condition("Succeeded", "PyTorchJob training/exp successfully completed."))
+    assert judge(done, [], crd_schema).done
+
+
+@pytest.mark.parametrize(
+    ("waited", "fails"),
+    [(POD_START_BUDGET_S - 60, False), (POD_START_BUDGET_S + 60, True)],
+)
+def test_unschedulable_workers_fail_after_the_pod_start_budget(
+    crd_schema: Any, waited: float, fails: bool
+) -> None:
+    """Pending while the autoscaler brings GPU nodes up is normal, for the start budget."""
+    pending = pod(1, phase="Pending", conditions=unschedulable(waited), age=waited)
+    verdict = judge(job(CREATED, RUNNING, active=1, age=waited), [pod(0), pending], crd_schema)
+    assert not verdict.done
+    if fails:
+        assert verdict.failure is not None
+        assert verdict.failure.startswith("PyTorchJob exp: worker exp-worker-1 could not be")
+        assert "3 Insufficient nvidia.com/gpu" in verdict.failure
+    else:
+        assert verdict.failure is None
+
+
+@pytest.mark.parametrize(
+    ("reason", "message", "init"),
+    [
+        (
+            "ImagePullBackOff",
+            'Back-off pulling image "123456789012.dkr.ecr.us-west-2.amazonaws.com/fsdp@sha256:'
+            'aaaa"',
+            False,
+        ),
+        ("ErrImagePull", "failed to pull and unpack image: not found", True),
+        ("CreateContainerConfigError", 'secret "exp-hf-token" not found', False),
+    ],
+)
+def test_containers_that_cannot_start_fail_after_a_bounded_time(
+    crd_schema: Any, reason: str, message: str, init: bool
+) -> None:
+    waiting = {"waiting": {"reason": reason, "message": message}}
+
+    def stuck_pod(age: float) -> dict[str, Any]:
+        if init:
+            return pod(
+                0,
+                phase="Pending",
+                init_state=waiting,
+                trainer_state={"waiting": {"reason": "PodInitializing"}},
+                age=age,
+            )
+        return pod(0, phase="Pending", trainer_state=waiting, age=age)
+
+    early = judge(job(CREATED), [stuck_pod(STUCK_CONTAINER_S - 60), pod(1)], crd_schema)
+    assert early.failure is None and not early.done
+    late = judge(job(CREATED), [stuck_pod(STUCK_CONTAINER_S + 60), pod(1)], crd_schema)
+    assert late.failure is not None
+    assert f"exp-worker-0 container {'prepare-run-dirs' if init else 'pytorch'}: " in late.failure
+    assert f"{reason}: {message}" in late.failure
+
+
+def test_a_job_no_operator_picks_up_fails_after_a_few_minutes(crd_schema: Any) -> None:
+    early = judge(job(age=OPERATOR_PICKUP_S - 30), [], crd_schema)
+    assert early.failure is None and "waiting for the training operator" in early.progress
+    late = judge(job(age=OPERATOR_PICKUP_S + 30), [], crd_schema)
+    assert late.failure is not None and "no training operator" in late.failure
+
+
+def test_pods_of_other_replica_types_do_not_count() -> None:
+    launcher = pod(0)
+    launcher["metadata"]["labels"]["training.kubeflow.org/replica-type"] = "master"
+    verdict = assess(job(CREATED, RUNNING, active=2), [launcher, pod(1)], workers=2, now=NOW)
+    assert not verdict.done
