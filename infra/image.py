@@ -3,7 +3,7 @@
 With `image.uri` set, the component is a pass-through: the user's own image, nothing created.
 Otherwise it owns the whole pipeline:
 
-  ECR repository   scan on push, immutable tags (except the BuildKit cache tag), lifecycle
+  ECR repository   scan on push, immutable tags (except the build-cache tag), lifecycle
                    policy keeping the last N images
   S3 bucket        the build source (versioned, encrypted, private), old sources expire
   source archive   exactly the files the image needs (`infra.image_source`), named by hash
@@ -52,7 +52,9 @@ IMAGE_USER_ID = TRAINER_USER_ID
 """uid:gid the built image runs as (docker/Dockerfile `USER`); the job's init container hands
 the run's directories on the shared volume to this uid (infra/job_manifest.py)."""
 CACHE_TAG = "buildcache"
-"""The one mutable tag in the repository: the BuildKit layer cache, rewritten by every build."""
+"""The one mutable tag in the repository: the last image built, moved by every build. The image
+carries BuildKit's inline cache, which the next build imports from this tag (docker/buildspec.yml:
+the daemon's own builder, so no BuildKit image is pulled from Docker Hub)."""
 IMAGE_TAG_PREFIX = "src-"
 """Content tags start with this, which is how the lifecycle policy tells them from the cache."""
 UNTAGGED_EXPIRY_DAYS = 1
@@ -246,7 +248,7 @@ class TrainerImage(pulumi.ComponentResource):
             f"{name}-repository",
             name=f"{args.name_prefix}/trainer",
             image_scanning_configuration={"scan_on_push": True},
-            # A tag names one image forever, except the layer cache the builds rewrite.
+            # A tag names one image forever, except the cache tag each build moves.
             image_tag_mutability="IMMUTABLE_WITH_EXCLUSION",
             image_tag_mutability_exclusion_filters=[
                 {"filter": CACHE_TAG, "filter_type": "WILDCARD"}

@@ -132,20 +132,30 @@ def test_exported_digest_is_assigned_after_the_push() -> None:
     assert 'IMAGE_URI="${REPOSITORY_URI}@${IMAGE_DIGEST}"' in post
 
 
-def test_build_uses_the_registry_cache_then_smoke_tests_then_pushes() -> None:
+def test_build_uses_the_inline_cache_then_smoke_tests_then_pushes() -> None:
+    """The daemon's own BuildKit (docker driver) exports only inline cache, so the image
+    carries it and is also tagged CACHE_TAG, which the next build imports."""
     spec = load()
     build = spec["phases"]["build"]["commands"]
     joined = "\n".join(build)
+    assert "--builder default" in joined
     assert '--cache-from "type=registry,ref=${REPOSITORY_URI}:${CACHE_TAG}"' in joined
-    assert '--cache-to "type=registry,ref=${REPOSITORY_URI}:${CACHE_TAG},mode=max' in joined
-    assert "image-manifest=true" in joined  # the cache format ECR accepts
-    assert "ignore-error=true" in joined  # a cache write failure must not fail the build
+    assert '--cache-to "type=inline"' in joined
+    assert '--tag "${REPOSITORY_URI}:${CACHE_TAG}"' in joined
     assert "--file docker/Dockerfile" in joined
     order = [
         next(i for i, c in enumerate(build) if needle in c)
-        for needle in ("docker buildx build", "smoke_test.py", "docker push")
+        for needle in (
+            "docker buildx build",
+            "smoke_test.py",
+            'docker push "${REPOSITORY_URI}:${IMAGE_TAG}"',
+            'docker push "${REPOSITORY_URI}:${CACHE_TAG}"',
+        )
     ]
     assert order == sorted(order)
+    # A cache tag that cannot be written must not fail the build.
+    cache_push = next(c for c in build if 'docker push "${REPOSITORY_URI}:${CACHE_TAG}"' in c)
+    assert "||" in cache_push
     smoke = next(c for c in build if "smoke_test.py" in c)
     assert '--level "${SMOKE_TEST_LEVEL}" --image' in smoke
     assert all(p.get("on-failure") == "ABORT" for p in spec["phases"].values())
@@ -159,7 +169,7 @@ def test_ecr_login_precedes_the_build() -> None:
 
 def test_build_tools_fetched_at_build_time_are_pinned() -> None:
     variables = load()["env"]["variables"]
-    assert re.fullmatch(r"moby/buildkit:v\d+\.\d+\.\d+", variables["BUILDKIT_IMAGE"])
     assert re.fullmatch(r"v\d+\.\d+\.\d+", variables["BUILDX_FALLBACK_VERSION"])
     joined = "\n".join(commands(load()))
-    assert '--driver-opt "image=${BUILDKIT_IMAGE}"' in joined
+    # No builder container (its BuildKit image would come from Docker Hub).
+    assert "docker buildx create" not in joined
