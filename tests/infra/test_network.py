@@ -185,9 +185,13 @@ def offered_only_in(monkeypatch: pytest.MonkeyPatch, *azs: str) -> None:
 
 
 def run_dev_stack(**sections: Any) -> Evaluation:
-    """The real program on the dev stack file (g5.xlarge), sections replaced."""
+    """The real program on the dev stack file on g5.xlarge, sections extended."""
     stack = read_stack_file("dev", STACKS)
     config = dict(stack.config)
+    sections = {
+        **sections,
+        "gpuNodes": {"instanceType": "g5.xlarge", **sections.get("gpuNodes", {})},
+    }
     for key, value in sections.items():
         config[f"fsdp-eks:{key}"] = {**config.get(f"fsdp-eks:{key}", {}), **value}
     try:
