@@ -60,6 +60,8 @@ IMAGE_TAG_PREFIX = "src-"
 UNTAGGED_EXPIRY_DAYS = 1
 SOURCE_EXPIRY_DAYS = 30
 QUEUED_TIMEOUT_MINUTES = 60
+LOG_ACTIONS = ["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents"]
+"""What the build's role may do on its own log group (and nothing else in CloudWatch Logs)."""
 
 PROJECT_ENVIRONMENT_KEYS = (
     "REPOSITORY_URI",
@@ -375,8 +377,15 @@ def role_statements(
     """What the build may do: write its log, read its source, push to its own repository."""
     statements: list[aws.iam.GetPolicyDocumentStatementArgsDict] = [
         {
+            # CodeBuild's documented minimum for logs is CreateLogGroup, CreateLogStream and
+            # PutLogEvents (https://docs.aws.amazon.com/codebuild/latest/userguide/
+            # setting-up-service-role.html; aws-cdk's codebuild Project grants the same three on
+            # /aws/codebuild/<project>, project.ts createLoggingPermission). The group is owned
+            # here with a retention, so CreateLogGroup only ever meets an existing group; it is
+            # scoped to that one name, so a group CodeBuild recreated after someone deleted it
+            # is the same group, never another.
             "sid": "BuildLogs",
-            "actions": ["logs:CreateLogStream", "logs:PutLogEvents"],
+            "actions": LOG_ACTIONS,
             "resources": [log_group_arn, f"{log_group_arn}:*"],
         },
         {

@@ -22,6 +22,24 @@ CONTAINER_NAME = "pytorch"  # the training operator finds the trainer container 
 GPU_RESOURCE = "nvidia.com/gpu"
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
 HF_TOKEN_SECRET_KEY = "HF_TOKEN"
+HF_TOKEN_VOLUME = "hf-token"
+HF_TOKEN_DIR = "/var/run/secrets/huggingface"
+HF_TOKEN_PATH = f"{HF_TOKEN_DIR}/token"
+"""Where the trainer container finds the Hugging Face token: a file, named by `HF_TOKEN_PATH`.
+
+huggingface_hub reads `HF_TOKEN_PATH` (`constants.py`: the token file's location, default
+`$HF_HOME/token`; `utils/_auth.py` `_get_token_from_file`) when `HF_TOKEN` is unset. A file is
+read only by what opens it; an environment variable is inherited by every process torchrun,
+DataLoader workers and compile workers start, and is printed by any crash dump of `environ`."""
+HF_TOKEN_FILE_MODE = 0o440
+"""Owner and group read. Secret volume files stay owned by root; kubelet gives them the pod's
+fsGroup and ORs in group read for read-only volumes (kubernetes `pkg/volume/volume_linux.go`
+`SetVolumeOwnership`, `roMask = 0440`), so the trainer (uid/gid 10001 = fsGroup) reads the
+token through its group and no other uid can. A literal 0400 would still end up 0440."""
+HF_HOME = "/tmp/hf-home"
+"""Hugging Face cache on the container's own disk, writable by any uid. An image that has no
+passwd entry for the trainer's uid (NGC/DLC bases) gives it HOME=/, where `~/.cache` cannot be
+created."""
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 WAIT_FOR_ANNOTATION = "pulumi.com/waitFor"
 
@@ -59,8 +77,10 @@ handler (and so `join_timeout`) exists: when worker 0's pod starts a minute afte
 (its node scaled up later, its image still pulling), every other worker exits with
 `RendezvousConnectionError` and the operator counts the restarts against backoffLimit."""
 TRAINER_USER_ID = 10001
-"""uid:gid the project's image runs as (docker/Dockerfile `USER`). A fresh FSx file system is
-owned by root, so the run's directories are created for this uid before the trainer starts."""
+"""uid:gid the trainer runs as: the project's image's `USER` (docker/Dockerfile), and set in the
+pod's securityContext so an `image.uri` base that runs as root (NGC, DLC) runs the job as this
+uid too, not silently as root. A fresh FSx file system is owned by root, so the run's
+directories are created for this uid before the trainer starts."""
 PREPARE_CONTAINER_NAME = "prepare-run-dirs"
 
 # Headroom left on a node for the kubelet, the CNI, device plugins and the FSx client.
@@ -157,16 +177,81 @@ def container_env(config: StackConfig, *, hf_secret_name: str | None) -> list[di
             "TRITON_CACHE_DIR": TRITON_CACHE_DIR,  # local disk: FSx file locks stall startup
         }
     )
-    values.update(config.job.extra_env)
-    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in values.items()]
+    values["HF_HOME"] = HF_HOME
     if hf_secret_name is not None:
-        env.append(
-            {
-                "name": HF_TOKEN_SECRET_KEY,
-                "valueFrom": {"secretKeyRef": {"name": hf_secret_name, "key": HF_TOKEN_SECRET_KEY}},
-            }
-        )
-    return env
+        # The token itself stays in its file (`hf_token_volume`); only its path is in env.
+        values["HF_TOKEN_PATH"] = HF_TOKEN_PATH
+    values.update(config.job.extra_env)
+    return [{"name": k, "value": v} for k, v in values.items()]
+
+
+def hf_token_volume(hf_secret_name: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The HF token Secret as a read-only file at HF_TOKEN_PATH: (volume, trainer mount)."""
+    volume = {
+        "name": HF_TOKEN_VOLUME,
+        "secret": {
+            "secretName": hf_secret_name,
+            "items": [{"key": HF_TOKEN_SECRET_KEY, "path": HF_TOKEN_PATH.rsplit("/", 1)[1]}],
+            "defaultMode": HF_TOKEN_FILE_MODE,
+        },
+    }
+    mount = {"name": HF_TOKEN_VOLUME, "mountPath": HF_TOKEN_DIR, "readOnly": True}
+    return volume, mount
+
+
+SECCOMP_PROFILE = {"type": "RuntimeDefault"}
+"""The container runtime's default seccomp filter (containerd `contrib/seccomp/seccomp_default.go`)
+for every container of the job. Its one cost here: it allows the NUMA memory-policy calls
+(mbind, set_mempolicy, get_mempolicy) only with CAP_SYS_NICE, and migrate_pages/move_pages not
+at all. Neither the trainer nor torchrun binds memory (torch's `--numa-binding` sets only CPU
+affinity), aws-ofi-nccl and libfabric's EFA provider make none of these calls; NCCL probes
+cuMem host-NUMA allocations once and, when the runtime refuses them, falls back to its
+/dev/shm transport (NVIDIA/nccl `src/misc/cudawrap.cc` `ncclCuMemHostEnable`), which the job
+gives a sized memory-backed /dev/shm for. docs/validation.md says what to check on a first
+run."""
+
+
+def pod_security_context() -> dict[str, Any]:
+    """Pod defaults: every container non-root as the trainer's uid, RuntimeDefault seccomp.
+
+    fsGroup makes the HF token file group-readable by the trainer (see HF_TOKEN_FILE_MODE);
+    `OnRootMismatch` skips the recursive chown when a volume's root already has that group (the
+    FSx CSI driver's `fsGroupPolicy: ReadWriteOnceWithFSType` leaves the RWX FSx volume alone).
+    """
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": TRAINER_USER_ID,
+        "runAsGroup": TRAINER_USER_ID,
+        "fsGroup": TRAINER_USER_ID,
+        "fsGroupChangePolicy": "OnRootMismatch",
+        "seccompProfile": dict(SECCOMP_PROFILE),
+    }
+
+
+def trainer_security_context() -> dict[str, Any]:
+    """The trainer container: no capability, no privilege escalation, the trainer's uid.
+
+    The root filesystem stays writable: Triton and Inductor write their kernel caches under
+    /tmp (TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR: local disk on purpose, see
+    TRITON_CACHE_DIR), as does the HF cache (HF_HOME); a read-only root would need an emptyDir
+    per cache, sized for compiled kernels and downloaded weights alike.
+    """
+    return {
+        "allowPrivilegeEscalation": False,
+        "privileged": False,
+        "runAsNonRoot": True,
+        "runAsUser": TRAINER_USER_ID,
+        "runAsGroup": TRAINER_USER_ID,
+        "readOnlyRootFilesystem": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": dict(SECCOMP_PROFILE),
+    }
+
+
+PREPARE_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER"]
+"""All the init container keeps of root: CHOWN to give the run's directories to the trainer,
+DAC_OVERRIDE to create them under directories other users own, FOWNER to change files it does
+not own. Everything else (the runtime's default set included) is dropped."""
 
 
 def _volumes(
@@ -204,7 +289,19 @@ def _prepare_run_dirs(image: Any, paths: RunPaths, mounts: list[dict[str, Any]])
         "image": image,
         "imagePullPolicy": "IfNotPresent",
         "command": ["sh", "-c", f"mkdir -p {quoted} && chown {owner} {quoted}"],
-        "securityContext": {"runAsUser": 0, "runAsGroup": 0},
+        # Root, because a fresh FSx file system (and any directory another run made) is not
+        # the trainer's to write: the one container of the job that is. Its capabilities are
+        # cut to the three that mkdir + chown need, and it cannot gain more.
+        "securityContext": {
+            "runAsUser": 0,
+            "runAsGroup": 0,
+            "runAsNonRoot": False,
+            "allowPrivilegeEscalation": False,
+            "privileged": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"], "add": list(PREPARE_CAPABILITIES)},
+            "seccompProfile": dict(SECCOMP_PROFILE),
+        },
         "resources": {
             "requests": {"cpu": "100m", "memory": "64Mi"},
             "limits": {"cpu": "1", "memory": "256Mi"},
@@ -258,6 +355,11 @@ def render_job(
     where = placement or default_placement(config)
     command = torchrun_command(config, paths)
     volumes, mounts = _volumes(paths, size, pvc_name)
+    trainer_mounts = list(mounts)
+    if hf_secret_name is not None:
+        token_volume, token_mount = hf_token_volume(hf_secret_name)
+        volumes.append(token_volume)
+        trainer_mounts.append(token_mount)
     labels = {
         "app.kubernetes.io/name": "fsdp-eks-trainer",
         "app.kubernetes.io/instance": job.name,
@@ -271,8 +373,9 @@ def render_job(
         "args": command[1:],
         "env": container_env(config, hf_secret_name=hf_secret_name),
         "resources": container_resources(size),
-        "volumeMounts": mounts,
+        "volumeMounts": trainer_mounts,
         "ports": [{"name": RENDEZVOUS_PORT_NAME, "containerPort": RENDEZVOUS_PORT}],
+        "securityContext": trainer_security_context(),
     }
     pod_spec: dict[str, Any] = {
         "initContainers": [_prepare_run_dirs(image, paths, mounts)],
@@ -280,6 +383,11 @@ def render_job(
         "volumes": volumes,
         "nodeSelector": dict(where.node_selector),
         "tolerations": list(where.tolerations),
+        "securityContext": pod_security_context(),
+        # Nothing in the pod calls the Kubernetes API: torchrun finds its peers through the
+        # c10d store on worker 0 and the operator passes everything else in environment
+        # variables. A pod given its own service account (for AWS access) keeps the token.
+        "automountServiceAccountToken": service_account_name is not None,
     }
     if service_account_name is not None:
         pod_spec["serviceAccountName"] = service_account_name
@@ -367,9 +475,46 @@ def rendezvous_conf_arg() -> str:
     return ",".join(f"{key}={value}" for key, value in rendezvous_conf().items())
 
 
+JOB_NAME_LABEL = "training.kubeflow.org/job-name"
+"""The label training operator v1.9 puts on every pod of a job, valued with the job's name
+(kubeflow/trainer v1.9.0 `pkg/apis/kubeflow.org/v1/common_types.go` `JobNameLabel`, set by
+`pkg/controller.v1/common/job_controller.go` `GenLabels`)."""
+
+
+def network_policy(job_name: str, namespace: Any) -> dict[str, Any]:
+    """Ingress to the job's pods only from the job's own pods.
+
+    Worker 0 serves the c10d rendezvous store (RENDEZVOUS_PORT) and every worker listens on
+    ephemeral ports for NCCL's bootstrap and socket fallback: on a shared cluster any pod
+    could connect to them. All ports stay open between the job's pods (NCCL's are not fixed);
+    egress is untouched (S3, the Hub, FSx). EFA traffic itself does not pass through the pod
+    network. A cluster that does not enforce NetworkPolicy (EKS's VPC CNI does only once
+    `enableNetworkPolicy` is set on the add-on) stores the object and changes nothing, so it
+    is rendered for every stack.
+    """
+    selector = {"matchLabels": {JOB_NAME_LABEL: job_name}}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": f"{job_name}-same-job-only",
+            "namespace": namespace,
+            "labels": {
+                "app.kubernetes.io/part-of": "fsdp-eks",
+                "app.kubernetes.io/instance": job_name,
+            },
+        },
+        "spec": {
+            "podSelector": selector,
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": selector}]}],
+        },
+    }
+
+
 def kubectl_commands(name: str, namespace: str) -> dict[str, str]:
     """The commands a user runs to follow the job (stack outputs and the plan show them)."""
-    selector = f"training.kubeflow.org/job-name={name}"
+    selector = f"{JOB_NAME_LABEL}={name}"
     return {
         "status": f"kubectl -n {namespace} get pytorchjob {name} -o wide",
         "pods": f"kubectl -n {namespace} get pods -l {selector} -o wide",

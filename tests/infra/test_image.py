@@ -201,6 +201,35 @@ def test_role_is_scoped_to_its_repository_bucket_and_log_group(
     assert trust["Condition"] == {"StringEquals": {"aws:SourceAccount": "123456789012"}}
 
 
+def test_build_logs_go_to_an_owned_group_the_role_may_fully_write(
+    run: Callable[..., Evaluation],
+) -> None:
+    """CodeBuild's service role needs logs:CreateLogGroup, CreateLogStream and PutLogEvents
+    (docs.aws.amazon.com/codebuild/latest/userguide/setting-up-service-role.html, the
+    CloudWatchLogsPolicy statement; aws-cdk grants the same three on /aws/codebuild/<project>).
+    The group is the project's default name, owned with a retention (so `destroy` removes it
+    and CodeBuild never makes one without retention), and the grants reach nothing else."""
+    result = run()
+    project = result.one("aws:codebuild/project:Project")
+    log_group = result.one("aws:cloudwatch/logGroup:LogGroup")
+    assert log_group.inputs["name"] == f"/aws/codebuild/{project.inputs['name']}"
+    assert log_group.inputs["retentionInDays"] == 30
+    assert result.depends_on(project, log_group)
+    arn = log_group.outputs["arn"]
+    logs = [
+        s
+        for s in policy_statements(result)
+        if any(a.startswith("logs:") for a in as_list(s["Action"]))
+    ]
+    assert len(logs) == 1
+    assert sorted(as_list(logs[0]["Action"])) == [
+        "logs:CreateLogGroup",
+        "logs:CreateLogStream",
+        "logs:PutLogEvents",
+    ]
+    assert sorted(as_list(logs[0]["Resource"])) == [arn, f"{arn}:*"]
+
+
 def test_an_ecr_base_image_may_be_pulled_and_nothing_else(
     run: Callable[..., Evaluation],
 ) -> None:
