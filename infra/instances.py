@@ -5,6 +5,15 @@ group, the PyTorchJob's resource requests and the cost estimate must all agree o
 they live in one table. EFA interface counts equal the instance's network cards (AWS EC2
 user guide, "EFA supported instance types"); at deploy time the cluster component can
 confirm them with `aws.ec2.get_instance_type` (`efa_maximum_interfaces`).
+
+SageMaker HyperPod EKS nodes are the same hardware under SageMaker's names: the kubelet's
+`node.kubernetes.io/instance-type` label carries `ml.p5.48xlarge`, not `p5.48xlarge` (AWS's
+own HyperPod Helm chart selects the NVIDIA and EFA device plugins' nodes by exactly those
+values: aws/sagemaker-hyperpod-cli `helm_chart/HyperPodHelmChart/values.yaml`, and its
+`charts/health-monitoring-agent/templates/health-monitoring-agent.yaml`). So an `ml.` type
+of a family below has that family's facts; what it costs is SageMaker's price, not EC2's
+(`infra.pricing` has no `ml.` prices). A stack can only use them on an existing cluster:
+HyperPod creates its nodes itself.
 """
 
 from __future__ import annotations
@@ -56,10 +65,41 @@ INSTANCE_FACTS: dict[str, InstanceFacts] = {
 }
 
 
+HYPERPOD_PREFIX = "ml."
+"""SageMaker's prefix on instance types (HyperPod node groups, and their nodes' labels)."""
+
+HYPERPOD_HEALTH_LABEL = "sagemaker.amazonaws.com/node-health-status"
+"""HyperPod's node health label: `Schedulable` once a node passed its health checks; during
+deep health checks or pending reboot/replacement it says so (SageMaker developer guide,
+"Resilience-related Kubernetes labels by SageMaker HyperPod", which has it used as a node
+selector for healthy nodes; the HyperPod CLI requires it of every job it submits:
+aws/sagemaker-hyperpod-cli `src/sagemaker/hyperpod/cli/constants/command_constants.py`
+`NODE_AFFINITY_DICT`)."""
+
+
+def is_hyperpod_type(instance_type: str) -> bool:
+    """Whether this is a SageMaker (HyperPod) instance type name, e.g. ml.p5.48xlarge."""
+    return instance_type.startswith(HYPERPOD_PREFIX)
+
+
+def known_facts(instance_type: str) -> InstanceFacts | None:
+    """Facts for an EC2 type or its HyperPod `ml.` name; None when neither is known."""
+    return INSTANCE_FACTS.get(instance_type.removeprefix(HYPERPOD_PREFIX))
+
+
 def instance_facts(instance_type: str) -> InstanceFacts:
     """Facts for `instance_type`; a KeyError's message lists the types that are known."""
-    try:
-        return INSTANCE_FACTS[instance_type]
-    except KeyError:
+    facts = known_facts(instance_type)
+    if facts is None:
         known = ", ".join(sorted(INSTANCE_FACTS))
-        raise KeyError(f"unknown GPU instance type {instance_type!r}; known: {known}") from None
+        raise KeyError(
+            f"unknown GPU instance type {instance_type!r}; known: {known} (on SageMaker "
+            f"HyperPod: the same with {HYPERPOD_PREFIX!r} in front)"
+        )
+    return facts
+
+
+def scheduling_labels(instance_type: str) -> dict[str, str]:
+    """Node labels, beyond the instance type, that the job's pods must select on nodes of this
+    type: on HyperPod only nodes whose health checks passed, as HyperPod's own tooling does."""
+    return {HYPERPOD_HEALTH_LABEL: "Schedulable"} if is_hyperpod_type(instance_type) else {}

@@ -14,6 +14,7 @@ from typing import Any
 
 from infra.config.cluster import GPU_TAINT_KEY
 from infra.config.stack import StackConfig
+from infra.instances import scheduling_labels
 from infra.job_args import RunPaths, run_paths, torchrun_command
 
 API_VERSION = "kubeflow.org/v1"
@@ -381,7 +382,11 @@ def render_job(
         "initContainers": [_prepare_run_dirs(image, paths, mounts)],
         "containers": [container],
         "volumes": volumes,
-        "nodeSelector": dict(where.node_selector),
+        # On HyperPod, also only nodes whose health checks passed (infra.instances).
+        "nodeSelector": {
+            **where.node_selector,
+            **scheduling_labels(config.gpu_nodes.instance_type),
+        },
         "tolerations": list(where.tolerations),
         "securityContext": pod_security_context(),
         # Nothing in the pod calls the Kubernetes API: torchrun finds its peers through the

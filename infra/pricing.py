@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from infra.instances import INSTANCE_FACTS
+from infra.instances import INSTANCE_FACTS, is_hyperpod_type
 
 CapacityType = Literal["on-demand", "spot", "reservation", "block"]
 CAPACITY_TYPES: tuple[CapacityType, ...] = ("on-demand", "spot", "reservation", "block")
@@ -160,6 +160,14 @@ def instance_price(
             raise ValueError(f"cost.usdPerInstanceHour must be > 0, got {usd_per_instance_hour}")
         return HourlyPrice(usd_per_instance_hour, "cost.usdPerInstanceHour from the stack", None)
     listed = ON_DEMAND_USD_PER_HOUR.get(instance_type)
+    if listed is None and is_hyperpod_type(instance_type):
+        # SageMaker bills HyperPod capacity at its own rates (on-demand or a training plan),
+        # for as long as the cluster holds it; no dated figure for those is kept here.
+        raise PriceUnknownError(
+            f"no list price for {instance_type!r}: SageMaker HyperPod instances are billed at "
+            f"SageMaker's rates, not EC2's; set fsdp-eks:cost.usdPerInstanceHour to the "
+            f"hourly rate your HyperPod cluster pays for one {instance_type}"
+        )
     if listed is None:
         known = "known GPU type" if instance_type in INSTANCE_FACTS else "unknown type"
         raise PriceUnknownError(

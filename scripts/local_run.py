@@ -3,13 +3,17 @@
     python3 scripts/dev.py local                  # the cheap `dev` stack
     python3 scripts/dev.py local llama31-8b-p5    # any stack under stacks/ (or a path)
 
-It reads the stack file with the same config model the Pulumi program uses, renders the exact
-`torchrun ... -m trainer <args>` the PyTorchJob would run, and scales it to this machine: the
-`tiny` model preset, a small corpus and tokenizer generated here (no network), a short context,
-CPU processes with gloo (or this machine's GPUs), a few hundred steps. The run is interrupted
-on purpose half way (`--fail_at_step`) and started again with the *same* command, which resumes
-from the latest checkpoint, as a restarted pod does on the cluster. At the end it prints loss
-and throughput and writes a loss plot (PNG).
+It reads the stack file with the same config model (and so the same checks) the Pulumi program
+and the offline plan use, renders the exact `torchrun ... -m trainer <args>` the PyTorchJob
+would run, and rehearses the job's topology in miniature: one torchrun agent per node (at most
+two), joined through the c10d rendezvous settings the job renders, each agent with its own
+directory where the stack has a pod-local checkpoint volume and all of them with one directory
+where it mounts FSx. The trainer is scaled to this machine: the `tiny` model preset, a small
+corpus and tokenizer generated here (no network), a short context, CPU processes with gloo (or
+this machine's GPUs), a few hundred steps. The run is interrupted on purpose half way
+(`--fail_at_step`) and started again with the *same* commands, which resume from the latest
+checkpoint, as restarted pods do on the cluster. At the end it prints loss and throughput and
+writes a loss plot (PNG).
 
 Needs only the `local` dependency group (torch, transformers, datasets, matplotlib, pydantic,
 pyyaml): no pulumi, no AWS credentials.
@@ -24,25 +28,34 @@ import logging
 import os
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO_ROOT))
 
-from infra.config import StackConfig, load_stack_file  # noqa: E402
-from infra.job_args import run_paths, torchrun_command, trainer_flags  # noqa: E402
+from infra.config import StackConfig, StackConfigError, load_stack_file  # noqa: E402
+from infra.config.stack import cross_section_problems  # noqa: E402
+from infra.job_args import RunPaths, run_paths, torchrun_command, trainer_flags  # noqa: E402
+from infra.job_manifest import elastic_policy  # noqa: E402
 from trainer.config import format_args, parse_args  # noqa: E402
 
 logger = logging.getLogger("local_run")
 
 DEFAULT_STACK = "dev"
 DEFAULT_OUT = REPO_ROOT / ".local-run"
+MAX_LOCAL_NODES = 2
+"""Agents (nodes) a rehearsal runs at most: two already show every cross-node effect (a
+rendezvous of several agents, a directory one node cannot see) and fit two CPU cores."""
+AGENT_GRACE_S = 60
+"""How long the other agents may take to notice that one failed before they are stopped."""
 
 # What a laptop can do in a few minutes on two CPU cores: a ~1M-parameter model, short
 # sequences, a learning rate a tiny model learns quickly with.
@@ -73,19 +86,54 @@ LOCAL_OVERRIDES: dict[str, Any] = {
 
 
 @dataclass(frozen=True)
+class LocalAgent:
+    """One torchrun agent of the rehearsal: what one node (one worker pod) runs on the cluster."""
+
+    index: int
+    """Which pod it plays: `<job>-worker-<index>`; agent 0 hosts the rendezvous store."""
+    nproc: int
+    volume_dir: Path
+    """The directory that plays the pod's checkpoint volume: the one shared directory where
+    the stack mounts FSx, this agent's own `node-<index>/scratch` where it has a pod-local one."""
+    run_dir: Path
+    """The run's checkpoint directory inside `volume_dir`, at the path the job uses."""
+    args: list[str]
+    """Arguments after `-m trainer`; only the run's paths differ between agents."""
+    visible_devices: str | None = None
+    """CUDA_VISIBLE_DEVICES: this agent's share of the local GPUs (None on CPU)."""
+
+
+@dataclass(frozen=True)
 class LocalPlan:
-    """The stack's cluster command and the scaled command this machine runs instead."""
+    """The stack's cluster command and the scaled topology this machine runs instead."""
 
     stack_name: str
     cluster_command: list[str]
-    local_args: list[str]
-    nproc: int
+    cluster_nodes: int
+    shared_storage: bool
+    agents: tuple[LocalAgent, ...]
+    rendezvous: dict[str, Any]
+    """The job's `elasticPolicy`, rendered for the local number of agents."""
     device: str
-    run_dir: Path
     metrics_file: Path
     fail_at_step: int
     max_steps: int
     preset: str
+
+    @property
+    def nproc(self) -> int:
+        """Trainer processes on this machine, over all agents."""
+        return sum(agent.nproc for agent in self.agents)
+
+    @property
+    def local_args(self) -> list[str]:
+        """Agent 0's trainer arguments (the others differ only in their paths)."""
+        return self.agents[0].args
+
+    @property
+    def run_dir(self) -> Path:
+        """Where agent 0 (the pod that hosts global rank 0 on a restart) finds checkpoints."""
+        return self.agents[0].run_dir
 
 
 def local_devices(requested: str) -> tuple[str, int]:
@@ -100,6 +148,30 @@ def local_devices(requested: str) -> tuple[str, int]:
     return "cpu", 2
 
 
+def local_agent_count(nodes: int, processes: int) -> int:
+    """Agents for a stack of `nodes` nodes when this machine runs `processes` processes: one
+    per node, at most MAX_LOCAL_NODES, and never more than there are processes to give them."""
+    return max(1, min(nodes, MAX_LOCAL_NODES, processes))
+
+
+def volume_dirs(out_dir: Path, *, shared: bool, agents: int) -> list[Path]:
+    """The directory each agent sees at the job's checkpoint mount.
+
+    FSx (or an existing claim) is one file system every pod mounts: one directory for all.
+    Without it the job gives each pod an emptyDir (`infra.job_manifest._volumes`), a directory
+    on that pod's node that no other pod sees: one directory per agent.
+    """
+    if shared:
+        return [out_dir / "shared"] * agents
+    return [out_dir / f"node-{index}" / "scratch" for index in range(agents)]
+
+
+def local_run_dir(volume: Path, paths: RunPaths) -> Path:
+    """The cluster's run directory (`<mount>/checkpoints/<run id>`) inside a local volume."""
+    inside = PurePosixPath(paths.run_dir).relative_to(paths.mount_path)
+    return volume.joinpath(*inside.parts)
+
+
 def plan_local_run(
     config: StackConfig,
     stack_name: str,
@@ -111,14 +183,26 @@ def plan_local_run(
     batch_size: int,
     device: str,
     nproc: int,
+    check_config: bool = True,
 ) -> LocalPlan:
-    """Scale the stack's trainer flags to this machine, keeping everything else it sets."""
+    """Scale the stack's job to this machine, keeping its topology and what else it sets.
+
+    `nproc` is the number of trainer processes this machine runs, shared by the agents.
+    `check_config=False` skips the whole-stack checks the plan and the program run, only so
+    that a test can show the failure a check exists for (tests/test_local_run.py).
+    """
     from trainer.tiny_assets import ensure_tiny_assets
 
-    cluster_command = torchrun_command(config, run_paths(config))
+    if check_config and (problems := cross_section_problems(config)):
+        raise StackConfigError(problems, source=f"stack {stack_name!r}")
+    assert config.job.name is not None  # parse_stack_config fills it from the stack name
+    paths = run_paths(config)
+    cluster_command = torchrun_command(config, paths)
     assets = ensure_tiny_assets(assets_dir)
-    run_dir = out_dir / stack_name / "checkpoints"
-    metrics_file = out_dir / stack_name / "metrics.jsonl"
+    run_root = out_dir / stack_name
+    metrics_file = run_root / "metrics.jsonl"
+    agent_count = local_agent_count(config.gpu_nodes.count, nproc)
+    per_agent = max(1, nproc // agent_count)
     checkpoint_every = max(1, steps // 5)
     # Interrupt half way between two checkpoints, so the restart visibly replays a few steps.
     fail_at = (steps // 2 // checkpoint_every) * checkpoint_every + max(1, checkpoint_every // 2)
@@ -136,31 +220,97 @@ def plan_local_run(
         "checkpoint_freq": checkpoint_every,
         "keep_last_checkpoints": 2,
         "logging_freq": max(1, steps // 30),
-        "checkpoint_dir": str(run_dir),
-        "resume_from_checkpoint": str(run_dir),
         "metrics_file": str(metrics_file),
         "fail_at_step": fail_at,
         "device": device,
         "bf16": device == "cuda" and config.training.bf16,
+        # Hybrid sharding shards within a node (one agent here) and replicates across them.
+        "hsdp_shard_size": per_agent if config.training.sharding_strategy == "hybrid" else None,
     }
-    if config.training.sharding_strategy == "hybrid":
-        flags["hsdp_shard_size"] = nproc  # one "node": this machine
-    else:
-        flags["hsdp_shard_size"] = None
-    args = format_args(flags)
-    parse_args(args)  # the scaled command must still be one the trainer accepts
+    agents = []
+    for index, volume in enumerate(volume_dirs(run_root, shared=paths.shared, agents=agent_count)):
+        run_dir = local_run_dir(volume, paths)
+        args = format_args(
+            {**flags, "checkpoint_dir": str(run_dir), "resume_from_checkpoint": str(run_dir)}
+        )
+        parse_args(args)  # the scaled command must still be one the trainer accepts
+        devices = None
+        if device == "cuda":
+            devices = ",".join(str(index * per_agent + i) for i in range(per_agent))
+        agents.append(LocalAgent(index, per_agent, volume, run_dir, args, devices))
     return LocalPlan(
         stack_name=stack_name,
         cluster_command=cluster_command,
-        local_args=args,
-        nproc=nproc,
+        cluster_nodes=config.gpu_nodes.count,
+        shared_storage=paths.shared,
+        agents=tuple(agents),
+        # The job's own rendering, for the local number of nodes: same backend, id and conf.
+        rendezvous=elastic_policy(
+            workers=agent_count, max_restarts=config.job.backoff_limit, run_name=config.job.name
+        ),
         device=device,
-        run_dir=run_dir,
         metrics_file=metrics_file,
         fail_at_step=fail_at,
         max_steps=steps,
         preset=str(flags["model"]),
     )
+
+
+def operator_env(policy: dict[str, Any], *, endpoint: str) -> dict[str, str]:
+    """The `PET_*` variables training operator v1.9 gives each worker for `elasticPolicy`.
+
+    As `pkg/controller.v1/pytorch/elastic.go` (`ElasticEnvVarGenerator.Generate`) builds them:
+    the endpoint (`<job>-worker-0:<port>` there), the backend, `PET_NNODES=min:max`,
+    `PET_MAX_RESTARTS`, `PET_RDZV_ID` and `PET_RDZV_CONF` as `key=value` joined by commas.
+    torchrun reads each as the default of its flag (`torch/distributed/argparse_util.env`).
+    """
+    env = {
+        "PET_RDZV_ENDPOINT": endpoint,
+        "PET_RDZV_BACKEND": str(policy.get("rdzvBackend", "c10d")),
+        "PET_NNODES": f"{policy['minReplicas']}:{policy['maxReplicas']}",
+    }
+    if "maxRestarts" in policy:
+        env["PET_MAX_RESTARTS"] = str(policy["maxRestarts"])
+    if "rdzvId" in policy:
+        env["PET_RDZV_ID"] = str(policy["rdzvId"])
+    if policy.get("rdzvConf"):
+        env["PET_RDZV_CONF"] = ",".join(f"{c['key']}={c['value']}" for c in policy["rdzvConf"])
+    return env
+
+
+def agent_env(plan: LocalPlan, agent: LocalAgent, *, endpoint: str) -> dict[str, str]:
+    """What one agent's container would hold, with its node's share of this machine.
+
+    On the cluster worker 0 hosts the c10d store because the endpoint names its hostname
+    (torch `elastic/rendezvous/c10d_rendezvous_backend.py` `_create_tcp_store`: `is_host` from
+    the conf, else `_matches_machine_hostname`). Here every agent's host is 127.0.0.1, so the
+    conf says which one hosts, as the hostname does there.
+    """
+    env = operator_env(plan.rendezvous, endpoint=endpoint)
+    is_host = f"is_host={1 if agent.index == 0 else 0}"
+    env["PET_RDZV_CONF"] = ",".join(filter(None, [env.get("PET_RDZV_CONF"), is_host]))
+    if agent.visible_devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = agent.visible_devices
+    return env
+
+
+def agent_command(plan: LocalPlan, agent: LocalAgent) -> list[str]:
+    """torchrun for one agent; the rendezvous comes from `agent_env`, as on the cluster.
+
+    `--max-restarts=0` overrides the job's PET_MAX_RESTARTS: this script plays the operator
+    restarting the pods (`main` launches again), so a failure ends the launch at once.
+    """
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={len(plan.agents)}",
+        f"--nproc_per_node={agent.nproc}",
+        "--max-restarts=0",
+        "-m",
+        "trainer",
+        *agent.args,
+    ]
 
 
 def _free_port() -> int:
@@ -169,20 +319,20 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def run_torchrun(plan: LocalPlan, *, quiet: bool) -> int:
-    """One `torchrun --standalone` launch of the scaled command; returns its exit code."""
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={plan.nproc}",
-        f"--master_port={_free_port()}",
-        "-m",
-        "trainer",
-        *plan.local_args,
-    ]
-    env = {
+def agent_log(plan: LocalPlan, agent: LocalAgent) -> Path:
+    """Where a quiet launch writes agent `agent`'s output."""
+    return plan.metrics_file.parent / f"node-{agent.index}" / "agent.log"
+
+
+def run_agents(plan: LocalPlan, *, quiet: bool) -> int:
+    """Launch every agent, wait for all; the first non-zero exit code, else 0.
+
+    One failed agent ends the launch, as one failed pod fails the job: the others get
+    AGENT_GRACE_S to see it (a broken collective) and are then stopped with SIGTERM, which
+    torchrun's agent passes on to its workers.
+    """
+    endpoint = f"127.0.0.1:{_free_port()}"
+    base_env = {
         **os.environ,
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
         "TOKENIZERS_PARALLELISM": "false",
@@ -190,11 +340,70 @@ def run_torchrun(plan: LocalPlan, *, quiet: bool) -> int:
         "HF_DATASETS_OFFLINE": "1",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
     }
-    output = subprocess.DEVNULL if quiet else None
-    completed = subprocess.run(
-        command, cwd=REPO_ROOT, env=env, stdout=output, stderr=output, check=False
+    processes: list[subprocess.Popen[bytes]] = []
+    logs = []
+    for agent in plan.agents:
+        output: Any = None
+        if quiet:
+            log = agent_log(plan, agent)
+            log.parent.mkdir(parents=True, exist_ok=True)
+            output = log.open("ab")  # a relaunch appends, as `kubectl logs --previous` keeps
+            logs.append(output)
+        processes.append(
+            subprocess.Popen(
+                agent_command(plan, agent),
+                cwd=REPO_ROOT,
+                env={**base_env, **agent_env(plan, agent, endpoint=endpoint)},
+                stdout=output,
+                stderr=subprocess.STDOUT if quiet else None,
+            )
+        )
+    try:
+        return _wait_for_agents(processes)
+    finally:
+        for log_file in logs:
+            log_file.close()
+
+
+def _wait_for_agents(processes: list[subprocess.Popen[bytes]]) -> int:
+    failed_at: float | None = None
+    first_failure = 0
+    while any(p.poll() is None for p in processes):
+        codes = [p.returncode for p in processes if p.returncode not in (None, 0)]
+        if codes and failed_at is None:
+            failed_at, first_failure = time.monotonic(), codes[0]
+        if failed_at is not None and time.monotonic() - failed_at > AGENT_GRACE_S:
+            for process in processes:
+                if process.poll() is None:
+                    process.send_signal(signal.SIGTERM)
+            for process in processes:
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+            break
+        time.sleep(0.2)
+    codes = [p.returncode for p in processes if p.returncode not in (None, 0)]
+    return first_failure or (codes[0] if codes else 0)
+
+
+def describe_topology(plan: LocalPlan) -> str:
+    """What the rehearsal runs, in the words of the cluster it stands for."""
+    agents = len(plan.agents)
+    scaled = "" if agents == plan.cluster_nodes else f" (the stack's {plan.cluster_nodes})"
+    if plan.shared_storage:
+        storage = f"one shared directory for all, as FSx: {plan.agents[0].volume_dir}"
+    else:
+        storage = "each its own pod-local volume: " + ", ".join(
+            str(a.volume_dir) for a in plan.agents
+        )
+    conf = operator_env(plan.rendezvous, endpoint="127.0.0.1:<port>")
+    rendezvous = " ".join(f"{k}={v}" for k, v in sorted(conf.items()))
+    return (
+        f"{agents} node(s){scaled} x {plan.agents[0].nproc} process(es) on {plan.device}, "
+        f"{storage}\nRendezvous as the job's elasticPolicy: {rendezvous}"
     )
-    return completed.returncode
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -287,13 +496,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _print_failure_logs(plan: LocalPlan) -> None:
+    """After a quiet launch failed: the end of each agent's log (the trainer's error)."""
+    for agent in plan.agents:
+        log = agent_log(plan, agent)
+        if log.exists():
+            tail = log.read_text(errors="replace").splitlines()[-15:]
+            print(f"--- node {agent.index}: {log} (last lines)\n" + "\n".join(tail))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[local] %(message)s")
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
     if args.steps < 4:
         raise SystemExit("--steps must be at least 4 (checkpoint, interrupt, resume)")
-    config = load_stack_file(args.stack)
+    try:
+        # The same parser and whole-stack checks as the plan and the Pulumi program, so a
+        # stack they refuse stops here with the very message `scripts/plan.py` prints.
+        config = load_stack_file(args.stack)
+    except StackConfigError as err:
+        print(err, file=sys.stderr)
+        return 1
     stack_name = Path(args.stack).name.removeprefix("Pulumi.").removesuffix(".yaml")
     out_dir = args.out.resolve()
     # Each local run starts from scratch; only the generated corpus and tokenizer are reused.
@@ -312,16 +536,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"Stack {stack_name!r}: on EKS each of {config.gpu_nodes.count} node(s) runs\n")
     print("  " + shlex.join(plan.cluster_command) + "\n")
-    print(f"Here: {nproc} process(es) on {device}, scaled to the {plan.preset!r} preset:\n")
-    print(
-        "  torchrun --standalone "
-        + f"--nproc_per_node={nproc} -m trainer "
-        + shlex.join(plan.local_args)
-        + "\n"
-    )
+    print(f"Here, scaled to the {plan.preset!r} preset: {describe_topology(plan)}\n")
+    print("  torchrun " + shlex.join([*agent_command(plan, plan.agents[0])[3:]]) + "\n")
+    if len(plan.agents) > 1:
+        print(f"  (and {len(plan.agents) - 1} more agent(s) like it, joining its rendezvous)\n")
     plan.metrics_file.unlink(missing_ok=True)
 
-    code = run_torchrun(plan, quiet=args.quiet)
+    code = run_agents(plan, quiet=args.quiet)
     if code == 0:
         print("The first launch finished before the planned interruption.")
     else:
@@ -331,10 +552,12 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"\nFirst launch stopped at step {plan.fail_at_step} as planned (exit {code}); the "
             f"latest checkpoint is {latest.name if latest else 'none'}. Starting the same "
-            "command again, as the operator restarts a failed pod.\n"
+            "commands again, as the operator restarts failed pods.\n"
         )
-        code = run_torchrun(plan, quiet=args.quiet)
+        code = run_agents(plan, quiet=args.quiet)
         if code != 0:
+            if args.quiet:
+                _print_failure_logs(plan)
             print(f"The resumed launch failed (exit {code}); see the trainer's output above.")
             return code
 
@@ -343,7 +566,10 @@ def main(argv: list[str] | None = None) -> int:
     png = plot_loss(
         records,
         plan.metrics_file.parent / "loss.png",
-        title=f"{stack_name}: {plan.preset} preset on {nproc} x {device}",
+        title=(
+            f"{stack_name}: {plan.preset} preset on {len(plan.agents)} node(s) x "
+            f"{plan.agents[0].nproc} {device}"
+        ),
         fail_at=plan.fail_at_step,
     )
     print(

@@ -6,10 +6,13 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
-from infra.config import load_stack_file
+from infra.config import StackConfig, StackConfigError, load_stack_file
+from infra.job_manifest import render_job
 from scripts import local_run
 from trainer.config import parse_args
 
@@ -90,4 +93,187 @@ def test_local_run_trains_is_interrupted_resumes_and_plots(tmp_path: Path) -> No
     assert summary.resumed, steps  # the restart replayed steps after the last checkpoint
     assert summary.last_loss < summary.first_loss
     assert (run / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert sorted(p.name for p in (run / "checkpoints").glob("step-*")) == ["step-10", "step-12"]
+    # One node without FSx: its own pod-local volume, at the job's path under the mount.
+    (run_dir,) = run.glob("node-0/scratch/checkpoints/dev-*")
+    assert sorted(p.name for p in run_dir.glob("step-*")) == ["step-10", "step-12"]
+
+
+# --- the rehearsal of the job's topology (issue 9: item 8 and the local rehearsal) -----------
+
+
+def _plan(config: StackConfig, name: str, tmp_path: Path, **kwargs: Any) -> local_run.LocalPlan:
+    return local_run.plan_local_run(
+        config,
+        name,
+        out_dir=tmp_path,
+        assets_dir=tmp_path / "assets",
+        steps=10,
+        context=32,
+        batch_size=4,
+        device="cpu",
+        nproc=2,
+        **kwargs,
+    )
+
+
+def _without_fsx_on_two_nodes() -> StackConfig:
+    """The shape of issue 9 item 8 (llama32-1b-g5 as shipped): several nodes, no FSx. Built with
+    model_copy, which skips validation, because every loader refuses it."""
+    dev = load_stack_file("dev")
+    assert not dev.storage.fsx.enabled
+    return dev.model_copy(update={"gpu_nodes": dev.gpu_nodes.model_copy(update={"count": 2})})
+
+
+def test_a_multi_node_fsx_stack_is_rehearsed_as_agents_sharing_one_directory(
+    tmp_path: Path,
+) -> None:
+    config = load_stack_file("llama31-8b-p5")
+    plan = _plan(config, "llama31-8b-p5", tmp_path)
+    # Four nodes scaled to two agents of one process each (two CPU cores).
+    assert plan.cluster_nodes == 4 and plan.shared_storage
+    assert [(a.index, a.nproc) for a in plan.agents] == [(0, 1), (1, 1)]
+    # One directory plays FSx for both, at the job's own path below the mount.
+    job = render_job(config, image="img", pvc_name="claim")
+    relative = Path(job.paths.run_dir).relative_to(job.paths.mount_path)
+    for agent in plan.agents:
+        assert agent.volume_dir == tmp_path / "llama31-8b-p5" / "shared"
+        assert agent.run_dir == agent.volume_dir / relative
+        parsed = parse_args(agent.args)
+        assert parsed.checkpoint.checkpoint_dir == str(agent.run_dir)
+        assert parsed.checkpoint.resume_from_checkpoint == str(agent.run_dir)
+        assert local_run.agent_command(plan, agent)[3:7] == [
+            "--nnodes=2",
+            "--nproc_per_node=1",
+            "--max-restarts=0",
+            "-m",
+        ]
+    assert plan.agents[0].args == plan.agents[1].args
+
+
+def test_agents_join_through_the_rendezvous_the_job_renders(tmp_path: Path) -> None:
+    """What the operator makes of the job's elasticPolicy (training-operator v1.9.0
+    `pkg/controller.v1/pytorch/elastic.go`: PET_RDZV_BACKEND, PET_RDZV_ID, PET_NNODES=min:max,
+    PET_MAX_RESTARTS, PET_RDZV_CONF joined `k=v,k=v`) is what each local agent gets; torchrun
+    reads them as its flags' defaults (torch `distributed/argparse_util.py` `env`)."""
+    config = load_stack_file("llama31-8b-p5")
+    plan = _plan(config, "llama31-8b-p5", tmp_path)
+    policy = render_job(config, image="img", pvc_name="claim").spec["elasticPolicy"]
+    conf = ",".join(f"{c['key']}={c['value']}" for c in policy["rdzvConf"])
+    assert "join_timeout=" in conf
+    envs = [local_run.agent_env(plan, a, endpoint="127.0.0.1:29400") for a in plan.agents]
+    for env, is_host in zip(envs, ("1", "0"), strict=True):
+        assert env == {
+            "PET_RDZV_ENDPOINT": "127.0.0.1:29400",
+            "PET_RDZV_BACKEND": policy["rdzvBackend"],
+            "PET_RDZV_ID": policy["rdzvId"],
+            "PET_NNODES": "2:2",  # the job's min = max, for the local number of nodes
+            "PET_MAX_RESTARTS": str(policy["maxRestarts"]),
+            # Worker 0 hosts the store: on the cluster because the endpoint is its hostname.
+            "PET_RDZV_CONF": f"{conf},is_host={is_host}",
+        }
+
+
+def test_operator_env_follows_the_operators_generator() -> None:
+    policy = {
+        "rdzvBackend": "c10d",
+        "rdzvId": "exp",
+        "minReplicas": 2,
+        "maxReplicas": 4,
+        "rdzvConf": [{"key": "a", "value": "1"}, {"key": "b", "value": "2"}],
+    }
+    assert local_run.operator_env(policy, endpoint="exp-worker-0:23456") == {
+        "PET_RDZV_ENDPOINT": "exp-worker-0:23456",
+        "PET_RDZV_BACKEND": "c10d",
+        "PET_RDZV_ID": "exp",
+        "PET_NNODES": "2:4",
+        "PET_RDZV_CONF": "a=1,b=2",
+    }
+
+
+def test_node_local_storage_gives_every_agent_its_own_directory(tmp_path: Path) -> None:
+    dev = _plan(load_stack_file("dev"), "dev", tmp_path)
+    # The default run: one node, as today's single torchrun with both processes.
+    assert [(a.nproc, a.volume_dir) for a in dev.agents] == [
+        (2, tmp_path / "dev" / "node-0" / "scratch")
+    ]
+    assert not dev.shared_storage
+    two = _plan(_without_fsx_on_two_nodes(), "dev2", tmp_path, check_config=False)
+    volumes = [a.volume_dir for a in two.agents]
+    assert volumes == [tmp_path / "dev2" / f"node-{i}" / "scratch" for i in (0, 1)]
+    assert two.agents[0].args != two.agents[1].args  # each its own --checkpoint_dir
+
+
+def test_the_rehearsal_runs_the_plans_checks_before_anything_starts(tmp_path: Path) -> None:
+    with pytest.raises(StackConfigError) as caught:
+        _plan(_without_fsx_on_two_nodes(), "dev2", tmp_path)
+    (problem,) = caught.value.problems
+    assert problem.startswith("gpuNodes.count 2 with storage.fsx.enabled false")
+    assert not (tmp_path / "dev2").exists()
+
+
+def test_a_stack_without_shared_storage_fails_locally_with_the_plans_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """llama32-1b-g5 as it shipped (4 nodes, FSx off): the local run prints exactly what
+    scripts/plan.py prints for it, and starts nothing."""
+    from scripts import plan as offline_plan
+
+    shipped = yaml.safe_load((REPO_ROOT / "stacks" / "Pulumi.llama32-1b-g5.yaml").read_text())
+    shipped["config"]["fsdp-eks:storage"] = {"fsx": {"enabled": False}}
+    stack_file = tmp_path / "Pulumi.g5-no-fsx.yaml"
+    stack_file.write_text(yaml.safe_dump(shipped))
+
+    assert offline_plan.main([str(stack_file)]) == 1
+    plan_error = capsys.readouterr().err
+    assert local_run.main([str(stack_file), "--out", str(tmp_path / "out"), "--quiet"]) == 1
+    local_error = capsys.readouterr().err
+    assert local_error == plan_error
+    assert "gpuNodes.count 4 with storage.fsx.enabled false" in local_error
+    assert not (tmp_path / "out" / "g5-no-fsx").exists()
+
+
+@pytest.mark.slow
+def test_two_agents_train_resume_and_checkpoint_into_one_shared_directory(
+    tmp_path: Path,
+) -> None:
+    """llama2-7b-p4d (2 nodes, FSx) as two torchrun agents of one gloo process each, joined by
+    c10d rendezvous: both ranks' state lands in the one shared directory, and the relaunch
+    after the planned interruption resumes both agents from it."""
+    code = local_run.main(
+        ["llama2-7b-p4d", "--steps", "10", "--context", "32", "--batch-size", "4",
+         "--device", "cpu", "--quiet", "--out", str(tmp_path)]
+    )  # fmt: skip
+    assert code == 0
+    run = tmp_path / "llama2-7b-p4d"
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert local_run.summarise(records).resumed
+    assert [r["step"] for r in records if r["kind"] == "train"][-1] == 10
+    (latest,) = run.glob("shared/checkpoints/*/step-10")
+    assert json.loads((latest / "COMPLETE").read_text())["world_size"] == 2
+    assert sorted(p.name for p in (latest / "train_state").iterdir()) == [
+        "rank-00000.pt",
+        "rank-00001.pt",
+    ]
+    assert not list(run.glob("node-*/scratch"))  # no node-local checkpoint volume
+
+
+@pytest.mark.slow
+def test_without_the_check_two_nodes_on_their_own_scratch_die_at_the_first_save(
+    tmp_path: Path,
+) -> None:
+    """Why the config rule exists, run for real: the trainer's DCP save puts each agent's
+    shards in its own scratch (torch `_FileSystemWriter.write_data`), `.metadata` only where
+    rank 0 is (`finish`), and rank 0 cannot publish the checkpoint."""
+    plan = _plan(_without_fsx_on_two_nodes(), "dev2", tmp_path, check_config=False)
+    assert local_run.run_agents(plan, quiet=True) != 0
+    logs = "".join(local_run.agent_log(plan, a).read_text() for a in plan.agents)
+    assert "train_state files missing" in logs
+    assert "on a filesystem every node mounts (e.g. FSx)?" in logs
+    first_save = f".tmp-step-{parse_args(plan.local_args).checkpoint.checkpoint_freq}"
+    temps = [agent.run_dir / first_save for agent in plan.agents]
+    assert [sorted(p.name for p in t.glob("__*.distcp")) for t in temps] in (
+        [["__0_0.distcp"], ["__1_0.distcp"]],
+        [["__1_0.distcp"], ["__0_0.distcp"]],
+    )
+    assert [(t / ".metadata").exists() for t in temps].count(True) == 1
+    assert not [p for a in plan.agents for p in a.run_dir.glob("step-*")]

@@ -25,7 +25,13 @@ from infra.eks_versions import (
     check_kubernetes_version,
     in_standard_support,
 )
-from infra.instances import INSTANCE_FACTS, InstanceFacts, instance_facts
+from infra.instances import (
+    HYPERPOD_PREFIX,
+    INSTANCE_FACTS,
+    InstanceFacts,
+    instance_facts,
+    known_facts,
+)
 
 GPU_TAINT_KEY = "nvidia.com/gpu"
 """Taint on every GPU node: only pods that tolerate it (the job, GPU plugins) land there."""
@@ -440,7 +446,12 @@ class GpuNodesConfig(ConfigSection):
     """`fsdp-eks:gpuNodes`: the GPU (and EFA) node group the training job runs on."""
 
     instance_type: str = Field(
-        description="GPU instance type (one of infra/instances.py), e.g. p5.48xlarge."
+        description=(
+            "GPU instance type (one of infra/instances.py), e.g. p5.48xlarge. On a SageMaker "
+            "HyperPod EKS cluster (cluster.mode existing) its SageMaker name, e.g. "
+            "ml.p5.48xlarge: the job then selects nodes by that name and HyperPod's "
+            "node-health-status Schedulable label, and cost.usdPerInstanceHour is required."
+        )
     )
     count: int = Field(
         ge=1, description="Number of GPU nodes (the job runs one worker pod per node)."
@@ -490,10 +501,11 @@ class GpuNodesConfig(ConfigSection):
     @field_validator("instance_type")
     @classmethod
     def _known_instance(cls, value: str) -> str:
-        if value not in INSTANCE_FACTS:
+        if known_facts(value) is None:
             raise ValueError(
                 f"gpuNodes.instanceType {value!r} is not a known GPU instance type; "
-                f"allowed: {', '.join(sorted(INSTANCE_FACTS))}"
+                f"allowed: {', '.join(sorted(INSTANCE_FACTS))}, or on a SageMaker HyperPod "
+                f"cluster the same with {HYPERPOD_PREFIX!r} in front (e.g. ml.p5.48xlarge)"
             )
         return value
 

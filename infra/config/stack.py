@@ -35,7 +35,7 @@ from infra.config.cost import CostConfig
 from infra.config.image import ImageConfig
 from infra.config.job import DataConfig, JobConfig, ModelConfig, TrainingConfig
 from infra.config.storage import StorageConfig
-from infra.instances import InstanceFacts
+from infra.instances import InstanceFacts, is_hyperpod_type
 from infra.pricing import CostEstimate, PriceUnknownError, estimate_cost
 from trainer.presets import ModelShape, get_preset
 
@@ -248,6 +248,15 @@ def cross_section_problems(config: StackConfig) -> list[str]:
             )
 
     cluster = config.cluster
+    if cluster.mode == "create" and is_hyperpod_type(nodes.instance_type):
+        # HyperPod launches its ml.* nodes itself; an EKS node group cannot ask for one.
+        problems.append(
+            f"gpuNodes.instanceType {nodes.instance_type!r} is a SageMaker HyperPod type, which "
+            "only an existing HyperPod EKS cluster has; allowed with cluster.mode create: "
+            f"the EC2 type {nodes.instance_type.removeprefix('ml.')!r}, or set cluster.mode: "
+            "existing and cluster.name to your HyperPod cluster's EKS cluster"
+        )
+
     if (
         cluster.mode == "create"
         and cluster.network.creates_vpc

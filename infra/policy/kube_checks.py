@@ -11,7 +11,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from infra.instances import INSTANCE_FACTS
+from infra.instances import INSTANCE_FACTS, known_facts
 from infra.policy.view import (
     UNKNOWN,
     PodTemplate,
@@ -202,7 +202,7 @@ def check_efa(resources: Sequence[Resource]) -> list[Finding]:
         if not is_training_job(resource) or not templates:
             continue
         instance_type = _job_instance_type(templates, group_types)
-        facts = INSTANCE_FACTS.get(instance_type or "")
+        facts = known_facts(instance_type or "")  # a HyperPod ml.* name has its EC2 facts
         if instance_type is None or facts is None:
             continue
         nodes = sum(t.replicas for t in templates)
