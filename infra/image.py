@@ -6,7 +6,8 @@ Otherwise it owns the whole pipeline:
   ECR repository   scan on push, immutable tags (except the build-cache tag), lifecycle
                    policy keeping the last N images
   S3 bucket        the build source (versioned, encrypted, private), old sources expire
-  source archive   exactly the files the image needs (`infra.image_source`), named by hash
+  source archive   exactly the files the image needs (`infra.image_source`), named by the
+                   image's content tag
   CodeBuild        privileged (Docker builds), log group with retention, timeout and size
                    from config, an IAM role scoped to this repository, bucket and log group
   ImageBuild       the dynamic resource that runs the build when the content tag changed and
@@ -58,8 +59,17 @@ the daemon's own builder, so no BuildKit image is pulled from Docker Hub)."""
 IMAGE_TAG_PREFIX = "src-"
 """Content tags start with this, which is how the lifecycle policy tells them from the cache."""
 UNTAGGED_EXPIRY_DAYS = 1
-SOURCE_EXPIRY_DAYS = 30
 QUEUED_TIMEOUT_MINUTES = 60
+SOURCE_PREFIX = "sources/"
+"""Key prefix of the build source archives in the source bucket (the role may read only this)."""
+SOURCE_ARCHIVE_DAYS = 30
+"""Days a source archive stays after upload. A build reads it within its queue time plus its
+timeout (at most 60 min + 2160 min, under two days); a month also covers a failed build that
+is retried by a later `pulumi up`. Each archive is named by its image tag, so every new image
+uploads a fresh archive and no build waits on one uploaded long ago."""
+NONCURRENT_SOURCE_DAYS = 1
+"""Days an overwritten or expired archive version stays: nothing reads old versions (CodeBuild
+reads the current one), they only cost storage."""
 LOG_ACTIONS = ["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents"]
 """What the build's role may do on its own log group (and nothing else in CloudWatch Logs)."""
 
@@ -164,7 +174,9 @@ class TrainerImage(pulumi.ComponentResource):
         self.image_tag = IMAGE_TAG_PREFIX + build_fingerprint(archive.image_sha256, settings)[:24]
 
         repository = self._repository(name, args, tags, child)
-        bucket, source = self._source(name, archive.path, tags, child)
+        bucket, source = self._source(
+            name, archive.path, f"{SOURCE_PREFIX}{self.image_tag}.zip", tags, child
+        )
         log_group = aws.cloudwatch.LogGroup(
             f"{name}-build-logs",
             name=f"/aws/codebuild/{project_name}",
@@ -273,6 +285,7 @@ class TrainerImage(pulumi.ComponentResource):
         self,
         name: str,
         archive_path: Path,
+        key: str,
         tags: dict[str, str],
         child: pulumi.ResourceOptions,
     ) -> tuple[aws.s3.Bucket, aws.s3.BucketObjectv2]:
@@ -286,12 +299,20 @@ class TrainerImage(pulumi.ComponentResource):
         aws.s3.BucketLifecycleConfiguration(
             f"{name}-source-lifecycle",
             bucket=bucket.id,
+            # Archives are content-addressed: every change adds a key and nothing overwrites
+            # an old one, so without expiring current versions every archive ever uploaded
+            # would stay. In a versioned bucket an expired current version becomes noncurrent
+            # behind a delete marker; the noncurrent rule then removes it, and with a Days
+            # expiration S3 also removes the delete markers left alone
+            # (docs.aws.amazon.com/AmazonS3/latest/userguide/lifecycle-expire-general-
+            # considerations.html, .../ManagingDelMarkers.html).
             rules=[
                 {
-                    "id": "expire-old-sources",
+                    "id": "expire-build-sources",
                     "status": "Enabled",
-                    "filter": {"prefix": "sources/"},
-                    "noncurrent_version_expiration": {"noncurrent_days": SOURCE_EXPIRY_DAYS},
+                    "filter": {"prefix": SOURCE_PREFIX},
+                    "expiration": {"days": SOURCE_ARCHIVE_DAYS},
+                    "noncurrent_version_expiration": {"noncurrent_days": NONCURRENT_SOURCE_DAYS},
                     "abort_incomplete_multipart_upload": {"days_after_initiation": 1},
                 }
             ],
@@ -300,7 +321,7 @@ class TrainerImage(pulumi.ComponentResource):
         source = aws.s3.BucketObjectv2(
             f"{name}-source-archive",
             bucket=bucket.id,
-            key=f"sources/{archive_path.name}",
+            key=key,
             source=pulumi.FileAsset(str(archive_path)),
             content_type="application/zip",
             tags=tags,
@@ -391,7 +412,7 @@ def role_statements(
         {
             "sid": "ReadBuildSource",
             "actions": ["s3:GetObject", "s3:GetObjectVersion"],
-            "resources": [f"{bucket_arn}/sources/*"],
+            "resources": [f"{bucket_arn}/{SOURCE_PREFIX}*"],
         },
         {
             "sid": "LocateBuildSource",

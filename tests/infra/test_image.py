@@ -15,6 +15,7 @@ from infra.image import (
     BUILDSPEC_PATH,
     CACHE_TAG,
     PROJECT_ENVIRONMENT_KEYS,
+    QUEUED_TIMEOUT_MINUTES,
     TrainerImage,
     TrainerImageArgs,
     build_settings,
@@ -136,11 +137,50 @@ def test_source_bucket_is_private_encrypted_versioned_before_upload(
         "sseAlgorithm": "AES256"
     }
     upload = result.one("aws:s3/bucketObjectv2:BucketObjectv2")
-    assert upload.inputs["key"].startswith("sources/image-source-")
-    assert upload.inputs["key"].endswith(".zip")
+    build = result.one("pulumi-python:dynamic/image:ImageBuild")
+    assert upload.inputs["key"] == f"sources/{build.inputs['image_tag']}.zip"
     assert bucket.inputs["forceDestroy"] is True  # only reproducible build inputs live here
     for guard in (block, encryption):
         assert result.depends_on(upload, guard)
+
+
+def test_source_archives_expire_once_no_build_can_need_them(
+    run: Callable[..., Evaluation],
+) -> None:
+    """Archives are content-addressed (a new key per change, never an overwrite), so only an
+    expiration of current versions ever removes one; the noncurrent rule then removes what the
+    expiration leaves behind in the versioned bucket. An archive must outlive the longest
+    build CodeBuild can run (queue + timeout), or a build would find its source gone."""
+    result = run()
+    lifecycle = result.one("aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration")
+    assert lifecycle.inputs["bucket"] == f"{result.one('aws:s3/bucket:Bucket').name}-id"
+    (rule,) = lifecycle.inputs["rules"]
+    assert rule["status"] == "Enabled"
+    key = result.one("aws:s3/bucketObjectv2:BucketObjectv2").inputs["key"]
+    assert key.startswith(rule["filter"]["prefix"]) and rule["filter"]["prefix"] == "sources/"
+    days = rule["expiration"]["days"]
+    longest_build_minutes = QUEUED_TIMEOUT_MINUTES + max_build_timeout_minutes()
+    assert days * 24 * 60 > longest_build_minutes
+    assert rule["noncurrentVersionExpiration"]["noncurrentDays"] >= 1
+    assert rule["abortIncompleteMultipartUpload"]["daysAfterInitiation"] == 1
+
+
+def test_a_new_image_uploads_its_own_archive(run: Callable[..., Evaluation]) -> None:
+    """Same sources, other build settings: a new key, so the new build never reads an archive
+    uploaded (and perhaps expired) long ago."""
+
+    def key(config: dict[str, Any]) -> str:
+        return str(run(config).one("aws:s3/bucketObjectv2:BucketObjectv2").inputs["key"])
+
+    assert key({}) != key({"efaInstallerVersion": "1.50.0"})
+    assert key({}) == key({"keepLastImages": 3})
+
+
+def max_build_timeout_minutes() -> int:
+    """The largest `image.buildTimeoutMinutes` the config accepts (CodeBuild's own limit)."""
+    field = ImageConfig.model_fields["build_timeout_minutes"]
+    (limit,) = [m.le for m in field.metadata if getattr(m, "le", None) is not None]
+    return int(limit)
 
 
 def test_codebuild_project_is_privileged_sized_and_logged(
