@@ -15,8 +15,9 @@ Two layers, so that the AWS logic can be tested against a real AWS API emulator:
 The provider runs in Pulumi's dynamic-provider process with the deployer's AWS credentials
 (the default boto3 chain, or `aws_profile`), in the region passed as an input. Besides what the
 rest of the stack needs, the deployer must be allowed codebuild:StartBuild, BatchGetBuilds and
-ListBuildsForProject on the project, ecr:DescribeImages on the repository and
-logs:GetLogEvents on the build's log group.
+ListBuildsForProject on the project, ecr:DescribeImages on the repository,
+logs:GetLogEvents on the build's log group and s3:GetObject on the source archive (it checks
+that the archive still exists before starting a build).
 """
 
 from __future__ import annotations
@@ -100,6 +101,7 @@ class CodeBuildImageBuilder:
         self._codebuild = session.client("codebuild", endpoint_url=endpoint_url)
         self._ecr = session.client("ecr", endpoint_url=endpoint_url)
         self._logs = session.client("logs", endpoint_url=endpoint_url)
+        self._s3 = session.client("s3", endpoint_url=endpoint_url)
         self._poll_seconds = poll_seconds
         self._heartbeat_seconds = heartbeat_seconds
         self._log_tail_lines = log_tail_lines
@@ -137,6 +139,27 @@ class CodeBuildImageBuilder:
             if build.get("buildStatus") == IN_PROGRESS and request.image_tag in tags:
                 return str(build["id"])
         return None
+
+    def check_source(self, request: BuildRequest) -> None:
+        """Fail with what to do when the source archive is gone, before a build is started.
+
+        The source bucket's lifecycle expires archives (infra/image.py SOURCE_ARCHIVE_DAYS),
+        while Pulumi's state still lists the uploaded object: a build retried after that
+        would fail in DOWNLOAD_SOURCE. A refresh drops the object from the state and the
+        next `up` uploads it again. Only a definite "not found" stops here: without
+        s3:ListBucket S3 answers 403 for a missing key too, and then CodeBuild decides.
+        """
+        bucket, _, key = request.source_location.partition("/")
+        try:
+            self._s3.head_object(Bucket=bucket, Key=key)
+        except ClientError as error:
+            if _client_error_code(error) in ("404", "NoSuchKey", "NoSuchBucket"):
+                raise ImageBuildError(
+                    f"the image build's source s3://{bucket}/{key} no longer exists (the "
+                    "source bucket expires build archives); run `pulumi up --refresh` so "
+                    "Pulumi uploads it again"
+                ) from error
+            logger.info("could not check s3://%s/%s (%s); starting anyway", bucket, key, error)
 
     def start(self, request: BuildRequest) -> str:
         response = self._codebuild.start_build(
@@ -251,6 +274,7 @@ class CodeBuildImageBuilder:
                 "build %s for %s is already running; waiting for it", build_id, request.image_tag
             )
         else:
+            self.check_source(request)
             build_id = self.start(request)
         build = self.wait(build_id, timeout_minutes=request.timeout_minutes)
         if build.get("buildStatus") != SUCCEEDED and failed_before_buildspec(build):

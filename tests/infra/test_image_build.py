@@ -45,6 +45,8 @@ REPOSITORY = "fsdp-eks/trainer"
 LOG_GROUP = "/aws/codebuild/trainer-image"
 TAG = "src-0123456789abcdef01234567"
 NOW_MS = int(time.time() * 1000)  # CloudWatch drops events older than 14 days
+SOURCE_BUCKET = "source-bucket"
+SOURCE_KEY = "sources/image-source-abc.zip"
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +77,12 @@ def aws(moto_endpoint: str, session: boto3.Session) -> dict[str, Any]:
     urllib.request.urlopen(reset).close()
     clients = {
         name: session.client(name, endpoint_url=moto_endpoint)
-        for name in ("ecr", "codebuild", "logs", "iam")
+        for name in ("ecr", "codebuild", "logs", "iam", "s3")
     }
+    clients["s3"].create_bucket(
+        Bucket=SOURCE_BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION}
+    )
+    clients["s3"].put_object(Bucket=SOURCE_BUCKET, Key=SOURCE_KEY, Body=b"PK\x05\x06" + bytes(18))
     clients["ecr"].create_repository(repositoryName=REPOSITORY)
     clients["logs"].create_log_group(logGroupName=LOG_GROUP)
     clients["codebuild"].create_project(
@@ -112,7 +118,7 @@ def request(**overrides: Any) -> BuildRequest:
         "project_name": PROJECT,
         "repository_name": REPOSITORY,
         "image_tag": TAG,
-        "source_location": "source-bucket/sources/image-source-abc.zip",
+        "source_location": f"{SOURCE_BUCKET}/{SOURCE_KEY}",
         "source_hash": "abc",
         "log_group_name": LOG_GROUP,
         "timeout_minutes": 60,
@@ -248,6 +254,20 @@ def test_success_without_the_pushed_tag_is_an_error(
     assert build.startswith(f"{PROJECT}:")
 
 
+@pytest.mark.parametrize("gone", ["object", "bucket"])
+def test_an_expired_source_archive_stops_before_a_build_with_what_to_do(
+    aws: dict[str, Any], session: boto3.Session, moto_endpoint: str, gone: str
+) -> None:
+    """The source bucket's lifecycle expires archives while Pulumi's state still lists them;
+    a retried build would fail in DOWNLOAD_SOURCE (and be retried once for nothing)."""
+    aws["s3"].delete_object(Bucket=SOURCE_BUCKET, Key=SOURCE_KEY)
+    if gone == "bucket":
+        aws["s3"].delete_bucket(Bucket=SOURCE_BUCKET)
+    with pytest.raises(ImageBuildError, match=r"no longer exists.*pulumi up --refresh"):
+        make_builder(session, moto_endpoint).build(request())
+    assert aws["codebuild"].list_builds_for_project(projectName=PROJECT)["ids"] == []
+
+
 def test_log_tail_reads_the_stream_named_after_the_build(
     aws: dict[str, Any], session: boto3.Session, moto_endpoint: str
 ) -> None:
@@ -333,7 +353,7 @@ def test_start_build_sends_the_source_and_the_content_tag(
     scripted_builds([("COMPLETED", "SUCCEEDED")], push_tag=TAG)
     builder.build(request())
     (params,) = captured
-    assert params["sourceLocationOverride"] == "source-bucket/sources/image-source-abc.zip"
+    assert params["sourceLocationOverride"] == f"{SOURCE_BUCKET}/{SOURCE_KEY}"
     assert params["sourceTypeOverride"] == "S3"
     assert params["timeoutInMinutesOverride"] == 60
     env = {v["name"]: v["value"] for v in params["environmentVariablesOverride"]}
@@ -471,7 +491,7 @@ def provider_props(moto_endpoint: str, **overrides: Any) -> dict[str, Any]:
         "repository_name": REPOSITORY,
         "repository_url": f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/{REPOSITORY}",
         "image_tag": TAG,
-        "source_location": "source-bucket/sources/image-source-abc.zip",
+        "source_location": f"{SOURCE_BUCKET}/{SOURCE_KEY}",
         "source_hash": "abc",
         "log_group_name": LOG_GROUP,
         "timeout_minutes": 60,
