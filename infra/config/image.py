@@ -148,7 +148,21 @@ class ImageConfig(ConfigSection):
     @field_validator("base_image")
     @classmethod
     def _base_image_is_pinned(cls, value: str) -> str:
-        return _check_image_reference("baseImage", value)
+        _check_image_reference("baseImage", value)
+        # CodeBuild pulls the base anonymously from shared AWS addresses; Docker Hub answers
+        # those with `toomanyrequests` and the build (and `pulumi up`) fails. A first path
+        # component without '.' or ':' (and not localhost) is not a registry: Docker Hub
+        # (github.com/distribution/reference normalize.go splitDockerDomain).
+        first = value.split("/", 1)[0]
+        is_host = "." in first or ":" in first or first == "localhost"
+        if not is_host or first in ("docker.io", "index.docker.io", "registry-1.docker.io"):
+            raise ValueError(
+                f"image.baseImage={value!r} is on Docker Hub, which CodeBuild would pull "
+                "anonymously from shared addresses (rate-limited: toomanyrequests); use an NGC "
+                "tag (nvcr.io/...), an AWS Deep Learning Container (<account>.dkr.ecr.<region>"
+                ".amazonaws.com/...), ECR Public (public.ecr.aws/...) or a copy in your own ECR"
+            )
+        return value
 
     @field_validator("efa_installer_version")
     @classmethod

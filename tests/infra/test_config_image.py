@@ -62,6 +62,8 @@ def test_own_image_skips_the_build(uri: str) -> None:
         ("uri", "https://ghcr.io/acme/trainer:1", "not an image reference"),
         ("baseImage", "nvcr.io/nvidia/pytorch", "names no tag or digest"),
         ("baseImage", "nvcr.io/nvidia/pytorch@sha256:abc", "not an image reference"),
+        ("baseImage", "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-devel", "is on Docker Hub"),
+        ("baseImage", "docker.io/pytorch/pytorch:2.5.1-cuda12.4-cudnn9-devel", "is on Docker Hub"),
         ("efaInstallerVersion", "latest", "image.efaInstallerVersion='latest'"),
         ("logRetentionDays", 10, "image.logRetentionDays=10"),
     ],
