@@ -9,9 +9,11 @@ component only registers it. Two choices matter for `pulumi up` on a changed exp
   job of the same name, so delete-then-create is the only clean relaunch. A config hash in the
   name would allow create-before-delete, but the new job's pods would then wait for GPUs the
   old job still holds while `up` waits for the new job to run: a deadlock on a full node group.
-* `pulumi.com/waitFor` (`.status.replicaStatuses.Worker.active` = the node count) makes `up`
-  return once every worker runs, not when training ends; a job whose workers do not all start
-  fails `up` at the create timeout.
+* `up` returns once every worker runs, not when training ends, and fails fast with the reason
+  when the job fails or its workers cannot start: a `JobStartWatch` (`infra.job_watch`, rule in
+  `infra.job_wait`) created after the PyTorchJob. The job itself carries no
+  `pulumi.com/waitFor`, which can only wait (for a failed job, until its timeout) and counts
+  crash-looping pods as running.
 
 Construction (`infra/program.py`):
 
@@ -19,7 +21,8 @@ Construction (`infra/program.py`):
         k8s_provider=cluster.k8s_provider, depends_on=cluster.ready))
     job = TrainingJob("job", TrainingJobArgs(
         config=stack, image_uri=image.image_uri, k8s_provider=cluster.k8s_provider,
-        namespace=namespace.name, pvc_name=storage.pvc_name, mount_path=storage.mount_path,
+        kubeconfig=cluster.kubeconfig, namespace=namespace.name,
+        pvc_name=storage.pvc_name, mount_path=storage.mount_path,
         placement=Placement(cluster.gpu_node_selector, cluster.gpu_tolerations),
         depends_on=[*cluster.ready, *addons.ready, *storage.ready]))
 """
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -38,15 +42,23 @@ from infra.job_manifest import (
     API_VERSION,
     HF_TOKEN_SECRET_KEY,
     KIND,
-    POD_START_BUDGET_S,
     JobManifest,
     Placement,
     kubectl_commands,
     render_job,
 )
+from infra.job_watch import WAIT_LIMIT_S, JobStartWatch
 
-CREATE_TIMEOUT = f"{POD_START_BUDGET_S // 60}m"
-"""`up` waits as long as a worker may take to start (GPU nodes scaling up, a 20 GB image pull)."""
+CREATE_TIMEOUT = f"{-(-WAIT_LIMIT_S // 60)}m"
+"""The longest `up` waits for the job: as long as a worker may take to start (GPU nodes scaling
+up, a 20 GB image pull), plus the minute every worker must then run without a restart."""
+
+
+def _uid(metadata: Any) -> str | None:
+    """`metadata.uid` of the job as the provider returns it (a dict for a CustomResource)."""
+    if isinstance(metadata, dict):
+        return metadata.get("uid")
+    return getattr(metadata, "uid", None)
 
 
 @dataclass
@@ -92,6 +104,9 @@ class TrainingJobArgs:
     image_uri: pulumi.Input[str]
     """Digest-pinned image (TrainerImage.image_uri) or image.uri from the config."""
     k8s_provider: pulumi.ProviderResource
+    kubeconfig: pulumi.Input[str]
+    """The same kubeconfig as `k8s_provider` (Cluster.kubeconfig): `up` watches the job's start
+    through it."""
     namespace: pulumi.Input[str]
     """JobNamespace.name, so the job waits for its namespace."""
     pvc_name: pulumi.Input[str] | None = None
@@ -115,6 +130,7 @@ class TrainingJob(pulumi.ComponentResource):
     checkpoint_path: str
     manifest: JobManifest
     kubectl: dict[str, str]
+    start: JobStartWatch
 
     def __init__(
         self, name: str, args: TrainingJobArgs, opts: pulumi.ResourceOptions | None = None
@@ -164,10 +180,26 @@ class TrainingJob(pulumi.ComponentResource):
                     # Same-name relaunch: the old job must be gone before the new one exists.
                     delete_before_replace=True,
                     replace_on_changes=["spec"],
-                    custom_timeouts=pulumi.CustomTimeouts(
-                        create=CREATE_TIMEOUT, update=CREATE_TIMEOUT
-                    ),
                 ),
+            ),
+        )
+        # `up` waits here for every worker to run, and fails with the reason when they can't.
+        # A new uid is a new job (a replaced spec): only then is there a start to wait for.
+        # The SDK sets an Output for each registered property on the resource (pulumi
+        # `sdk/python/lib/pulumi/runtime/rpc.py` `transfer_properties`); CustomResource
+        # declares none of them for type checkers.
+        job_metadata: pulumi.Output[Any] = job.metadata  # type: ignore[attr-defined]
+        self.start = JobStartWatch(
+            f"{name}-start",
+            kubeconfig=args.kubeconfig,
+            namespace=args.namespace,
+            job_name=job_name,
+            job_uid=job_metadata.apply(_uid),
+            workers=config.gpu_nodes.count,
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                depends_on=[job],
+                custom_timeouts=pulumi.CustomTimeouts(create=CREATE_TIMEOUT, update=CREATE_TIMEOUT),
             ),
         )
         # Derived from the job's id so that anything reading the name waits for the job.

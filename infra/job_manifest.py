@@ -42,18 +42,6 @@ HF_HOME = "/tmp/hf-home"
 passwd entry for the trainer's uid (NGC/DLC bases) gives it HOME=/, where `~/.cache` cannot be
 created."""
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
-WAIT_FOR_ANNOTATION = "pulumi.com/waitFor"
-
-
-def wait_for_workers(workers: int) -> str:
-    """pulumi-kubernetes >= 4.18 waits for this before `up` returns: every worker pod running.
-
-    The operator's `Running` condition turns true as soon as *one* worker runs, so
-    `condition=Running` would report success while the other pods still cannot be scheduled
-    (and the running ones wait in rendezvous). Waiting for Succeeded would hold `up` (and the
-    CI runner) for the whole training run.
-    """
-    return f"jsonpath={{.status.replicaStatuses.Worker.active}}={workers}"
 
 
 TRITON_CACHE_DIR = "/tmp/triton_cache"
@@ -424,7 +412,8 @@ def render_job(
         "name": job.name,
         "namespace": job.namespace,
         "labels": {**labels, "fsdp-eks/run-id": run_id_label},
-        "annotations": {WAIT_FOR_ANNOTATION: wait_for_workers(config.gpu_nodes.count)},
+        # No `pulumi.com/waitFor`: it can only wait (a failed job held `up` for the whole
+        # timeout) and counts crash-looping pods as running; `infra.job_watch` waits instead.
     }
     return JobManifest(
         name=job.name,

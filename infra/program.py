@@ -105,6 +105,7 @@ def main() -> None:
             config=stack,
             image_uri=image.image_uri,
             k8s_provider=cluster.k8s_provider,
+            kubeconfig=cluster.kubeconfig,
             namespace=namespace.name,
             pvc_name=storage.pvc_name,
             mount_path=storage.mount_path,

@@ -7,6 +7,8 @@ from typing import Any
 import jsonschema
 import pulumi
 import pulumi_kubernetes as k8s
+from pulumi.runtime.rpc import _special_secret_sig as SECRET_VALUE  # noqa: N812
+from pulumi.runtime.rpc import _special_sig_key as SECRET_SIG  # noqa: N812
 
 from infra.config import StackConfig, parse_stack_config
 from infra.job import JobNamespace, JobNamespaceArgs, TrainingJob, TrainingJobArgs
@@ -24,6 +26,8 @@ from infra.offline import evaluate
 from trainer.config import parse_args
 
 IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/fsdp@sha256:" + "a" * 64
+KUBECONFIG = '{"apiVersion": "v1", "kind": "Config", "current-context": "c"}'
+WATCH = "pulumi-python:dynamic/job:JobStartWatch"
 FORBIDDEN = {
     "NCCL_SOCKET_IFNAME",
     "NCCL_PROTO",
@@ -143,7 +147,7 @@ def test_workers_find_each_other_through_c10d_rendezvous(crd_schema: dict[str, A
     assert container(manifest)["ports"] == [{"name": "pytorchjob-port", "containerPort": 23456}]
 
 
-def test_run_policy_and_wait_annotation() -> None:
+def test_run_policy_and_no_wait_annotation() -> None:
     config = make_config(job={"maxRunHours": 2, "ttlHoursAfterFinished": 1, "backoffLimit": 5})
     manifest = render_job(config, image=IMAGE, pvc_name=None).as_dict()
     assert manifest["spec"]["runPolicy"] == {
@@ -152,10 +156,9 @@ def test_run_policy_and_wait_annotation() -> None:
         "activeDeadlineSeconds": 7200,
         "ttlSecondsAfterFinished": 3600,
     }
-    # Every worker running, not the operator's Running condition (true once one worker runs).
-    assert manifest["metadata"]["annotations"] == {
-        "pulumi.com/waitFor": "jsonpath={.status.replicaStatuses.Worker.active}=4"
-    }
+    # No `pulumi.com/waitFor`: it never fails early (a Failed job held `up` for its whole
+    # timeout) and counted crash-looping workers as running; infra.job_watch waits instead.
+    assert "annotations" not in manifest["metadata"]
 
 
 def test_rendered_command_parses_with_the_trainers_parser() -> None:
@@ -236,6 +239,7 @@ def _job_program(config: StackConfig) -> None:
             config=config,
             image_uri=IMAGE,
             k8s_provider=provider,
+            kubeconfig=pulumi.Output.secret(KUBECONFIG),
             namespace=namespace.name,
             pvc_name="fsx-claim",
             placement=Placement(
@@ -286,3 +290,20 @@ def test_existing_namespace_is_not_created() -> None:
         result.one("kubernetes:kubeflow.org/v1:PyTorchJob").inputs["metadata"]["namespace"]
         == "team-a"
     )
+
+
+def test_up_waits_for_the_workers_through_a_watch_created_after_the_job() -> None:
+    """The PyTorchJob itself is not awaited (no waitFor); the JobStartWatch is, after it."""
+    config = make_config(job={"maxRunHours": 0.25})
+    result = evaluate(lambda: _job_program(config), config={})
+    job = result.one("kubernetes:kubeflow.org/v1:PyTorchJob")
+    watch = result.one(WATCH)
+    assert job.urn in watch.dependencies
+    assert watch.parent == result.one("fsdp-eks:job:TrainingJob").urn
+    assert watch.inputs["namespace"] == "training"
+    assert watch.inputs["job_name"] == "exp"
+    assert watch.inputs["workers"] == 4
+    # The same kubeconfig as the Kubernetes provider, kept secret in the state.
+    kubeconfig = watch.inputs["kubeconfig"]
+    assert kubeconfig[SECRET_SIG] == SECRET_VALUE and kubeconfig["value"] == KUBECONFIG
+    assert "annotations" not in job.inputs["metadata"]

@@ -92,9 +92,10 @@ def test_stack_job_matches_its_config(name: str) -> None:
     assert elastic["rdzvBackend"] == "c10d"
     assert config.job.max_run_hours is not None  # every stack has a deadline
     assert spec["runPolicy"]["activeDeadlineSeconds"] == int(config.job.max_run_hours * 3600)
-    assert job.inputs["metadata"]["annotations"]["pulumi.com/waitFor"] == (
-        f"jsonpath={{.status.replicaStatuses.Worker.active}}={config.gpu_nodes.count}"
-    )
+    # `up` waits for every worker through the job's JobStartWatch, not a waitFor annotation.
+    assert "pulumi.com/waitFor" not in job.inputs["metadata"].get("annotations", {})
+    watch = result.one("pulumi-python:dynamic/job:JobStartWatch")
+    assert watch.inputs["workers"] == config.gpu_nodes.count and job.urn in watch.dependencies
     assert job.delete_before_replace and job.replace_on_changes == ["spec"]
 
     container = container_of(job)

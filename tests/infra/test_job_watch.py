@@ -1,0 +1,236 @@
+"""The start watch against an API server on loopback, reached the way the provider reaches EKS.
+
+The server is a plain HTTP server holding PyTorchJob / Pod documents (the shapes of
+`test_job_wait`); the kubeconfig names it with an `exec` credential plugin, so the token the
+watch sends comes from running that plugin exactly as client-go would (ExecCredential JSON on
+stdout, `status.token`). Nothing is faked inside the watch itself.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import urllib.parse
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from infra.job_wait import JobStartError
+from infra.job_watch import (
+    JobStartWatchProvider,
+    KubernetesApi,
+    WatchedJob,
+    wait_for_start,
+)
+
+TOKEN = "k8s-aws-v1.test-token"
+JOB_PATH = "/apis/kubeflow.org/v1/namespaces/training/pytorchjobs/exp"
+PODS_PATH = "/api/v1/namespaces/training/pods"
+
+
+def stamp(seconds_ago: float) -> str:
+    return (datetime.now(UTC) - timedelta(seconds=seconds_ago)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def job_doc(*conditions: tuple[str, str]) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "exp", "namespace": "training", "creationTimestamp": stamp(600)},
+        "status": {
+            "conditions": [
+                {"type": kind, "status": "True", "reason": f"PyTorchJob{kind}", "message": msg}
+                for kind, msg in conditions
+            ]
+        },
+    }
+
+
+def worker(index: int, started_ago: float) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": f"exp-worker-{index}",
+            "creationTimestamp": stamp(600),
+            "labels": {
+                "training.kubeflow.org/job-name": "exp",
+                "training.kubeflow.org/replica-type": "worker",
+            },
+        },
+        "status": {
+            "phase": "Running",
+            "containerStatuses": [
+                {
+                    "name": "pytorch",
+                    "ready": True,
+                    "restartCount": 0,
+                    "state": {"running": {"startedAt": stamp(started_ago)}},
+                }
+            ],
+        },
+    }
+
+
+class FakeApiServer(ThreadingHTTPServer):
+    """Serves `states` in turn (one per poll of the job) and records every request."""
+
+    def __init__(self, states: list[tuple[int, dict[str, Any], list[dict[str, Any]]]]) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.states = states
+        self.polls = 0
+        self.requests: list[tuple[str, str, str | None]] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: FakeApiServer
+
+    def do_GET(self) -> None:
+        parsed = urllib.parse.urlsplit(self.path)
+        query = urllib.parse.parse_qs(parsed.query).get("labelSelector", [None])[0]
+        self.server.requests.append((parsed.path, self.headers["Authorization"], query))
+        index = min(self.server.polls, len(self.server.states) - 1)
+        code, job, pods = self.server.states[index]
+        if parsed.path == JOB_PATH:
+            body: dict[str, Any] = job
+            if code != 200:  # an error answer ends this poll: the next one sees the next state
+                self.server.polls += 1
+        elif parsed.path == PODS_PATH:
+            body = {"kind": "PodList", "items": pods}
+            self.server.polls += 1
+        else:
+            code, body = 404, {"kind": "Status", "code": 404}
+        payload = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *_args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def serve() -> Iterator[Any]:
+    servers: list[FakeApiServer] = []
+
+    def start(states: list[tuple[int, dict[str, Any], list[dict[str, Any]]]]) -> FakeApiServer:
+        server = FakeApiServer(states)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def kubeconfig(server: str, *, exit_code: int = 0) -> str:
+    """The shape `infra.kube_access.exec_kubeconfig` writes, with a plugin that prints a token."""
+    credential = {
+        "apiVersion": "client.authentication.k8s.io/v1beta1",
+        "kind": "ExecCredential",
+        "status": {"token": TOKEN},
+    }
+    script = f"import sys; print({json.dumps(json.dumps(credential))}); sys.exit({exit_code})"
+    return json.dumps(
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "c", "cluster": {"server": server}}],
+            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "aws"}}],
+            "current-context": "c",
+            "users": [
+                {
+                    "name": "aws",
+                    "user": {
+                        "exec": {
+                            "apiVersion": "client.authentication.k8s.io/v1beta1",
+                            "command": sys.executable,
+                            "args": ["-c", script],
+                        }
+                    },
+                }
+            ],
+        }
+    )
+
+
+def watch(server: FakeApiServer, **kwargs: Any) -> str:
+    api = KubernetesApi.from_kubeconfig(kubeconfig(server.url))
+    return wait_for_start(api, WatchedJob("training", "exp", 2), poll_s=0, **kwargs)
+
+
+def test_returns_once_every_worker_runs_with_the_plugins_token(serve: Any) -> None:
+    created = job_doc(("Created", "PyTorchJob exp is created."))
+    running = job_doc(("Created", "created"), ("Running", "PyTorchJob training/exp is running."))
+    server = serve(
+        [
+            (200, created, []),
+            (200, running, [worker(0, 300), worker(1, 5)]),  # worker 1 only just started
+            (200, running, [worker(0, 300), worker(1, 120)]),
+        ]
+    )
+    assert watch(server).startswith("2/2 workers running")
+    assert server.polls == 3
+    assert {auth for _, auth, _ in server.requests} == {f"Bearer {TOKEN}"}
+    selectors = {query for path, _, query in server.requests if path == PODS_PATH}
+    assert selectors == {"training.kubeflow.org/job-name=exp"}
+
+
+def test_a_failed_job_fails_up_at_once_with_the_operators_message(serve: Any) -> None:
+    message = "Job exp has failed because it has reached the specified backoff limit"
+    server = serve([(200, job_doc(("Created", "c"), ("Failed", message)), [])])
+    with pytest.raises(JobStartError, match="reached the specified backoff limit") as error:
+        watch(server)
+    assert "kubectl -n training describe pytorchjob exp" in str(error.value)
+    assert server.polls == 1
+
+
+def test_gives_up_after_its_limit_with_the_last_progress(serve: Any) -> None:
+    running = job_doc(("Created", "c"), ("Running", "r"))
+    server = serve([(200, running, [worker(0, 300)])])
+    ticks = iter(range(100))
+    with pytest.raises(JobStartError, match=r"not every worker started.*1/2 workers running"):
+        watch(server, limit_s=3, clock=lambda: float(next(ticks)))
+
+
+def test_refused_access_names_what_the_deployer_needs(serve: Any) -> None:
+    server = serve([(403, {"kind": "Status", "code": 403}, [])])
+    with pytest.raises(JobStartError, match=r"HTTP 403.*read access to pytorchjobs and pods"):
+        watch(server)
+
+
+def test_a_deleted_job_is_reported(serve: Any) -> None:
+    server = serve([(404, {"kind": "Status", "code": 404}, [])])
+    with pytest.raises(JobStartError, match="disappeared"):
+        watch(server)
+
+
+def test_transient_server_errors_are_retried(serve: Any) -> None:
+    running = job_doc(("Created", "c"), ("Running", "r"))
+    server = serve([(503, {}, []), (200, running, [worker(0, 300), worker(1, 300)])])
+    assert watch(server).startswith("2/2")
+    assert server.polls == 2
+
+
+def test_a_failing_credential_plugin_is_one_clear_error(serve: Any) -> None:
+    server = serve([(200, job_doc(("Created", "c")), [])])
+    api = KubernetesApi.from_kubeconfig(kubeconfig(server.url, exit_code=3))
+    with pytest.raises(JobStartError, match=r"credential command .* failed \(exit 3\)"):
+        wait_for_start(api, WatchedJob("training", "exp", 2), poll_s=0)
+
+
+def test_only_a_new_job_makes_up_wait_again() -> None:
+    provider = JobStartWatchProvider()
+    olds = {"namespace": "training", "job_name": "exp", "job_uid": "u1", "workers": 2}
+    same = provider.diff("id", olds, {**olds, "kubeconfig": "another token"})
+    assert not same.changes
+    assert provider.diff("id", olds, {**olds, "job_uid": "u2"}).changes
+    assert provider.diff("id", olds, {**olds, "job_uid": "u2"}).replaces == []
