@@ -9,7 +9,8 @@ capacity need and pulumi-eks's `ManagedNodeGroup(enable_efa_support=True)` canno
   cluster SG, and without it nodes cannot reach the control plane or FSx;
 * the capacity reservation target (ODCR) or capacity-block market type, which pulumi-eks does
   not expose; a cluster placement group only when no reservation fixes the placement already;
-* IMDSv2 required, a gp3 root volume large enough for the trainer image and caches.
+* IMDSv2 required with hop limit 1 (pods cannot reach the node role's credentials), a gp3
+  root volume large enough for the trainer image and caches.
 
 Instances without EFA get the same node group without EFA interfaces (EKS then attaches the
 cluster SG itself). The node group's AMI type is `AL2023_x86_64_NVIDIA` (driver, EFA host
@@ -36,9 +37,16 @@ from infra.config.cluster import GPU_TAINT_KEY, GpuNodesConfig, TaintConfig
 GPU_AMI_TYPE = "AL2023_x86_64_NVIDIA"
 ROOT_DEVICE = "/dev/xvda"
 """Root device of the AL2023 EKS AMIs."""
-IMDS_HOP_LIMIT = 2
-"""EKS guidance for managed nodes: 2 lets containers that are not on the host network reach
-IMDSv2 (tokens are still required); 1 would block them."""
+IMDS_HOP_LIMIT = 1
+"""IMDSv2 answers only processes on the node itself (host network), not pods: with 2, any pod
+could read the node role's credentials. Nothing on these nodes needs IMDS from a pod network:
+the trainer calls no AWS API (checkpoints go to FSx or the pod's own volume), the FSx CSI
+driver's credentials come from EKS Pod Identity (its agent is a host-network DaemonSet on
+169.254.170.23), the FSx CSI node plugin falls back to the
+Kubernetes API for its instance data when IMDS is unreachable (aws-fsx-csi-driver
+`pkg/cloud/metadata.go` `NewMetadataService`), the EFA device plugin runs on the host network
+(eks-charts `aws-efa-k8s-device-plugin` daemonset, `hostNetwork: true`) and the NVIDIA one
+talks only to the driver. terraform-aws-eks made 1 its default in v21 (docs/UPGRADE-21.0.md)."""
 NODE_POOL_LABEL = "fsdp-eks/node-pool"
 
 _ReservationTarget = (

@@ -45,6 +45,7 @@ from infra.job_manifest import (
     JobManifest,
     Placement,
     kubectl_commands,
+    network_policy,
     render_job,
 )
 from infra.job_watch import WAIT_LIMIT_S, JobStartWatch
@@ -130,6 +131,7 @@ class TrainingJob(pulumi.ComponentResource):
     checkpoint_path: str
     manifest: JobManifest
     kubectl: dict[str, str]
+    network_policy: k8s.networking.v1.NetworkPolicy
     start: JobStartWatch
 
     def __init__(
@@ -166,6 +168,18 @@ class TrainingJob(pulumi.ComponentResource):
             hf_secret_name=secret_name,
             service_account_name=args.service_account_name,
         )
+        # Only the job's own pods may connect to its rendezvous store and NCCL ports; created
+        # first, so no pod of the job is ever reachable from the rest of a shared cluster.
+        policy = network_policy(job_name, args.namespace)
+        self.network_policy = k8s.networking.v1.NetworkPolicy(
+            f"{name}-network-policy",
+            metadata=policy["metadata"],
+            spec=policy["spec"],
+            opts=pulumi.ResourceOptions.merge(
+                k8s_opts, pulumi.ResourceOptions(depends_on=list(args.depends_on))
+            ),
+        )
+        depends_on.append(self.network_policy)
         metadata = {**self.manifest.metadata, "namespace": args.namespace}
         job = k8s.apiextensions.CustomResource(
             f"{name}-pytorchjob",

@@ -76,30 +76,53 @@ def _rule(groups: list[str], resources: list[str], verbs: list[str]) -> k8s.rbac
 
 ALL = ["create", "delete", "get", "list", "patch", "update", "watch"]
 CLUSTER_RULES = [
-    # Upstream v1.9.0's ClusterRole, less the rules for job kinds this install does not run.
-    _rule([""], ["configmaps"], ["create", "list", "update", "watch"]),
+    # What the v1.9.0 PyTorchJob controller declares (`pkg/controller.v1/pytorch/
+    # pytorchjob_controller.go`, the `+kubebuilder:rbac` markers). Upstream's ClusterRole also
+    # carries configmaps, serviceaccounts, roles/rolebindings and pods/exec: only the MPIJob
+    # controller declares those (`pkg/controller.v1/mpi/mpijob_controller.go`), and with
+    # `--enable-scheme=pytorchjob` it never starts, so this install leaves them out.
     _rule([""], ["events"], ALL),
     _rule([""], ["pods"], ALL),
-    _rule([""], ["pods/exec"], ["create"]),
-    _rule([""], ["secrets"], ["get", "list", "update", "watch"]),
-    _rule([""], ["serviceaccounts"], ["create", "get", "list", "watch"]),
     _rule([""], ["services"], ["create", "delete", "get", "list", "watch"]),
+    # The certificate rotator (open-policy-agent/cert-controller v0.12.0, `pkg/rotator`) keeps
+    # an informer on ValidatingWebhookConfigurations (get/list/watch cannot be narrowed by
+    # name: an informer lists them all) and `Update`s only the one it injects the CA into.
     _rule(
         ["admissionregistration.k8s.io"],
         ["validatingwebhookconfigurations"],
-        ["get", "list", "update", "watch"],
+        ["get", "list", "watch"],
+    ),
+    k8s.rbac.v1.PolicyRuleArgs(
+        api_groups=["admissionregistration.k8s.io"],
+        resources=["validatingwebhookconfigurations"],
+        resource_names=[WEBHOOK_CONFIGURATION],
+        verbs=["update"],
     ),
     _rule(["autoscaling"], ["horizontalpodautoscalers"], ALL),
     _rule(["kubeflow.org"], ["pytorchjobs"], ALL),
     _rule(["kubeflow.org"], ["pytorchjobs/finalizers"], ["update"]),
     _rule(["kubeflow.org"], ["pytorchjobs/status"], ["get", "patch", "update"]),
-    _rule(
-        ["rbac.authorization.k8s.io"],
-        ["rolebindings", "roles"],
-        ["create", "list", "update", "watch"],
-    ),
     _rule(["scheduling.volcano.sh", "scheduling.x-k8s.io"], ["podgroups"], ALL),
 ]
+"""Cluster-wide: the controller watches PyTorchJobs and their pods in every namespace."""
+
+SECRET_RULES = [
+    # Upstream grants secrets get/list/watch/update cluster-wide (`pkg/cert/cert.go` marker),
+    # i.e. every Secret of every namespace. The rotator reads Secrets through a cache scoped
+    # to the operator's own namespace (cert-controller v0.12.0 `addNamespacedCache`, keyed by
+    # `SecretKey.Namespace`) and writes only its certificate Secret: a namespaced Role is
+    # enough, and `update` is bound to that one Secret by name.
+    _rule([""], ["secrets"], ["get", "list", "watch"]),
+    k8s.rbac.v1.PolicyRuleArgs(
+        api_groups=[""], resources=["secrets"], resource_names=[WEBHOOK_SECRET], verbs=["update"]
+    ),
+]
+"""Namespaced (the operator's namespace): the webhook certificate Secret only."""
+
+OPERATOR_USER_ID = 65532
+"""uid:gid the operator runs as. Its v1.9.0 image is `gcr.io/distroless/static:latest` with one
+static binary (`build/images/training-operator/Dockerfile`), whose default user is root; 65532
+is distroless's own `nonroot` user. The binary needs no file it does not get from a volume."""
 
 
 class TrainingOperator(pulumi.ComponentResource):
@@ -164,6 +187,22 @@ class TrainingOperator(pulumi.ComponentResource):
             ),
             subjects=[k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=NAME, namespace=ns)],
             opts=child(depends_on=[role, account]),
+        )
+        # The certificate Secret's rights, in the operator's namespace only (see SECRET_RULES).
+        secret_role = k8s.rbac.v1.Role(
+            f"{name}-webhook-cert-role",
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=NAME, namespace=ns, labels=labels),
+            rules=SECRET_RULES,
+            opts=child(),
+        )
+        secret_binding = k8s.rbac.v1.RoleBinding(
+            f"{name}-webhook-cert-role-binding",
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=NAME, namespace=ns, labels=labels),
+            role_ref=k8s.rbac.v1.RoleRefArgs(
+                api_group="rbac.authorization.k8s.io", kind="Role", name=NAME
+            ),
+            subjects=[k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=NAME, namespace=ns)],
+            opts=child(depends_on=[secret_role, account]),
         )
         service = k8s.core.v1.Service(
             f"{name}-service",
@@ -235,7 +274,7 @@ class TrainingOperator(pulumi.ComponentResource):
             ),
             # Pulumi waits for the rollout: the pod is ready only once certificates are in place.
             opts=child(
-                depends_on=[self.crd, binding, secret, webhook],
+                depends_on=[self.crd, binding, secret_binding, secret, webhook],
                 custom_timeouts=pulumi.CustomTimeouts(create="10m", update="10m"),
             ),
         )
@@ -286,7 +325,19 @@ class TrainingOperator(pulumi.ComponentResource):
             resources=k8s.core.v1.ResourceRequirementsArgs(
                 requests={"cpu": "100m", "memory": "128Mi"}, limits={"memory": "512Mi"}
             ),
-            security_context=k8s.core.v1.SecurityContextArgs(allow_privilege_escalation=False),
+            # Restricted Pod Security profile. The root filesystem can be read-only: the
+            # operator writes only through the API (the rotator `Update`s the Secret; cert-
+            # controller v0.12.0 `ensureCertsMounted` merely stats the files kubelet projects
+            # into the cert volume below), and it logs to stderr.
+            security_context=k8s.core.v1.SecurityContextArgs(
+                allow_privilege_escalation=False,
+                read_only_root_filesystem=True,
+                run_as_non_root=True,
+                run_as_user=OPERATOR_USER_ID,
+                run_as_group=OPERATOR_USER_ID,
+                capabilities=k8s.core.v1.CapabilitiesArgs(drop=["ALL"]),
+                seccomp_profile=k8s.core.v1.SeccompProfileArgs(type="RuntimeDefault"),
+            ),
             volume_mounts=[
                 k8s.core.v1.VolumeMountArgs(
                     name="cert", mount_path="/tmp/k8s-webhook-server/serving-certs", read_only=True
@@ -296,13 +347,21 @@ class TrainingOperator(pulumi.ComponentResource):
         return k8s.core.v1.PodSpecArgs(
             service_account_name=NAME,
             termination_grace_period_seconds=10,
+            security_context=k8s.core.v1.PodSecurityContextArgs(
+                run_as_non_root=True,
+                fs_group=OPERATOR_USER_ID,
+                seccomp_profile=k8s.core.v1.SeccompProfileArgs(type="RuntimeDefault"),
+            ),
             node_selector=dict(args.node_selector) or None,
             containers=[container],
             volumes=[
                 k8s.core.v1.VolumeArgs(
                     name="cert",
                     secret=k8s.core.v1.SecretVolumeSourceArgs(
-                        secret_name=WEBHOOK_SECRET, default_mode=0o644
+                        # Owner and group read only: the files hold the webhook's private
+                        # key; kubelet gives them the pod's fsGroup, the operator's gid.
+                        secret_name=WEBHOOK_SECRET,
+                        default_mode=0o440,
                     ),
                 )
             ],

@@ -58,8 +58,19 @@ TRAINING_OPERATOR_RELEASES: dict[str, TrainingOperatorRelease] = {
 """Kubeflow training operator releases this project has checked. Adding a v1.9.x release
 means adding its image, its tag's commit and its CRD's digest here."""
 
-
 TRAINING_OPERATOR_VERSION = "v1.9.0"
+
+# The operator image is pinned by tag, not digest: neither the v1.9.0 release, its notes, nor
+# any manifest or issue found (checked 2026-11) publishes the digest of `v1-5170a36`, and no
+# registry could be read from where this was written. A tag can be re-pushed; to pin the bytes,
+# resolve the digest once (`crane digest docker.io/kubeflow/training-operator:v1-5170a36`),
+# mirror it to ECR if you like, and set `addons.trainingOperator.image` to
+# `<repository>@sha256:<digest>` (docs/operations.md, "Pin the training operator's image").
+_IMAGE_REFERENCE = re.compile(
+    r"^(?P<repository>[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]+)?(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*)"
+    r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?"
+    r"(?:@(?P<digest>sha256:[0-9a-f]{64}))?$"
+)
 
 
 def _version_tuple(key: str, version: str) -> tuple[int, int, int]:
@@ -145,8 +156,10 @@ class TrainingOperatorConfig(ConfigSection):
     image: str | None = Field(
         default=None,
         description=(
-            "Operator image override (e.g. a mirror in ECR for clusters without internet "
-            "access); unset: the image the release pins."
+            "Operator image override: `<repository>@sha256:<digest>` pins the exact bytes "
+            "(recommended; e.g. a mirror in ECR for clusters without internet access), "
+            "`<repository>:<tag>` a tag other than `latest`. Unset: the image the release's "
+            "manifests pin, by tag (upstream publishes no digest for it)."
         ),
     )
     namespace: str = Field(
@@ -164,6 +177,19 @@ class TrainingOperatorConfig(ConfigSection):
                 f"has checked; allowed: {allowed}"
             )
         return version
+
+    @field_validator("image")
+    @classmethod
+    def _pinned_image(cls, image: str | None) -> str | None:
+        if image is None:
+            return None
+        match = _IMAGE_REFERENCE.match(image)
+        if match is None or (match["tag"] in (None, "latest") and match["digest"] is None):
+            raise ValueError(
+                f"addons.trainingOperator.image {image!r} is not a pinned image reference: "
+                "use <repository>@sha256:<64 hex digits> (or <repository>:<tag>, not 'latest')"
+            )
+        return image
 
     @field_validator("namespace")
     @classmethod
@@ -184,6 +210,11 @@ class TrainingOperatorConfig(ConfigSection):
     def release(self) -> TrainingOperatorRelease:
         """The checked release `version` names (image, manifest commit, CRD digest)."""
         return TRAINING_OPERATOR_RELEASES[self.version]
+
+    @property
+    def pinned_by_digest(self) -> bool:
+        """Whether the operator image names its content (`@sha256:`), not a movable tag."""
+        return "@sha256:" in self.resolved_image
 
 
 class AddonsConfig(ConfigSection):

@@ -327,8 +327,12 @@ def test_secret_token_is_accepted_and_never_plaintext_in_the_job() -> None:
     job = result.one("kubernetes:kubeflow.org/v1:PyTorchJob")
     assert "hf_secretvalue" not in json.dumps(job.inputs)
     pod = job.inputs["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
-    token = {"secretKeyRef": {"name": "exp-hf-token", "key": "HF_TOKEN"}}
-    assert {"name": "HF_TOKEN", "valueFrom": token} in pod["containers"][0]["env"]
+    # The Secret reaches the trainer as a file (HF_TOKEN_PATH), never as an env variable.
+    [token] = [v for v in pod["volumes"] if v["name"] == "hf-token"]
+    assert token["secret"]["secretName"] == "exp-hf-token"
+    assert {"name": "HF_TOKEN_PATH", "value": "/var/run/secrets/huggingface/token"} in pod[
+        "containers"
+    ][0]["env"]
     assert result.one("kubernetes:core/v1:Secret", "job-hf-token")
 
 

@@ -137,12 +137,14 @@ def test_spot_capacity_type() -> None:
     assert build(capacity={"type": "spot"}).one(NODE_GROUP).inputs["capacityType"] == "SPOT"
 
 
-def test_imdsv2_required_and_a_large_gp3_root_volume() -> None:
+def test_imdsv2_required_for_the_node_only_and_a_large_gp3_root_volume() -> None:
     template = build(rootVolumeGiB=1200).one(LT).inputs
     metadata = template["metadataOptions"]
     assert metadata["httpTokens"] == "required"
     assert metadata["httpEndpoint"] == "enabled"
-    assert metadata["httpPutResponseHopLimit"] == 2
+    # Hop limit 1: a pod (one network hop from the node) cannot fetch the node role's
+    # credentials; 2 let every pod read them (issue 10).
+    assert metadata["httpPutResponseHopLimit"] == 1
     (root,) = template["blockDeviceMappings"]
     assert root["deviceName"] == "/dev/xvda"
     assert root["ebs"]["volumeType"] == "gp3"

@@ -120,8 +120,9 @@ def test_run_directories_are_handed_to_the_trainer_uid_before_it_starts(
     assert f"chown {TRAINER_USER_ID}:{TRAINER_USER_ID} '{checkpoint_dir}'" in script
     # Only this run's directories change owner, never the shared mount itself.
     assert "'/fsx'" not in script and "-R" not in script
-    # The trainer container itself keeps the image's unprivileged user.
-    assert "securityContext" not in container(manifest)
+    # The trainer runs as the uid the directories were prepared for, whatever the image's
+    # USER (an NGC or DLC base would otherwise run it as root).
+    assert container(manifest)["securityContext"]["runAsUser"] == TRAINER_USER_ID
 
 
 def test_workers_find_each_other_through_c10d_rendezvous(crd_schema: dict[str, Any]) -> None:
@@ -198,15 +199,14 @@ def test_run_id_changes_with_the_experiment_and_not_with_the_job_wrapper() -> No
     assert trainer_argv(base, render_job(base, image=IMAGE, pvc_name=None).paths)
 
 
-def test_extra_env_is_added_and_hf_token_comes_from_a_secret() -> None:
+def test_extra_env_is_added_and_hf_token_is_only_named_by_its_file_path() -> None:
     config = make_config(job={"maxRunHours": 0.25, "extraEnv": {"NCCL_DEBUG_SUBSYS": "NET"}})
     env = container_env(config, hf_secret_name="exp-hf-token")
     by_name = {e["name"]: e for e in env}
     assert by_name["NCCL_DEBUG_SUBSYS"]["value"] == "NET"
-    assert by_name["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {
-        "name": "exp-hf-token",
-        "key": "HF_TOKEN",
-    }
+    # The token stays in the Secret's file (tests/infra/test_hardening.py); env holds its path.
+    assert "HF_TOKEN" not in by_name
+    assert by_name["HF_TOKEN_PATH"]["value"] == "/var/run/secrets/huggingface/token"
 
 
 def test_gpus_per_node_below_the_instance_scales_the_pod() -> None:

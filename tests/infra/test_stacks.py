@@ -176,8 +176,11 @@ def test_llama31_8b_uses_every_efa_interface_of_p5_and_its_secret_token() -> Non
     assert container_of(job)["resources"]["limits"][EFA_RESOURCE] == 32
     assert config.world_size == 32
     secret = result.one("kubernetes:core/v1:Secret", "job-hf-token")
+    # The token is a file from the Secret (HF_TOKEN_PATH), not an environment variable.
+    [volume] = [v for v in pod_of(job)["volumes"] if v["name"] == "hf-token"]
+    assert volume["secret"]["secretName"] == secret.inputs["metadata"]["name"]
     env = {e["name"]: e for e in container_of(job)["env"]}
-    assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == secret.inputs["metadata"]["name"]
+    assert "HF_TOKEN" not in env and env["HF_TOKEN_PATH"]["value"].startswith("/var/run/secrets/")
     assert trainer_config(job).data.tokenizer == "meta-llama/Llama-3.1-8B"
 
 
