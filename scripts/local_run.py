@@ -515,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
         # The same parser and whole-stack checks as the plan and the Pulumi program, so a
         # stack they refuse stops here with the very message `scripts/plan.py` prints.
         config = load_stack_file(args.stack)
-    except StackConfigError as err:
+    except (StackConfigError, FileNotFoundError) as err:
         print(err, file=sys.stderr)
         return 1
     stack_name = Path(args.stack).name.removeprefix("Pulumi.").removesuffix(".yaml")

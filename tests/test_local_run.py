@@ -232,6 +232,14 @@ def test_a_stack_without_shared_storage_fails_locally_with_the_plans_message(
     assert not (tmp_path / "out" / "g5-no-fsx").exists()
 
 
+def test_an_unknown_stack_is_one_line_naming_the_stacks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert local_run.main(["llama-typo", "--out", str(tmp_path)]) == 1
+    error = capsys.readouterr().err
+    assert "no stack file" in error and "stacks: dev, " in error and "Traceback" not in error
+
+
 @pytest.mark.slow
 def test_two_agents_train_resume_and_checkpoint_into_one_shared_directory(
     tmp_path: Path,
