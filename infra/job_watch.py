@@ -208,7 +208,11 @@ def wait_for_start(
         else:
             verdict = assess(document, pods, workers=job.workers, now=datetime.now(UTC))
             if verdict.failure is not None:
-                raise JobStartError(f"{verdict.failure} (details: `{follow}`)")
+                # A later `up` does not relaunch an unchanged job: it would report this again.
+                raise JobStartError(
+                    f"{verdict.failure} (details: `{follow}`; to relaunch the same job, "
+                    "`pulumi up --replace <the PyTorchJob's URN>`)"
+                )
             if verdict.done:
                 logger.info("%s", verdict.progress)
                 return verdict.progress
