@@ -13,7 +13,7 @@ import yaml
 
 from infra.config import StackConfig, StackConfigError, load_stack_file
 from infra.job_manifest import render_job
-from scripts import local_run
+from scripts import local_run, local_topology
 from trainer.config import parse_args
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -21,7 +21,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 def test_local_plan_keeps_the_stacks_choices_and_scales_the_rest(tmp_path: Path) -> None:
     config = load_stack_file("llama31-8b-p5")
-    plan = local_run.plan_local_run(
+    plan = local_topology.plan_local_run(
         config,
         "llama31-8b-p5",
         out_dir=tmp_path,
@@ -51,7 +51,7 @@ def test_local_plan_keeps_the_stacks_choices_and_scales_the_rest(tmp_path: Path)
 
 
 def test_mixture_of_experts_stacks_run_the_tiny_moe_locally(tmp_path: Path) -> None:
-    plan = local_run.plan_local_run(
+    plan = local_topology.plan_local_run(
         load_stack_file("mixtral-8x7b-p5"),
         "mixtral-8x7b-p5",
         out_dir=tmp_path,
@@ -101,8 +101,10 @@ def test_local_run_trains_is_interrupted_resumes_and_plots(tmp_path: Path) -> No
 # --- the rehearsal of the job's topology (issue 9: item 8 and the local rehearsal) -----------
 
 
-def _plan(config: StackConfig, name: str, tmp_path: Path, **kwargs: Any) -> local_run.LocalPlan:
-    return local_run.plan_local_run(
+def _plan(
+    config: StackConfig, name: str, tmp_path: Path, **kwargs: Any
+) -> local_topology.LocalPlan:
+    return local_topology.plan_local_run(
         config,
         name,
         out_dir=tmp_path,
@@ -141,7 +143,7 @@ def test_a_multi_node_fsx_stack_is_rehearsed_as_agents_sharing_one_directory(
         parsed = parse_args(agent.args)
         assert parsed.checkpoint.checkpoint_dir == str(agent.run_dir)
         assert parsed.checkpoint.resume_from_checkpoint == str(agent.run_dir)
-        assert local_run.agent_command(plan, agent)[3:7] == [
+        assert local_topology.agent_command(plan, agent)[3:7] == [
             "--nnodes=2",
             "--nproc_per_node=1",
             "--max-restarts=0",
@@ -160,7 +162,7 @@ def test_agents_join_through_the_rendezvous_the_job_renders(tmp_path: Path) -> N
     policy = render_job(config, image="img", pvc_name="claim").spec["elasticPolicy"]
     conf = ",".join(f"{c['key']}={c['value']}" for c in policy["rdzvConf"])
     assert "join_timeout=" in conf
-    envs = [local_run.agent_env(plan, a, endpoint="127.0.0.1:29400") for a in plan.agents]
+    envs = [local_topology.agent_env(plan, a, endpoint="127.0.0.1:29400") for a in plan.agents]
     for env, is_host in zip(envs, ("1", "0"), strict=True):
         assert env == {
             "PET_RDZV_ENDPOINT": "127.0.0.1:29400",
@@ -181,7 +183,7 @@ def test_operator_env_follows_the_operators_generator() -> None:
         "maxReplicas": 4,
         "rdzvConf": [{"key": "a", "value": "1"}, {"key": "b", "value": "2"}],
     }
-    assert local_run.operator_env(policy, endpoint="exp-worker-0:23456") == {
+    assert local_topology.operator_env(policy, endpoint="exp-worker-0:23456") == {
         "PET_RDZV_ENDPOINT": "exp-worker-0:23456",
         "PET_RDZV_BACKEND": "c10d",
         "PET_RDZV_ID": "exp",
