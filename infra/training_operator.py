@@ -42,6 +42,8 @@ WEBHOOK_CONFIGURATION = "validator.training-operator.kubeflow.org"
 WEBHOOK_SECRET = "training-operator-webhook-cert"
 """Secret the operator's certificate rotator fills; it must exist (the operator only updates)."""
 WEBHOOK_PORT = 9443
+PROBE_PORT = 8081
+"""The operator's health-probe port (`--health-probe-bind-address`, default :8081)."""
 ENABLED_SCHEMES = ("pytorchjob",)
 
 CRD_PATH = "manifests/base/crds/kubeflow.org_pytorchjobs.yaml"
@@ -279,6 +281,26 @@ class TrainingOperator(pulumi.ComponentResource):
             ),
         )
         # The webhook is reached through the Service: the job waits for its endpoints too.
+        # The operator's pods take connections only on the ports they serve to the cluster:
+        # the webhook (from the API server, whose addresses no selector can name) and the
+        # health probes (from kubelet). The metrics port is closed; open it for a scraper.
+        k8s.networking.v1.NetworkPolicy(
+            f"{name}-network-policy",
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=NAME, namespace=ns, labels=labels),
+            spec=k8s.networking.v1.NetworkPolicySpecArgs(
+                pod_selector=k8s.meta.v1.LabelSelectorArgs(match_labels=selector),
+                policy_types=["Ingress"],
+                ingress=[
+                    k8s.networking.v1.NetworkPolicyIngressRuleArgs(
+                        ports=[
+                            k8s.networking.v1.NetworkPolicyPortArgs(port=port, protocol="TCP")
+                            for port in (WEBHOOK_PORT, PROBE_PORT)
+                        ]
+                    )
+                ],
+            ),
+            opts=child(),
+        )
         self.ready = [self.crd, self.deployment, service]
         self.register_outputs({"namespace": ns, "image": config.resolved_image})
 
@@ -286,7 +308,7 @@ class TrainingOperator(pulumi.ComponentResource):
     def _pod_spec(
         config: TrainingOperatorConfig, args: TrainingOperatorArgs
     ) -> k8s.core.v1.PodSpecArgs:
-        probe_port = 8081
+        probe_port = PROBE_PORT
 
         def probe(path: str, delay: int, period: int) -> k8s.core.v1.ProbeArgs:
             return k8s.core.v1.ProbeArgs(
@@ -307,6 +329,9 @@ class TrainingOperator(pulumi.ComponentResource):
         container = k8s.core.v1.ContainerArgs(
             name=NAME,
             image=config.resolved_image,
+            # A tag can be re-pushed: with one, kubelet checks the registry's current digest
+            # at every start; a digest pin names the bytes, so a cached copy is the right one.
+            image_pull_policy="IfNotPresent" if config.pinned_by_digest else "Always",
             command=["/manager"],
             args=[f"--enable-scheme={scheme}" for scheme in ENABLED_SCHEMES],
             env=[
@@ -323,7 +348,9 @@ class TrainingOperator(pulumi.ComponentResource):
             liveness_probe=probe("/healthz", 15, 20),
             readiness_probe=probe("/readyz", 10, 15),
             resources=k8s.core.v1.ResourceRequirementsArgs(
-                requests={"cpu": "100m", "memory": "128Mi"}, limits={"memory": "512Mi"}
+                # A controller, not a batch job: a CPU limit caps a runaway reconcile loop.
+                requests={"cpu": "100m", "memory": "128Mi"},
+                limits={"cpu": "1", "memory": "512Mi"},
             ),
             # Restricted Pod Security profile. The root filesystem can be read-only: the
             # operator writes only through the API (the rotator `Update`s the Secret; cert-

@@ -151,6 +151,31 @@ def test_an_unpinned_operator_image_is_refused_naming_the_key(image: str) -> Non
     assert "@sha256:" in message
 
 
+def test_operator_pods_take_connections_only_on_the_webhook_and_probe_ports(
+    operator: Evaluation,
+) -> None:
+    policy = operator.one(NETWORK_POLICY).inputs
+    pod_labels = operator_pod_labels(operator)
+    assert policy["metadata"]["namespace"] == "kubeflow"
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    [rule] = policy["spec"]["ingress"]
+    assert "from" not in rule  # the API server calls the webhook from no pod
+    assert sorted(p["port"] for p in rule["ports"]) == [8081, 9443]  # not metrics (8080)
+
+
+def operator_pod_labels(result: Evaluation) -> dict[str, str]:
+    return dict(result.one(DEPLOYMENT).inputs["spec"]["template"]["metadata"]["labels"])
+
+
+def test_a_tag_pinned_operator_image_is_pulled_at_every_start(operator: Evaluation) -> None:
+    """A tag can be re-pushed; with a digest a cached copy is the right one."""
+    assert operator_pod(operator)["containers"][0]["imagePullPolicy"] == "Always"
+    image = f"example.com/training-operator@{DIGEST}"
+    pinned = run_addons({"trainingOperator": {"image": image}})
+    assert operator_pod(pinned)["containers"][0]["imagePullPolicy"] == "IfNotPresent"
+
+
 # --- trainer pods -----------------------------------------------------------------------
 
 
@@ -266,7 +291,7 @@ def test_network_policy_is_registered_before_the_job_on_existing_and_created_clu
     name: str,
 ) -> None:
     config, result = stack(name)
-    policy = result.one(NETWORK_POLICY)
+    policy = result.one(NETWORK_POLICY, "job-network-policy")
     job = result.one(PYTORCHJOB)
     assert policy.inputs["metadata"]["namespace"] == job.inputs["metadata"]["namespace"]
     labels = policy.inputs["spec"]["podSelector"]["matchLabels"]

@@ -1,0 +1,438 @@
+"""The scanners operators run on clusters and repositories, run on what this project ships.
+
+Every stack's Kubernetes objects are rendered by the real program under the mock runtime (the
+evaluations `tests/infra/test_stacks.py` already makes, shared through its cache), then:
+
+* validated in strict mode (unknown fields are errors) against the Kubernetes OpenAPI schemas
+  of the stack's cluster version with `kubernetes-validate`, including the worker Pod the
+  training operator creates from the PyTorchJob's template (the PyTorchJob itself is checked
+  against the operator's CRD by test_stacks.py);
+* scanned with `checkov` (frameworks kubernetes, dockerfile and github_actions) together with
+  docker/Dockerfile and .github/workflows, in one process. A failed check is accepted only
+  through ALLOWED below, each entry with the objects it may fail on and why; an entry that no
+  longer fires fails too, so the list cannot outlive its reason;
+* the Helm values the program sets are checked against the keys each pinned chart accepts.
+
+checkov runs from its own environment (.venv/checkov, installed by `scripts/dev.py test`:
+its pins conflict with pulumi's) and offline (`--skip-download`, BC_SKIP_MAPPING).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate  # type: ignore[import-untyped]
+import pytest
+import yaml
+from kubernetes_validate.utils import VersionNotSupportedError  # type: ignore[import-untyped]
+
+from infra.addons import EFA_CHART, NVIDIA_CHART
+from infra.config import StackConfig
+from infra.job_manifest import CONTAINER_NAME
+from infra.offline import Evaluation
+from tests.infra.test_stacks import STACKS, stack
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CHECKOV = REPO_ROOT / ".venv/checkov/bin/checkov"
+PYTORCHJOB_KIND = "PyTorchJob"
+OPERATOR_LABEL_PREFIX = "training.kubeflow.org/"
+"""Labels training operator v1.9 sets on the pods it creates (kubeflow/trainer v1.9.0
+`pkg/apis/kubeflow.org/v1/common_types.go`: job-name, operator-name, replica-type/-index)."""
+_SECRET_SIGNATURE = "4dabf18193072939515e22adb298388d"
+"""How the Pulumi SDK marks a secret value in serialized inputs (pulumi `rpc.py`)."""
+
+
+@dataclass(frozen=True)
+class Allowed:
+    """A checkov finding accepted on purpose: where it may fire, and why."""
+
+    resources: str
+    """Regular expression over checkov's resource id (`Kind.namespace.name`, Dockerfile path)."""
+    reason: str
+
+
+ALLOWED: dict[str, Allowed] = {
+    # --- the trainer's worker pods: GPU batch work (infra/job_manifest.py) -----------------
+    "CKV_K8S_8": Allowed(
+        r"^Pod\..*-worker-0$",
+        "No liveness probe: a training step can legitimately take minutes (a checkpoint save, "
+        "a first compile) and a restart throws the step away; hangs are caught by the "
+        "trainer's step heartbeat watchdog and NCCL's collective timeout instead.",
+    ),
+    "CKV_K8S_9": Allowed(
+        r"^Pod\..*-worker-0$",
+        "No readiness probe: workers serve no traffic through a Service a probe would gate; "
+        "peers reach worker 0's store by rendezvous, retrying until it listens.",
+    ),
+    "CKV_K8S_11": Allowed(
+        r"^Pod\..*-worker-0$",
+        "No CPU limit: the worker is sized to its whole node (infra/job_manifest.py "
+        "container_resources); a CFS quota would only throttle data loading and NCCL proxies.",
+    ),
+    "CKV_K8S_25": Allowed(
+        r"^Pod\..*-worker-0$",
+        "The init container that creates and chowns the run's directories on FSx (a fresh "
+        "file system is root's) runs as root with CHOWN, DAC_OVERRIDE and FOWNER, nothing "
+        "else (infra/job_manifest.py PREPARE_CAPABILITIES).",
+    ),
+    "CKV_K8S_22": Allowed(
+        r"^Pod\..*-worker-0$",
+        "The trainer's root filesystem stays writable for the Triton/Inductor kernel caches "
+        "and the HF cache under /tmp (infra/job_manifest.py trainer_security_context).",
+    ),
+    # --- the training operator (infra/training_operator.py) --------------------------------
+    "CKV_K8S_43": Allowed(
+        r"^Deployment\.kubeflow\.training-operator$",
+        "The v1.9.0 operator image is pinned by tag: no digest for it is published or could "
+        "be verified (infra/config/addons.py); addons.trainingOperator.image takes a "
+        "`@sha256:` pin, with which this check passes.",
+    ),
+    "CKV_K8S_38": Allowed(
+        r"^Deployment\.kubeflow\.training-operator$",
+        "The operator is a controller: it calls the Kubernetes API, so its pod needs its "
+        "service-account token (the trainer pods get none).",
+    ),
+    "CKV_K8S_155": Allowed(
+        r"^ClusterRole\.default\.training-operator$",
+        "`update` on validatingwebhookconfigurations is bound by resourceNames to the "
+        "operator's own configuration (test_hardening.py); checkov's RBAC checks ignore "
+        "resourceNames (checkov/kubernetes/checks/resource/base_rbac_check.py rule_can).",
+    ),
+    # --- docker/Dockerfile -----------------------------------------------------------------
+    "CKV_DOCKER_7": Allowed(
+        r"Dockerfile",
+        "`FROM ${UV_IMAGE}` / `FROM ${BASE_IMAGE}`: ARGs whose defaults are exact tags (the "
+        "build passes the configured base); checkov reads the unexpanded literal.",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class StackObjects:
+    name: str
+    config: StackConfig
+    manifests: list[dict[str, Any]]
+
+
+def _plain(value: Any) -> Any:
+    """Inputs as the engine would send them to the API server: secrets unwrapped, and the
+    protobuf Struct's floats back to integers where they are whole (ports, modes, replicas)."""
+    if isinstance(value, dict):
+        if _SECRET_SIGNATURE in value:
+            return _plain(value.get("value"))
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def worker_pod(job: dict[str, Any]) -> dict[str, Any]:
+    """Worker 0's Pod as training operator v1.9 creates it: the template plus the labels the
+    operator adds (kubeflow/trainer v1.9.0 `job_controller.go` GenLabels, `pod.go`)."""
+    name = job["metadata"]["name"]
+    template = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
+    labels = {
+        **template.get("metadata", {}).get("labels", {}),
+        f"{OPERATOR_LABEL_PREFIX}job-name": name,
+        f"{OPERATOR_LABEL_PREFIX}operator-name": "pytorchjob-controller",
+        f"{OPERATOR_LABEL_PREFIX}replica-type": "worker",
+        f"{OPERATOR_LABEL_PREFIX}replica-index": "0",
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"{name}-worker-0",
+            "namespace": job["metadata"]["namespace"],
+            "labels": labels,
+        },
+        "spec": template["spec"],
+    }
+
+
+def kubernetes_objects(result: Evaluation) -> list[dict[str, Any]]:
+    """Every Kubernetes object the program registers whole (not Helm releases or remote YAML),
+    plus each PyTorchJob's worker Pod."""
+    objects: list[dict[str, Any]] = []
+    for resource in result.resources:
+        inputs = resource.inputs
+        if not resource.type.startswith("kubernetes:") or "kind" not in inputs:
+            continue
+        manifest = _plain(inputs)
+        objects.append(manifest)
+        if manifest["kind"] == PYTORCHJOB_KIND:
+            objects.append(worker_pod(manifest))
+    return objects
+
+
+@pytest.fixture(scope="module")
+def rendered() -> list[StackObjects]:
+    out = []
+    for name in STACKS:
+        config, result = stack(name)
+        out.append(StackObjects(name, config, kubernetes_objects(result)))
+    return out
+
+
+# --- kubernetes-validate -----------------------------------------------------------------
+
+
+def _schema_version(config: StackConfig) -> str:
+    """The cluster's Kubernetes minor version (the model's default for an existing cluster,
+    whose version the offline evaluation cannot read)."""
+    return config.cluster.kubernetes_version
+
+
+def test_every_object_is_valid_for_its_cluster_version_in_strict_mode(
+    rendered: list[StackObjects],
+) -> None:
+    problems = []
+    checked = 0
+    for objects in rendered:
+        version = _schema_version(objects.config)
+        for manifest in objects.manifests:
+            if manifest["kind"] == PYTORCHJOB_KIND:
+                continue  # its CRD schema: test_stacks.py
+            try:
+                kubernetes_validate.validate(manifest, version, strict=True)
+                checked += 1
+            except kubernetes_validate.ValidationError as error:
+                path = ".".join(str(p) for p in error.path)
+                problems.append(
+                    f"{objects.name}: {manifest['kind']} {manifest['metadata'].get('name')}: "
+                    f"{path}: {error.message}"
+                )
+            except (kubernetes_validate.SchemaNotFoundError, VersionNotSupportedError) as error:
+                problems.append(f"{objects.name}: {manifest['kind']}: {error.message}")
+    assert not problems, "\n".join(problems)
+    assert checked >= 6 * len(rendered) - 6  # every stack renders namespaces, RBAC, pods...
+
+
+def careless_pod(**security_context: Any) -> dict[str, Any]:
+    """A pod that runs as root, for the checks' negative controls."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "careless", "namespace": "training"},
+        "spec": {
+            "securityContext": security_context,
+            "containers": [{"name": "c", "image": "busybox:1.37", "command": ["true"]}],
+        },
+    }
+
+
+def test_strict_validation_rejects_a_field_kubernetes_does_not_know(
+    rendered: list[StackObjects],
+) -> None:
+    """The check above can fail: a misspelt securityContext field is an error in strict mode
+    (the API server would drop it silently and the pod would run without it)."""
+    broken = careless_pod(runAsNonroot=True)
+    with pytest.raises(kubernetes_validate.ValidationError, match="runAsNonroot"):
+        kubernetes_validate.validate(broken, _schema_version(rendered[0].config), strict=True)
+
+
+# --- checkov -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Finding:
+    check_type: str
+    check_id: str
+    resource: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.check_type} {self.check_id} {self.resource}: {self.name}"
+
+
+def run_checkov(root: Path) -> list[Finding]:
+    """checkov on `root` with the three frameworks, offline; its failed checks."""
+    if not CHECKOV.exists():
+        pytest.skip(f"{CHECKOV} is missing: `python3 scripts/dev.py test` installs checkov")
+    env = {**os.environ, "BC_SKIP_MAPPING": "TRUE", "CHECKOV_RUN_SCA_PACKAGE_SCAN_V2": "false"}
+    command = [
+        str(CHECKOV),
+        "--directory",
+        str(root),
+        "--framework",
+        "kubernetes",
+        "dockerfile",
+        "github_actions",
+        "--skip-download",
+        "--quiet",
+        "--compact",
+        "--output",
+        "json",
+    ]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    # Exit status 1 means "failed checks found"; anything else is checkov itself failing.
+    assert done.returncode in (0, 1), done.stderr[-3000:]
+    reports = json.loads(done.stdout)
+    findings = []
+    for report in reports if isinstance(reports, list) else [reports]:
+        assert report["summary"]["parsing_errors"] == 0, report["summary"]
+        for failed in report["results"]["failed_checks"]:
+            findings.append(
+                Finding(
+                    report["check_type"],
+                    failed["check_id"],
+                    failed["resource"],
+                    failed["check_name"],
+                )
+            )
+    return findings
+
+
+def _write_scan_tree(root: Path, rendered: list[StackObjects]) -> None:
+    manifests = root / "manifests"
+    manifests.mkdir(parents=True)
+    for objects in rendered:
+        documents = [m for m in objects.manifests if m["kind"] != PYTORCHJOB_KIND]
+        (manifests / f"{objects.name}.yaml").write_text(yaml.safe_dump_all(documents))
+    shutil.copytree(REPO_ROOT / ".github/workflows", root / ".github/workflows")
+    (root / "docker").mkdir()
+    shutil.copy(REPO_ROOT / "docker/Dockerfile", root / "docker/Dockerfile")
+
+
+@pytest.fixture(scope="module")
+def checkov_findings(
+    rendered: list[StackObjects], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[Finding]]:
+    root = tmp_path_factory.mktemp("scan")
+    _write_scan_tree(root, rendered)
+    started = time.monotonic()
+    findings = run_checkov(root)
+    # The scanners are part of every test run: keep them cheap (issue 10: < 1 minute).
+    assert time.monotonic() - started < 60
+    yield findings
+
+
+def _accepted(finding: Finding) -> bool:
+    allowed = ALLOWED.get(finding.check_id)
+    return allowed is not None and re.search(allowed.resources, finding.resource) is not None
+
+
+def test_checkov_finds_nothing_outside_the_allow_list(checkov_findings: list[Finding]) -> None:
+    unexpected = [str(f) for f in checkov_findings if not _accepted(f)]
+    assert not unexpected, "fix these, or accept one in ALLOWED with its reason:\n" + "\n".join(
+        unexpected
+    )
+
+
+def test_every_allow_list_entry_still_fires(checkov_findings: list[Finding]) -> None:
+    fired = {f.check_id for f in checkov_findings if _accepted(f)}
+    stale = sorted(set(ALLOWED) - fired)
+    assert not stale, f"no longer needed, remove from ALLOWED: {stale}"
+
+
+def test_checkov_scanned_every_stack_and_the_trainer_pods(
+    checkov_findings: list[Finding], rendered: list[StackObjects]
+) -> None:
+    """The allow-list is scoped to worker Pods: each stack's must be among those scanned."""
+    pods_with_findings = {f.resource for f in checkov_findings if f.resource.startswith("Pod.")}
+    for objects in rendered:
+        [job] = [m for m in objects.manifests if m["kind"] == PYTORCHJOB_KIND]
+        namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
+        assert f"Pod.{namespace}.{name}-worker-0" in pods_with_findings
+        [pod] = [m for m in objects.manifests if m["kind"] == "Pod"]
+        assert [c["name"] for c in pod["spec"]["containers"]] == [CONTAINER_NAME]
+
+
+def test_a_root_container_outside_the_allow_list_is_reported(tmp_path: Path) -> None:
+    """The scan can fail: a pod that runs as root with privilege escalation is found."""
+    (tmp_path / "manifests").mkdir()
+    (tmp_path / "manifests/careless.yaml").write_text(yaml.safe_dump(careless_pod(runAsUser=0)))
+    found = {f.check_id for f in run_checkov(tmp_path) if not _accepted(f)}
+    assert {"CKV_K8S_20", "CKV_K8S_23"} <= found  # privilege escalation, root
+
+
+# --- Helm values against the pinned charts -----------------------------------------------
+
+CHART_VALUE_KEYS: dict[tuple[str, str], frozenset[str]] = {
+    # Top-level keys of deployments/helm/nvidia-device-plugin/values.yaml at NVIDIA/
+    # k8s-device-plugin tag v0.18.2 (commit fb1242add205d8563f9c604b8ba239607b4083e6),
+    # read 2026-11-23.
+    (NVIDIA_CHART, "0.18.2"): frozenset(
+        {
+            "config",
+            "compatWithCPUManager",
+            "migStrategy",
+            "failOnInitError",
+            "deviceListStrategy",
+            "deviceIDStrategy",
+            "nvidiaDriverRoot",
+            "gdrcopyEnabled",
+            "gdsEnabled",
+            "mofedEnabled",
+            "deviceDiscoveryStrategy",
+            "nameOverride",
+            "fullnameOverride",
+            "namespaceOverride",
+            "selectorLabelsOverride",
+            "allowDefaultNamespace",
+            "imagePullSecrets",
+            "image",
+            "updateStrategy",
+            "podAnnotations",
+            "podSecurityContext",
+            "securityContext",
+            "resources",
+            "nodeSelector",
+            "affinity",
+            "tolerations",
+            "priorityClassName",
+            "runtimeClassName",
+            "devicePlugin",
+            "gfd",
+            "nfd",
+            "mps",
+            "cdi",
+        }
+    ),
+    # Top-level keys of stable/aws-efa-k8s-device-plugin/values.yaml in aws/eks-charts at
+    # commit bfe91c4 (the commit that set the chart's version to v0.5.30), read 2026-11-23;
+    # the chart has no `affinity` value (its affinity comes from supportedInstanceLabels).
+    (EFA_CHART, "v0.5.30"): frozenset(
+        {
+            "image",
+            "securityContext",
+            "supportedInstanceLabels",
+            "resources",
+            "nodeSelector",
+            "updateStrategy",
+            "tolerations",
+            "additionalPodAnnotations",
+            "additionalPodLabels",
+            "nameOverride",
+            "fullnameOverride",
+            "imagePullSecrets",
+        }
+    ),
+}
+
+
+@pytest.mark.parametrize("name", STACKS)
+def test_helm_values_set_only_keys_the_pinned_chart_accepts(name: str) -> None:
+    """Helm ignores an unknown values key in silence: a renamed key would leave a plugin on
+    every node (or none). A chart bump must come with the new version's keys here."""
+    _, result = stack(name)
+    for release in result.of_type("kubernetes:helm.sh/v3:Release"):
+        chart, version = release.inputs["chart"], release.inputs["version"]
+        accepted = CHART_VALUE_KEYS.get((chart, version))
+        assert accepted is not None, (
+            f"{chart} {version} has no entry in CHART_VALUE_KEYS: read the chart's values.yaml "
+            "at that version and record its top-level keys"
+        )
+        unknown = set(release.inputs.get("values", {})) - accepted
+        assert not unknown, f"{chart} {version} has no values key {sorted(unknown)}"
