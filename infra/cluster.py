@@ -161,6 +161,16 @@ class Cluster(pulumi.ComponentResource):
                 )
             )
 
+        if not config.public_endpoint:
+            # terraform-aws-eks's default too; but `up` registers Kubernetes objects right after
+            # the cluster, so from outside the VPC it would fail only then, after ~15 minutes.
+            pulumi.log.warn(
+                "the cluster's API endpoint is private (cluster.publicAccessCidrs is not set): "
+                "`pulumi up` and kubectl must run from inside the VPC (a runner or bastion "
+                "there), or list your networks in cluster.publicAccessCidrs "
+                "(docs/operations.md, 'The API endpoint')",
+                resource=self,
+            )
         deployer = deployer_principal_arn(self)
         if config.admin_role_arn is None:
             # EKS admits only the creator: anyone else running this stack later is locked out.
@@ -204,10 +214,10 @@ class Cluster(pulumi.ComponentResource):
             vpc_id=network.vpc_id,
             private_subnet_ids=network.private_subnet_ids,
             endpoint_private_access=config.endpoint_private_access,
-            endpoint_public_access=config.endpoint_public_access,
-            public_access_cidrs=config.public_access_cidrs
-            if config.endpoint_public_access
-            else None,
+            # Public only to the CIDRs the stack lists (infra/config/cluster.py); never EKS's
+            # implicit 0.0.0.0/0.
+            endpoint_public_access=config.public_endpoint,
+            public_access_cidrs=config.public_access_cidrs if config.public_endpoint else None,
             authentication_mode=eks.AuthenticationMode.API,
             access_entries=access_entries,
             encryption_config_key_arn=key_arn,

@@ -220,22 +220,28 @@ class ClusterConfig(ConfigSection):
             "support EKS upgrades the control plane instead of billing extended support."
         ),
     )
-    endpoint_public_access: bool = Field(
-        default=True,
+    endpoint_public_access: bool | None = Field(
+        default=None,
         description=(
-            "Expose the API server endpoint publicly (restricted by `publicAccessCidrs`). "
-            "`pulumi up` talks to the API server, so switch it off only when running Pulumi "
-            "from inside the VPC."
+            "Expose the API server endpoint outside the VPC, to `publicAccessCidrs` only. "
+            "Default: public exactly when `publicAccessCidrs` lists networks, otherwise "
+            "private (as terraform-aws-eks defaults), and then `pulumi up` and kubectl must "
+            "run from inside the VPC (docs/operations.md, 'The API endpoint')."
         ),
     )
     endpoint_private_access: bool = Field(
         default=True,
         description="Expose the API server endpoint inside the VPC (nodes use it).",
     )
-    public_access_cidrs: list[str] = Field(
-        default_factory=lambda: ["0.0.0.0/0"],
+    public_access_cidrs: list[str] | None = Field(
+        default=None,
         min_length=1,
-        description="CIDRs allowed to reach the public endpoint; narrow this to your network.",
+        description=(
+            "Networks allowed to reach the public endpoint: the egress addresses of what runs "
+            "`pulumi up` and kubectl (office or VPN, CI runners). Never implied: EKS's own "
+            "default is 0.0.0.0/0, which a stack must write out to accept an endpoint open "
+            "to the internet (still IAM-authenticated)."
+        ),
     )
     admin_role_arn: str | None = Field(
         default=None,
@@ -316,8 +322,8 @@ class ClusterConfig(ConfigSection):
 
     @field_validator("public_access_cidrs")
     @classmethod
-    def _cidrs_parse(cls, value: list[str]) -> list[str]:
-        for cidr in value:
+    def _cidrs_parse(cls, value: list[str] | None) -> list[str] | None:
+        for cidr in value or []:
             try:
                 ipaddress.IPv4Network(cidr)
             except ValueError as exc:
@@ -356,12 +362,32 @@ class ClusterConfig(ConfigSection):
                 "cluster.platformStack is only read in cluster.mode 'existing'; remove it or "
                 "set mode: existing"
             )
-        if not (self.endpoint_public_access or self.endpoint_private_access):
+        if not (self.public_endpoint or self.endpoint_private_access):
             raise ValueError(
-                "cluster.endpointPublicAccess and cluster.endpointPrivateAccess are both false: "
-                "the API server would be unreachable"
+                "cluster.endpointPublicAccess and cluster.endpointPrivateAccess are both false "
+                "(without cluster.publicAccessCidrs the endpoint is not public): the API "
+                "server would be unreachable"
+            )
+        if self.endpoint_public_access and self.public_access_cidrs is None:
+            raise ValueError(
+                "cluster.endpointPublicAccess is true but cluster.publicAccessCidrs is not set: "
+                "list the networks that run `pulumi up` and kubectl (e.g. ['203.0.113.0/24'] "
+                "for an office, your CI runners' egress); ['0.0.0.0/0'] opens the endpoint to "
+                "the internet and must be written out"
+            )
+        if self.endpoint_public_access is False and self.public_access_cidrs is not None:
+            raise ValueError(
+                "cluster.publicAccessCidrs is set but cluster.endpointPublicAccess is false: "
+                "remove one (the CIDRs only apply to a public endpoint)"
             )
         return self
+
+    @property
+    def public_endpoint(self) -> bool:
+        """Whether the API server is reachable from outside the VPC (`publicAccessCidrs` only)."""
+        if self.endpoint_public_access is None:
+            return self.public_access_cidrs is not None
+        return self.endpoint_public_access
 
     @property
     def installs_pod_identity_agent(self) -> bool:

@@ -8,7 +8,9 @@ field's tools (kubernetes-validate, checkov) are in tests/infra/test_manifest_sc
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -17,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from infra.config import StackConfigError
+from infra.config import StackConfigError, read_stack_file
 from infra.job_manifest import (
     HF_TOKEN_FILE_MODE,
     HF_TOKEN_PATH,
@@ -30,8 +32,9 @@ from infra.job_manifest import (
 from infra.offline import Evaluation, RecordedResource
 from infra.training_operator import OPERATOR_USER_ID, WEBHOOK_CONFIGURATION, WEBHOOK_SECRET
 from tests.infra.test_addons import run as run_addons
+from tests.infra.test_cluster import build as build_cluster
 from tests.infra.test_job import IMAGE, make_config
-from tests.infra.test_stacks import stack
+from tests.infra.test_stacks import STACKS, stack
 
 DEPLOYMENT = "kubernetes:apps/v1:Deployment"
 CLUSTER_ROLE = "kubernetes:rbac.authorization.k8s.io/v1:ClusterRole"
@@ -297,3 +300,65 @@ def test_network_policy_is_registered_before_the_job_on_existing_and_created_clu
     labels = policy.inputs["spec"]["podSelector"]["matchLabels"]
     assert labels == {JOB_NAME_LABEL: config.job.name}
     assert result.depends_on(job, policy)
+
+
+# --- the EKS API endpoint ---------------------------------------------------------------
+
+EKS_CLUSTER = "eks:index:Cluster"
+
+
+def test_a_created_cluster_has_no_public_endpoint_unless_the_stack_names_its_networks(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """EKS opens a public endpoint to 0.0.0.0/0 unless told otherwise; terraform-aws-eks
+    (variables.tf `endpoint_public_access`, default false) keeps it private. So does the stack,
+    and says so before `up` reaches the point where a private endpoint would stop it."""
+    with caplog.at_level(logging.WARNING):
+        cluster = build_cluster({"name": "train"}).one(EKS_CLUSTER).inputs
+    assert cluster["endpointPublicAccess"] is False
+    assert cluster["endpointPrivateAccess"] is True
+    assert "publicAccessCidrs" not in cluster
+    assert "cluster.publicAccessCidrs is not set" in caplog.text
+
+
+def test_listed_networks_alone_reach_a_public_endpoint() -> None:
+    office = ["203.0.113.0/24"]
+    cluster = build_cluster({"name": "train", "publicAccessCidrs": office}).one(EKS_CLUSTER)
+    assert cluster.inputs["endpointPublicAccess"] is True
+    assert cluster.inputs["publicAccessCidrs"] == office
+
+
+@pytest.mark.parametrize(
+    ("cluster", "message"),
+    [
+        ({"endpointPublicAccess": True}, "cluster.publicAccessCidrs is not set"),
+        (
+            {"endpointPublicAccess": False, "publicAccessCidrs": ["203.0.113.0/24"]},
+            "cluster.publicAccessCidrs is set but cluster.endpointPublicAccess is false",
+        ),
+    ],
+)
+def test_a_public_endpoint_without_networks_is_refused_naming_the_keys(
+    cluster: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(StackConfigError, match=re.escape(message)):
+        make_config(cluster=cluster)
+
+
+CREATING_STACKS = [
+    name
+    for name in STACKS
+    if read_stack_file(name).config.get("fsdp-eks:cluster", {}).get("mode", "create") == "create"
+]
+
+
+@pytest.mark.parametrize("name", CREATING_STACKS)
+def test_every_shipped_stack_that_creates_a_cluster_says_who_reaches_its_endpoint(
+    name: str,
+) -> None:
+    config, result = stack(name)
+    # Written in the stack file, not implied: EKS's implicit default is 0.0.0.0/0.
+    written = read_stack_file(name).config.get("fsdp-eks:cluster", {})
+    assert written.get("publicAccessCidrs") == config.cluster.public_access_cidrs, name
+    cluster = result.one(EKS_CLUSTER).inputs
+    assert cluster["publicAccessCidrs"] == config.cluster.public_access_cidrs
