@@ -442,9 +442,7 @@ def test_checkpoint_uri_is_derived_from_the_stack_outputs_and_fsx_settings(
     )
     assert target.require_checkpoint_uri() == "s3://exp-data/checkpoints/llama2-1a2b"
     no_fsx = resolve(
-        argparse.Namespace(
-            stack="dev", job=None, namespace=None, s3_uri=None, context=None
-        )
+        argparse.Namespace(stack="dev", job=None, namespace=None, s3_uri=None, context=None)
     )
     assert no_fsx.require_job() == JOB_NAME  # status and logs still work
     with pytest.raises(TargetError, match=r"pod-local volume \(storage.fsx.enabled: false\)"):
