@@ -33,7 +33,11 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from infra.config import StackConfig, StackConfigError, StackFile, read_stack_file  # noqa: E402
-from infra.config.stack import cost_estimate, parse_stack_config  # noqa: E402
+from infra.config.stack import (  # noqa: E402
+    config_warnings,
+    cost_estimate,
+    parse_stack_config,
+)
 from infra.offline import Evaluation, RecordedResource, evaluate  # noqa: E402
 from infra.policy.offline import Violation, run_policies  # noqa: E402
 from infra.policy.settings import policy_config_for  # noqa: E402
@@ -194,7 +198,10 @@ def render(plan: Plan) -> str:
     lines = [
         f"Stack {plan.stack.stack_name} ({display_path(plan.stack.path)})",
         *(f"  {line}" for line in summary_lines(plan.config)),
-        *(f"  Warning: {warning}" for warning in plan.stack.warnings),
+        *(
+            f"  Warning: {warning}"
+            for warning in [*plan.stack.warnings, *config_warnings(plan.config)]
+        ),
         "",
         f"Resources ({len(evaluation.resources)}), evaluated offline in {plan.seconds:.2f}s:",
         *resource_tree(evaluation),

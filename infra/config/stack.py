@@ -36,6 +36,7 @@ from infra.config.image import ImageConfig
 from infra.config.job import DataConfig, JobConfig, ModelConfig, TrainingConfig
 from infra.config.storage import StorageConfig
 from infra.instances import InstanceFacts, is_hyperpod_type
+from infra.memory_fit import memory_problems, memory_warnings
 from infra.pricing import CostEstimate, PriceUnknownError, estimate_cost
 from trainer.presets import ModelShape, get_preset
 
@@ -286,9 +287,17 @@ def cross_section_problems(config: StackConfig) -> list[str]:
             "mount an existing claim (storage.fsx.existingClaimName) or none (enabled: false)"
         )
 
+    if not problems:
+        # Only a run whose shape and GPU count are possible has a memory figure worth showing.
+        problems.extend(memory_problems(config))
     problems.extend(_shared_storage_problems(config))
     problems.extend(_cost_problems(config))
     return problems
+
+
+def config_warnings(config: StackConfig) -> list[str]:
+    """What a valid stack should still hear before it costs anything (the plan prints them)."""
+    return memory_warnings(config)
 
 
 def _shared_storage_problems(config: StackConfig) -> list[str]:

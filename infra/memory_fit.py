@@ -1,0 +1,460 @@
+"""Peak GPU memory per GPU of a stack's run, in closed form, before anything is paid for.
+
+A run that does not fit fails at its first step with a CUDA out-of-memory error, after the GPU
+nodes were started, the image pulled and the model initialised. This module estimates the peak
+from the stack config alone (torch-free: the Pulumi program and the plan import it) by
+following what the trainer really does:
+
+* Parameters are built in fp32 (`trainer.models.build_model`, `dtype=torch.float32`) and stay
+  fp32 as FSDP2's sharded "master" copy; `trainer.parallelize.mixed_precision_policy` sets
+  `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`, so each FSDP unit is
+  all-gathered to bf16 for compute and its gradients are reduce-scattered in fp32.
+* AdamW (`trainer.optim.build_optimizer`) keeps `exp_avg` and `exp_avg_sq` in the parameter
+  dtype (fp32) beside each sharded parameter (torch `torch/optim/adamw.py`, `_init_group`).
+* Sharded state is divided by the shard group: all ranks (full, shard_grad_op), the
+  `training.hsdpShardSize` ranks of a shard group (hybrid, default one node's GPUs,
+  `trainer.distributed.build_mesh`), or one (no_shard, a (world, 1) mesh).
+  `training.cpuOffload` keeps all of it in host memory (`CPUOffloadPolicy`).
+* FSDP2 units are the decoder layers plus the root (embeddings, final norm, LM head):
+  `trainer.parallelize.apply_fsdp`. full/hybrid free a layer's gathered weights after its
+  forward except the last layer's; the root stays gathered from the first forward into
+  backward. shard_grad_op/no_shard (`reshard_after_forward=False`) keep every layer gathered
+  from forward into backward.
+* Activations are those the Hugging Face decoder layer saves for backward; with
+  `training.activationCheckpointing` only each checkpointed layer's input is kept
+  (`trainer.parallelize.apply_activation_checkpointing`: every layer, or with
+  `training.extraArgs.ac_mode: selective` one in every `ac_every`).
+* The loss (transformers `loss/loss_utils.py`, `ForCausalLMLoss`) upcasts the bf16 logits to
+  fp32 (`logits.float()`) before cross-entropy; the model's output keeps the bf16 logits alive
+  through backward (`trainer.train.forward_backward_step` holds `outputs`).
+
+The per-layer and logits coefficients were checked against torch's own FSDP2 memory tracer
+(`torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker`) tracing one real training step
+of the trainer's model on fake tensors: `tests/trainer/test_memory_tracer.py`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from trainer.presets import ModelShape
+
+if TYPE_CHECKING:
+    from infra.config import StackConfig
+
+GIB = 2**30
+
+CUDA_CONTEXT_BYTES = int(1.5 * GIB)
+"""Memory the allocator never sees: the CUDA context and loaded kernels (0.5 to 1 GiB with
+PyTorch's kernels on Hopper), cuBLAS workspaces and NCCL's communication buffers."""
+
+FRAGMENTATION = 0.10
+"""Share of the tensor peak the caching allocator holds beyond live tensors (freed blocks of
+the wrong size between the per-layer all-gathers); PyTorch's CUDA-semantics notes describe the
+caching and `expandable_segments`, which narrows but does not remove it."""
+
+HOST_SHARE = 0.75
+"""Share of a node's memory CPU offload may fill: the rest is the data loaders, the page cache
+of checkpoint writes and `/dev/shm` (`job.shmSizeGiB`)."""
+
+NEAR_LIMIT = 0.90
+"""Above this share of the GPU's memory the plan warns: the estimate's tolerance (±15%
+against torch's tracer) and a longer sequence in a later batch can tip it over."""
+
+# Bytes per token saved for backward by one Hugging Face Llama/Mistral decoder layer in bf16,
+# as multiples of the hidden size, KV width and MLP width: q, k, v after rotary, attention
+# output and o_proj input (6h + 4 kv), the MLP's gate, up, SiLU and product (8 i), the two
+# RMSNorms' fp32 input and bf16 output (12 h), and 9 h more that torch's tracer shows in the
+# norms' fp32 intermediates. Torch's tracer measured 229.5 KB per token for llama3.1-8b
+# (27 x 4096 + 4 x 1024 + 8 x 14336 = 229,376).
+_LAYER_H = 27
+_LAYER_KV = 4
+_LAYER_I = 8
+# Outside the layers: embedding output, final norm (fp32 in, bf16 out) and the LM head input.
+_ROOT_H = 10
+# Logits per token and vocabulary entry: bf16 logits (2) and the fp32 log-softmax (4) saved by
+# the loss, plus its fp32 gradient and the log-softmax backward's fp32 output (8) at the start
+# of backward.
+_LOGITS_SAVED = 6
+_LOGITS_BACKWARD = 8
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """What the estimate depends on: the model, the batch and the parallelism of one GPU."""
+
+    shape: ModelShape
+    micro_batch_size: int
+    context_width: int
+    shard_size: int
+    """Ranks each parameter is sharded over (1 for no_shard)."""
+    reshard_after_forward: bool
+    """full/hybrid: True; shard_grad_op/no_shard: False."""
+    checkpointed_layers: int
+    """Decoder layers that recompute their activations in backward."""
+    cpu_offload: bool = False
+    bf16: bool = True
+
+
+@dataclass(frozen=True)
+class MemoryFit:
+    """The estimated peak per GPU against the GPU's memory, and what it is made of."""
+
+    per_gpu_bytes: int
+    gpu_bytes: int
+    breakdown: dict[str, int]
+    """Bytes per term at the peak phase (their sum is `per_gpu_bytes`)."""
+
+    @property
+    def fits(self) -> bool:
+        return self.per_gpu_bytes <= self.gpu_bytes
+
+    @property
+    def share(self) -> float:
+        """The estimate as a share of the GPU's memory."""
+        return self.per_gpu_bytes / self.gpu_bytes
+
+    @property
+    def near_limit(self) -> bool:
+        return self.fits and self.share > NEAR_LIMIT
+
+    def summary(self) -> str:
+        """One line for the plan: the estimate, the GPU and the biggest terms."""
+        top = sorted(self.breakdown.items(), key=lambda item: -item[1])[:4]
+        parts = ", ".join(f"{name} {value / GIB:.1f}" for name, value in top)
+        return (
+            f"~{self.per_gpu_bytes / GIB:.1f} GiB of {self.gpu_bytes / GIB:.0f} GiB per GPU "
+            f"({self.share:.0%}; {parts} GiB)"
+        )
+
+
+def _layer_tensors(shape: ModelShape) -> list[tuple[int, int]]:
+    """[dim 0, dim 1] of each parameter of one decoder layer, as the Hugging Face modules hold
+    them (`nn.Linear` weights are [out, in]; transformers keeps a Mixtral layer's experts fused
+    as [experts, 2 x intermediate, hidden] and [experts, hidden, intermediate], flattened here
+    after dim 1: `models/mixtral/modeling_mixtral.py`, `MixtralExperts`)."""
+    h = shape.hidden_size
+    q = shape.num_heads * shape.head_dim
+    kv = shape.num_key_value_heads * shape.head_dim
+    i = shape.intermediate_size
+    attention = [(q, h), (kv, h), (kv, h), (h, q)]
+    norms = [(h, 1), (h, 1)]
+    if shape.num_local_experts:
+        experts = shape.num_local_experts
+        mlp = [(experts, 2 * i * h), (experts, h * i), (experts, h)]
+    else:
+        mlp = [(i, h), (i, h), (h, i)]
+    return attention + mlp + norms
+
+
+def _root_tensors(shape: ModelShape) -> list[tuple[int, int]]:
+    """Embeddings, the final norm and (unless tied to the embeddings) the LM head."""
+    embeddings = (shape.vocab_size, shape.hidden_size)
+    head = [] if shape.tie_word_embeddings else [embeddings]
+    return [embeddings, (shape.hidden_size, 1), *head]
+
+
+def _padded(tensors: list[tuple[int, int]], shards: int) -> int:
+    """Elements of the gathered unit, padding included.
+
+    FSDP2 splits the sharded dim into `shards` chunks and pads every shard to the first
+    chunk's size (torch `distributed/fsdp/_fully_shard/_fsdp_param.py`,
+    `_init_sharded_param`: `_chunk_with_empty`, then `padded_sharded_param_size`).
+    `trainer.parallelize.shard_placement` shards dim 1 instead when dim 0 has fewer rows than
+    the group has ranks (Mixtral's 8 experts); a Mixtral expert tensor's dim 1 here is its
+    flattened rest, whose leading size (2 x intermediate or hidden) divides by the group.
+    """
+    total = 0
+    for dim0, dim1 in tensors:
+        if dim1 > dim0 and dim0 < shards:
+            total += dim0 * dim1
+        else:
+            total += shards * math.ceil(dim0 / shards) * dim1
+    return total
+
+
+def layer_parameters(shape: ModelShape) -> int:
+    """Parameters of one decoder layer (one FSDP unit)."""
+    return sum(dim0 * row for dim0, row in _layer_tensors(shape))
+
+
+def layer_activation_bytes_per_token(shape: ModelShape) -> int:
+    """Bytes one decoder layer saves for backward per token, in bf16 compute.
+
+    A mixture-of-experts layer runs each token through `num_experts_per_tok` experts: the
+    MLP term is paid that many times, plus the token's gathered copy and its weighted output
+    per expert (4 h each).
+    """
+    h = shape.hidden_size
+    kv = shape.num_key_value_heads * shape.head_dim
+    mlp = _LAYER_I * shape.intermediate_size
+    if shape.num_local_experts:
+        mlp = shape.num_experts_per_tok * (mlp + 4 * h) + 4 * shape.num_local_experts
+    return _LAYER_H * h + _LAYER_KV * kv + mlp
+
+
+def estimate(run: RunShape) -> dict[str, int]:
+    """Bytes per term at the peak: the largest of the three phases where memory peaks.
+
+    * The loss's backward: every saved activation, the logits and their fp32 gradients, the
+      gathered root and layer units, no gradients yet (`zero_grad(set_to_none=True)`).
+    * The last layer's backward: the logits are down to the bf16 copy `outputs` holds, but
+      the layer's bf16 gradients and their fp32 copy for reduce-scatter (`reduce_dtype`
+      fp32) replace its activations, or join them when they were recomputed.
+    * The optimizer step: the fp32 gradient shards beside the parameters and AdamW states.
+    """
+    shape = run.shape
+    shards = run.shard_size
+    layer = _padded(_layer_tensors(shape), shards)
+    root = _padded(_root_tensors(shape), shards)
+    compute = 2 if run.bf16 else 4
+    scale = compute / 2
+    tokens = run.micro_batch_size * run.context_width
+
+    offloaded = run.cpu_offload
+    sharded = 0 if offloaded else (shape.num_layers * layer + root) * 4 // shards
+    state = {"parameters (fp32 shards)": sharded, "AdamW states (fp32)": 2 * sharded}
+
+    # The root and two layer units (the one computing and the one prefetched) are gathered;
+    # without resharding after forward every layer stays gathered into backward.
+    gathered_layers = 2 if run.reshard_after_forward else shape.num_layers
+    gathered = compute * (root + gathered_layers * layer)
+
+    full_layer = int(layer_activation_bytes_per_token(shape) * tokens * scale)
+    checkpointed = min(run.checkpointed_layers, shape.num_layers)
+    activations = (
+        checkpointed * compute * shape.hidden_size * tokens
+        + (shape.num_layers - checkpointed) * full_layer
+        + int(_ROOT_H * shape.hidden_size * tokens * scale)
+    )
+    logits = tokens * shape.vocab_size
+
+    loss_backward = {
+        **state,
+        "gathered weights (bf16)": gathered,
+        "activations": activations,
+        "logits and loss": (_LOGITS_SAVED + _LOGITS_BACKWARD) * logits,
+    }
+    layer_backward = {
+        **state,
+        "gradients (fp32 shards)": 0 if offloaded else root * 4 // shards,
+        "gathered weights (bf16)": gathered,
+        # A layer's own activations are freed as its gradients appear (whichever is larger
+        # counts); recomputed ones (checkpointing) were seen by torch's tracer to stay until
+        # the layer's gradients are reduce-scattered, so both count.
+        "layer in backward": (
+            full_layer + (compute + 4) * layer
+            if checkpointed
+            else max(full_layer, (compute + 4) * layer)
+        ),
+        "activations": activations - (0 if checkpointed else full_layer),
+        "logits and loss": compute * logits,
+    }
+    optimizer_step = {**state, "gradients (fp32 shards)": sharded}
+    phases = (loss_backward, layer_backward, optimizer_step)
+    return max(phases, key=lambda phase: sum(phase.values()))
+
+
+def shard_size(config: StackConfig) -> int:
+    """Ranks a parameter is sharded over, as `trainer.distributed.build_mesh` builds the mesh."""
+    strategy = config.training.sharding_strategy
+    if strategy == "no_shard":
+        return 1
+    if strategy == "hybrid":
+        return config.training.hsdp_shard_size or config.gpus_per_node
+    return config.world_size
+
+
+def _ac_choice(config: StackConfig) -> tuple[str, int]:
+    """`ac_mode` and `ac_every` as the trainer gets them (extraArgs, else its defaults)."""
+    extra = config.training.extra_args
+    return str(extra.get("ac_mode", "full")), int(extra.get("ac_every", 2))
+
+
+def checkpointed_layers(config: StackConfig, num_layers: int) -> int:
+    """How many layers `trainer.parallelize.checkpointed_layer_indices` checkpoints."""
+    if not config.training.activation_checkpointing:
+        return 0
+    mode, every = _ac_choice(config)
+    if mode == "selective":
+        return math.ceil(num_layers / max(every, 1))
+    return num_layers
+
+
+def run_shape(config: StackConfig) -> RunShape:
+    """The figures of `config` the estimate reads."""
+    shape = config.model_shape()
+    training = config.training
+    return RunShape(
+        shape=shape,
+        micro_batch_size=training.micro_batch_size,
+        context_width=training.context_width,
+        shard_size=shard_size(config),
+        reshard_after_forward=training.sharding_strategy in ("full", "hybrid"),
+        checkpointed_layers=checkpointed_layers(config, shape.num_layers),
+        cpu_offload=training.cpu_offload,
+        bf16=training.bf16,
+    )
+
+
+def with_allowance(breakdown: dict[str, int]) -> dict[str, int]:
+    """The tensor terms plus the CUDA context and the allocator's fragmentation."""
+    tensors = sum(breakdown.values())
+    return {
+        **breakdown,
+        "CUDA context": CUDA_CONTEXT_BYTES,
+        "fragmentation": int(FRAGMENTATION * tensors),
+    }
+
+
+def memory_fit(config: StackConfig) -> MemoryFit:
+    """The estimated peak memory per GPU of `config`'s run against its GPU's memory."""
+    breakdown = with_allowance(estimate(run_shape(config)))
+    return MemoryFit(
+        per_gpu_bytes=sum(breakdown.values()),
+        gpu_bytes=config.instance.gpu_memory_gib * GIB,
+        breakdown=breakdown,
+    )
+
+
+def host_state_bytes(config: StackConfig) -> int:
+    """Host memory per node that CPU offload fills: every local GPU's fp32 parameters,
+    gradients and AdamW states (16 bytes per sharded parameter element)."""
+    run = replace(run_shape(config), cpu_offload=False)
+    per_gpu = estimate(run)["parameters (fp32 shards)"] * 4
+    return per_gpu * config.gpus_per_node
+
+
+def _total(run: RunShape) -> int:
+    return sum(with_allowance(estimate(run)).values())
+
+
+def _nodes_that_fit(config: StackConfig, run: RunShape, gpu_bytes: int) -> int | None:
+    """The fewest nodes (up to 512) over which full sharding fits, or None."""
+    for count in range(config.gpu_nodes.count + 1, 513):
+        world = count * config.gpus_per_node
+        if _total(replace(run, shard_size=world)) <= gpu_bytes:
+            return count
+    return None
+
+
+def remedies(config: StackConfig) -> list[str]:
+    """Changes that lower the estimate, each naming its key and what it would give.
+
+    Each is evaluated on this run alone; only those that lower the estimate are offered.
+    CPU offload is offered only when the node's memory can hold the offloaded state.
+    """
+    training = config.training
+    run = run_shape(config)
+    gpu_bytes = config.instance.gpu_memory_gib * GIB
+    options: list[tuple[str, RunShape]] = []
+    if training.sharding_strategy in ("hybrid", "no_shard", "shard_grad_op"):
+        options.append(
+            (
+                f"training.shardingStrategy: full (shards over all {config.world_size} GPUs)",
+                replace(run, shard_size=config.world_size, reshard_after_forward=True),
+            )
+        )
+    if run.checkpointed_layers < run.shape.num_layers:
+        options.append(
+            (
+                "training.activationCheckpointing: true (every layer)",
+                replace(run, checkpointed_layers=run.shape.num_layers),
+            )
+        )
+    if training.micro_batch_size > 1:
+        options.append(
+            (
+                f"training.microBatchSize: 1 (instead of {training.micro_batch_size})",
+                replace(run, micro_batch_size=1),
+            )
+        )
+    if training.sharding_strategy in ("full", "shard_grad_op"):
+        nodes = _nodes_that_fit(config, run, gpu_bytes)
+        if nodes is not None:
+            options.append(
+                (
+                    f"gpuNodes.count: {nodes} (instead of {config.gpu_nodes.count})",
+                    replace(run, shard_size=nodes * config.gpus_per_node),
+                )
+            )
+        else:
+            # More GPUs alone cannot shrink the activations: offer them with the lean batch.
+            lean = replace(run, micro_batch_size=1, checkpointed_layers=run.shape.num_layers)
+            nodes = _nodes_that_fit(config, lean, gpu_bytes)
+            with_keys = [
+                key
+                for key, needed in (
+                    ("training.microBatchSize: 1", run.micro_batch_size > 1),
+                    (
+                        "training.activationCheckpointing: true",
+                        run.checkpointed_layers < run.shape.num_layers,
+                    ),
+                )
+                if needed
+            ]
+            if nodes is not None and with_keys:
+                options.append(
+                    (
+                        f"gpuNodes.count: {nodes} with {' and '.join(with_keys)}",
+                        replace(lean, shard_size=nodes * config.gpus_per_node),
+                    )
+                )
+    host_bytes = config.instance.memory_gib * GIB
+    if not training.cpu_offload and host_state_bytes(config) <= HOST_SHARE * host_bytes:
+        options.append(
+            (
+                "training.cpuOffload: true (parameters, gradients and AdamW states in host "
+                "memory; slower steps)",
+                replace(run, cpu_offload=True),
+            )
+        )
+    current = _total(run)
+    lines = []
+    for label, option in options:
+        total = _total(option)
+        if total < current:
+            verdict = "fits" if total <= gpu_bytes else "not enough alone"
+            lines.append(f"{label} -> ~{total / GIB:.1f} GiB ({verdict})")
+    return lines
+
+
+def memory_problems(config: StackConfig) -> list[str]:
+    """One message per way the run cannot fit: its GPUs' memory (the estimate, the memory
+    and the options that would lower it), or, offloaded, its nodes' memory."""
+    problems = []
+    fit = memory_fit(config)
+    if not fit.fits:
+        options = [*remedies(config), "a GPU with more memory (gpuNodes.instanceType)"]
+        hint = "; ".join(options)
+        problems.append(
+            f"the run needs ~{fit.per_gpu_bytes / GIB:.1f} GiB per GPU but gpuNodes.instanceType "
+            f"{config.gpu_nodes.instance_type!r} has {fit.gpu_bytes / GIB:.0f} GiB "
+            f"({fit.summary()}); options that lower it: {hint}"
+        )
+    if config.training.cpu_offload:
+        host = host_state_bytes(config)
+        host_bytes = config.instance.memory_gib * GIB
+        if host > HOST_SHARE * host_bytes:
+            problems.append(
+                f"training.cpuOffload: true puts ~{host / GIB:.0f} GiB of parameters, gradients "
+                f"and AdamW states in the memory of each {config.gpu_nodes.instance_type} node, "
+                f"which has {config.instance.memory_gib} GiB; allowed: up to "
+                f"{HOST_SHARE:.0%} of it: more nodes (gpuNodes.count) or a larger "
+                "gpuNodes.instanceType"
+            )
+    return problems
+
+
+def memory_warnings(config: StackConfig) -> list[str]:
+    """A warning when the run fits but with little margin."""
+    fit = memory_fit(config)
+    if not fit.near_limit:
+        return []
+    return [
+        f"memory: the run is estimated at {fit.summary()}, above {NEAR_LIMIT:.0%}: a small "
+        "error in the estimate means an out-of-memory error at the first step; consider "
+        "training.activationCheckpointing or a smaller training.microBatchSize"
+    ]

@@ -1,0 +1,181 @@
+"""The plan's memory check: a run that cannot fit its GPUs is refused before it costs anything.
+
+The estimator's coefficients are checked against torch's own FSDP2 memory tracer in
+`tests/trainer/test_memory_tracer.py`; here: the shipped stacks fit, a run that cannot fit is
+one message with the estimate, the GPU's memory and the keys that would help, a run near the
+limit is a warning, and the arithmetic follows what the trainer does (sharding, padding,
+checkpointing, offload).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.config import StackConfigError, parse_stack_config
+from infra.config.stack import config_warnings, load_stack_file
+from infra.memory_fit import (
+    GIB,
+    NEAR_LIMIT,
+    RunShape,
+    estimate,
+    host_state_bytes,
+    memory_fit,
+    memory_warnings,
+    run_shape,
+)
+from trainer.presets import approx_num_parameters, get_preset
+
+STACKS = sorted((Path(__file__).resolve().parents[2] / "stacks").glob("Pulumi.*.yaml"))
+
+ONE_A10G: dict[str, Any] = {
+    "gpuNodes": {"instanceType": "g5.xlarge", "count": 1},
+    "job": {"maxRunHours": 0.25},
+}
+
+
+def parse(**sections: Any) -> Any:
+    return parse_stack_config({**ONE_A10G, **sections}, stack_name="memory")
+
+
+def refusal(**sections: Any) -> list[str]:
+    with pytest.raises(StackConfigError) as raised:
+        parse(**sections)
+    return raised.value.problems
+
+
+@pytest.mark.parametrize("path", STACKS, ids=lambda path: path.stem.removeprefix("Pulumi."))
+def test_every_shipped_stack_fits_its_gpus(path: Path) -> None:
+    fit = memory_fit(load_stack_file(path))
+    assert fit.fits, fit.summary()
+    assert fit.per_gpu_bytes == sum(fit.breakdown.values())
+    assert fit.gpu_bytes == load_stack_file(path).instance.gpu_memory_gib * GIB
+
+
+def test_a_70b_model_on_one_a10g_is_refused_with_the_estimate_and_the_options() -> None:
+    problems = refusal(model={"preset": "llama3.1-70b"})
+    assert len(problems) == 1
+    message = problems[0]
+    assert message.startswith("the run needs ~1158.0 GiB per GPU but gpuNodes.instanceType ")
+    assert "'g5.xlarge' has 24 GiB" in message
+    # More GPUs alone cannot fit two 2048-token sequences' logits: offered with a lean batch.
+    assert "gpuNodes.count: 179 with training.microBatchSize: 1 ->" in message
+    assert "a GPU with more memory (gpuNodes.instanceType)" in message
+    # CPU offload is not offered: 70B x 16 bytes is far beyond a g5.xlarge's 16 GiB.
+    assert "cpuOffload" not in message
+
+
+def test_a_hybrid_run_that_cannot_fit_names_full_sharding_checkpointing_and_the_batch() -> None:
+    problems = refusal(
+        gpuNodes={"instanceType": "p4d.24xlarge", "count": 2},
+        storage={"fsx": {"existingClaimName": "team-lustre"}},
+        model={"preset": "llama3.1-70b"},
+        training={"shardingStrategy": "hybrid", "activationCheckpointing": False},
+    )
+    (message,) = problems
+    assert "has 40 GiB" in message
+    for option in (
+        "training.shardingStrategy: full (shards over all 16 GPUs) -> ~",
+        "training.activationCheckpointing: true (every layer) -> ~",
+        "training.microBatchSize: 1 (instead of 2) -> ~",
+    ):
+        assert option in message
+
+
+def test_cpu_offload_is_offered_when_the_node_can_hold_the_state() -> None:
+    # llama3.2-1b's 1.2B parameters x 16 bytes = 18.4 GiB on one A10G, plus 4 x 2048-token
+    # logits; a g5.8xlarge has 128 GiB of memory for the offloaded state.
+    problems = refusal(
+        gpuNodes={"instanceType": "g5.8xlarge", "count": 1},
+        model={"preset": "llama3.2-1b"},
+        training={"microBatchSize": 4},
+    )
+    (message,) = problems
+    assert "training.cpuOffload: true (parameters, gradients and AdamW states in host" in message
+    assert "training.microBatchSize: 1 (instead of 4) -> ~" in message
+
+
+def test_cpu_offload_beyond_the_nodes_memory_is_refused() -> None:
+    problems = refusal(model={"preset": "llama3.1-70b"}, training={"cpuOffload": True})
+    assert any(
+        problem.startswith("training.cpuOffload: true puts ~1051 GiB of parameters")
+        and "which has 16 GiB" in problem
+        for problem in problems
+    )
+
+
+def test_a_run_near_the_limit_is_a_warning_not_a_refusal() -> None:
+    # The full llama3.2-1b, one sequence, on one A10G: its fp32 state alone is 18.4 GiB.
+    config = parse(model={"preset": "llama3.2-1b"}, training={"microBatchSize": 1})
+    fit = memory_fit(config)
+    assert fit.fits and fit.share > NEAR_LIMIT, fit.summary()
+    (warning,) = config_warnings(config)
+    assert warning.startswith("memory: the run is estimated at ~21.8 GiB of 24 GiB per GPU (91%")
+    assert "training.activationCheckpointing" in warning
+
+
+def test_a_run_with_room_has_no_warning() -> None:
+    config = parse(model={"preset": "llama3.2-1b", "numLayers": 2})
+    assert memory_warnings(config) == []
+
+
+def run(preset: str = "llama3.1-8b", **changes: Any) -> RunShape:
+    fields: dict[str, Any] = {
+        "shape": get_preset(preset),
+        "micro_batch_size": 1,
+        "context_width": 2048,
+        "shard_size": 8,
+        "reshard_after_forward": True,
+        "checkpointed_layers": 0,
+        **changes,
+    }
+    return RunShape(**fields)
+
+
+def test_sharded_state_is_sixteen_bytes_per_parameter_over_the_shard_group() -> None:
+    """fp32 parameters (built fp32: trainer.models.build_model) and AdamW's two fp32 moments
+    (torch/optim/adamw.py `_init_group`: zeros_like the parameter) per sharded element."""
+    params = approx_num_parameters(get_preset("llama3.1-8b"))
+    terms = estimate(run(shard_size=8))
+    assert terms["parameters (fp32 shards)"] == params * 4 // 8
+    assert terms["AdamW states (fp32)"] == 2 * terms["parameters (fp32 shards)"]
+
+
+def test_fsdp2_padding_of_eight_experts_is_avoided_by_sharding_dim_1() -> None:
+    """trainer.parallelize.shard_placement shards Mixtral's [8, ...] experts on dim 1 when the
+    group has more ranks than experts; without it each rank would hold 1/8 of the experts."""
+    mixtral = approx_num_parameters(get_preset("mixtral-8x7b"))
+    sharded = estimate(run("mixtral-8x7b", shard_size=64))["parameters (fp32 shards)"]
+    assert sharded == pytest.approx(mixtral * 4 / 64, rel=0.001)
+
+
+def test_checkpointing_keeps_only_each_layers_input() -> None:
+    shape = get_preset("llama3.1-8b")
+    full = estimate(run(checkpointed_layers=shape.num_layers))["activations"]
+    none = estimate(run(checkpointed_layers=0))["activations"]
+    assert full < none / 10
+    half = estimate(run(checkpointed_layers=shape.num_layers // 2))["activations"]
+    assert full < half < none
+
+
+def test_selective_checkpointing_counts_the_layers_the_trainer_wraps() -> None:
+    """trainer.parallelize.checkpointed_layer_indices: layers i with i % every == 0."""
+    config = parse(
+        model={"preset": "llama3.2-1b", "numLayers": 5},
+        training={"extraArgs": {"ac_mode": "selective", "ac_every": 2}},
+    )
+    assert run_shape(config).checkpointed_layers == 3  # layers 0, 2, 4
+
+
+def test_cpu_offload_leaves_no_sharded_state_on_the_gpu() -> None:
+    terms = estimate(run(cpu_offload=True, shard_size=1))
+    assert terms["parameters (fp32 shards)"] == 0
+    assert terms["AdamW states (fp32)"] == 0
+
+
+def test_host_state_is_every_local_gpus_offloaded_share() -> None:
+    config = parse(model={"preset": "llama3.2-1b"}, training={"microBatchSize": 1})
+    params = approx_num_parameters(config.model_shape())
+    assert host_state_bytes(config) == pytest.approx(16 * params, rel=0.001)
