@@ -6,6 +6,7 @@ that each decoder layer's all-gather, compute and recompute are one schedulable 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
@@ -21,7 +22,7 @@ from torch.distributed.fsdp import (
     OffloadPolicy,
     fully_shard,
 )
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
 
 from trainer.distributed import REPLICATE_DIM
 from trainer.log import get_logger
@@ -96,6 +97,24 @@ def reshard_after_forward(strategy: str) -> bool:
     return strategy in ("full", "hybrid")
 
 
+def shard_placement(shard_size: int) -> Callable[[nn.Parameter], Shard | None]:
+    """Shard a parameter along dim 1 when dim 0 has fewer rows than the shard group has ranks.
+
+    FSDP2 splits dim 0 into one chunk per rank and pads every chunk to the first one's size
+    (torch `distributed/fsdp/_fully_shard/_fsdp_param.py`, `_init_sharded_param`), so
+    Mixtral's fused experts ([8 experts, ...] in transformers) over 64 ranks would leave
+    each of 8 ranks a whole expert and 56 ranks padding of the same size: the state sharded 8
+    ways instead of 64, and gathered and reduced at 8 times its size. `None` keeps dim 0.
+    """
+
+    def place(param: nn.Parameter) -> Shard | None:
+        if param.dim() > 1 and param.size(0) < shard_size and param.size(1) > param.size(0):
+            return Shard(1)
+        return None
+
+    return place
+
+
 def apply_fsdp(model: nn.Module, mesh: DeviceMesh, plan: ParallelPlan) -> None:
     """`fully_shard` every decoder layer, then the root (embeddings, final norm, LM head)."""
     offload = OffloadPolicy()
@@ -103,6 +122,7 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, plan: ParallelPlan) -> None:
         offload = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
     mp_policy = mixed_precision_policy(plan.bf16)
     reshard = reshard_after_forward(plan.sharding_strategy)
+    placement = shard_placement(mesh.size(mesh.ndim - 1))
     layers = decoder_layers(model)
     for index, layer in enumerate(layers):
         # The last layer's parameters are needed again first thing in backward: keep them.
@@ -111,11 +131,17 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, plan: ParallelPlan) -> None:
             layer,
             mesh=mesh,
             reshard_after_forward=reshard and not last,
+            shard_placement_fn=placement,
             mp_policy=mp_policy,
             offload_policy=offload,
         )
     fully_shard(
-        model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp_policy, offload_policy=offload
+        model,
+        mesh=mesh,
+        reshard_after_forward=reshard,
+        shard_placement_fn=placement,
+        mp_policy=mp_policy,
+        offload_policy=offload,
     )
 
 
