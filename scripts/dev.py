@@ -44,6 +44,24 @@ def lock_digest() -> str:
     return digest.hexdigest()
 
 
+def uv_export(python: Path, output: Path, *selection: str) -> None:
+    """Write the exact versions uv.lock pins for the selected groups as a pip requirements file."""
+    run(
+        python,
+        "-m",
+        "uv",
+        "export",
+        "--frozen",
+        "--quiet",
+        *selection,
+        "--no-hashes",
+        "--no-emit-project",
+        "--no-header",
+        "--output-file",
+        output,
+    )
+
+
 def ensure_venv(group: str) -> Path:
     """Create or refresh .venv so that it holds `group`, pinned to the lock file."""
     python = venv_python()
@@ -57,23 +75,9 @@ def ensure_venv(group: str) -> Path:
     print(f"[dev] installing dependency group '{group}' (pinned by uv.lock)", flush=True)
     run(python, "-m", "pip", "install", "--quiet", MIN_PIP, UV)
     constraints = VENV / "constraints.txt"
-    run(
-        python,
-        "-m",
-        "uv",
-        "export",
-        "--frozen",
-        "--quiet",
-        # The group being installed (plus the default infra group), not --all-groups: uv
-        # refuses that once pyproject declares conflicting groups (checkov vs infra).
-        "--group",
-        group,
-        "--no-hashes",
-        "--no-emit-project",
-        "--no-header",
-        "--output-file",
-        constraints,
-    )
+    # The group being installed (plus the default infra group), not --all-groups: uv
+    # refuses that once pyproject declares conflicting groups (checkov vs infra).
+    uv_export(python, constraints, "--group", group)
     run(
         python,
         "-m",
@@ -101,21 +105,7 @@ def ensure_checkov_env(python: Path) -> None:
     if not env_python.exists():
         venv.create(env, with_pip=True)
     requirements = VENV / "checkov-requirements.txt"
-    run(
-        python,
-        "-m",
-        "uv",
-        "export",
-        "--frozen",
-        "--quiet",
-        "--only-group",
-        "checkov",
-        "--no-emit-project",
-        "--no-hashes",
-        "--no-header",
-        "--output-file",
-        requirements,
-    )
+    uv_export(python, requirements, "--only-group", "checkov")
     run(env_python, "-m", "pip", "install", "--quiet", "--requirement", requirements)
 
 
