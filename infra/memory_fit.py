@@ -74,9 +74,9 @@ _LAYER_KV = 4
 _LAYER_I = 8
 # Outside the layers: embedding output, final norm (fp32 in, bf16 out) and the LM head input.
 _ROOT_H = 10
-# Logits per token and vocabulary entry: bf16 logits (2) and the fp32 log-softmax (4) saved by
-# the loss, plus its fp32 gradient and the log-softmax backward's fp32 output (8) at the start
-# of backward.
+# Logits per token and vocabulary entry: bf16 logits (2; 4 in fp32, where `.float()` is the
+# same tensor) and the fp32 log-softmax (4) saved by the loss, plus its fp32 gradient and the
+# log-softmax backward's fp32 output (8) at the start of backward.
 _LOGITS_SAVED = 6
 _LOGITS_BACKWARD = 8
 
@@ -203,7 +203,9 @@ def estimate(run: RunShape) -> dict[str, int]:
     * The last layer's backward: the logits are down to the bf16 copy `outputs` holds, but
       the layer's bf16 gradients and their fp32 copy for reduce-scatter (`reduce_dtype`
       fp32) replace its activations, or join them when they were recomputed.
-    * The optimizer step: the fp32 gradient shards beside the parameters and AdamW states.
+    * The end of backward: the root's gradient and its fp32 reduce-scatter copy beside every
+      fp32 gradient shard, the parameters and AdamW states (the fused AdamW step adds no
+      temporaries).
     """
     shape = run.shape
     shards = run.shard_size
@@ -235,7 +237,7 @@ def estimate(run: RunShape) -> dict[str, int]:
         **state,
         "gathered weights (bf16)": gathered,
         "activations": activations,
-        "logits and loss": (_LOGITS_SAVED + _LOGITS_BACKWARD) * logits,
+        "logits and loss": (compute + _LOGITS_SAVED - 2 + _LOGITS_BACKWARD) * logits,
     }
     layer_backward = {
         **state,
@@ -252,8 +254,15 @@ def estimate(run: RunShape) -> dict[str, int]:
         "activations": activations - (0 if checkpointed else full_layer),
         "logits and loss": compute * logits,
     }
-    optimizer_step = {**state, "gradients (fp32 shards)": sharded}
-    phases = (loss_backward, layer_backward, optimizer_step)
+    end_of_backward = {
+        **state,
+        "gradients (fp32 shards)": sharded,
+        # The root's gradient (LM head, then embeddings) is reduce-scattered last, in fp32;
+        # its gathered weights are freed first (torch `_fsdp_param_group.py`,
+        # `FSDPParamGroup.post_backward`: `reshard()` before `foreach_reduce`).
+        "root gradient (unsharded)": (compute + 4) * root,
+    }
+    phases = (loss_backward, layer_backward, end_of_backward)
     return max(phases, key=lambda phase: sum(phase.values()))
 
 
