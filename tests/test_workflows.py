@@ -210,6 +210,7 @@ def write_stack(directory: Path, name: str, region: str | None = "us-east-2") ->
         "fsdp-eks:gpuNodes": {"instanceType": "g5.8xlarge", "count": 2},
         "fsdp-eks:job": {"maxRunHours": 4},
         "fsdp-eks:cost": {"maxUsdPerRun": 50},
+        "fsdp-eks:model": {"preset": "llama3.2-1b", "numLayers": 2},  # fits an A10G's 24 GiB
     }
     if region:
         config["aws:region"] = region

@@ -78,7 +78,10 @@ def test_p5_job_requests_every_gpu_and_efa_interface(crd_schema: dict[str, Any])
 
 
 def test_job_without_efa_sets_no_efa_provider(crd_schema: dict[str, Any]) -> None:
-    config = make_config(gpuNodes={"instanceType": "g5.12xlarge", "count": 2, "efa": False})
+    config = make_config(
+        gpuNodes={"instanceType": "g5.12xlarge", "count": 2, "efa": False},
+        model={"preset": "llama3.2-1b", "numLayers": 2},  # fits an A10G's 24 GiB
+    )
     manifest = render_job(config, image=IMAGE, pvc_name=None).as_dict()
     jsonschema.validate(manifest, crd_schema)
     limits = container(manifest)["resources"]["limits"]

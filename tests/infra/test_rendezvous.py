@@ -54,7 +54,11 @@ the machine makes an import of torch cost."""
 
 def test_the_job_renders_a_read_timeout_that_covers_the_pod_start_budget() -> None:
     config = parse_stack_config(
-        {"gpuNodes": {"instanceType": "g5.8xlarge", "count": 2}, "job": {"maxRunHours": 1}},
+        {
+            "gpuNodes": {"instanceType": "g5.8xlarge", "count": 2},
+            "job": {"maxRunHours": 1},
+            "model": {"preset": "llama3.2-1b", "numLayers": 2},  # fits an A10G's 24 GiB
+        },
         stack_name="exp",
     )
     spec = render_job(config, image=IMAGE, pvc_name=None).spec

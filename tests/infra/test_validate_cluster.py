@@ -49,6 +49,8 @@ def stack(instance_type: str, count: int, **gpu_nodes: Any):
         {
             "gpuNodes": {"instanceType": instance_type, "count": count, **gpu_nodes},
             "cost": {"maxUsdPerRun": None},
+            # Small enough for every instance type's GPU memory (the memory-fit check).
+            "model": {"preset": "llama3.2-1b", "numLayers": 2},
         },
         stack_name="val",
     )
