@@ -36,6 +36,7 @@ from __future__ import annotations
 import os
 import runpy
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -142,11 +143,11 @@ DESERIALIZE = (
 )
 
 
-def test_the_provider_process_unpickles_the_image_build_provider() -> None:
-    """Both sides as separate processes, started as the engine starts them: the program in the
-    directory getPwdMain gives (pulumi-language-python-exec chdirs to --pwd), the provider with
-    the launcher's python, in that directory, with the launcher's environment and no
-    PYTHONPATH (`-c` puts the working directory first on sys.path, as `-m pulumi.dynamic`)."""
+def provider_process() -> Callable[..., str]:
+    """A runner for Python code in the process the engine starts a dynamic provider in: the
+    launcher's python, in the directory getPwdMain gives, with the launcher's environment and
+    no PYTHONPATH (`-c` puts the working directory first on sys.path, as `-m pulumi.dynamic`).
+    Skips when the environment the launcher would use does not exist here."""
     pwd, _ = get_pwd_main(REPO_ROOT, PROJECT_FILE.get("main"))
     environment = plugin_environment(RUNTIME_OPTIONS)
     venv = launcher_virtualenv(pwd, environment)
@@ -171,6 +172,14 @@ def test_the_provider_process_unpickles_the_image_build_provider() -> None:
         assert done.returncode == 0, done.stderr
         return done.stdout.strip()
 
+    return run
+
+
+def test_the_provider_process_unpickles_the_image_build_provider() -> None:
+    """Both sides as separate processes, started as the engine starts them: the program in the
+    directory getPwdMain gives (pulumi-language-python-exec chdirs to --pwd), the provider as
+    `provider_process` starts it."""
+    run = provider_process()
     payload = run(SERIALIZE)
     module, name, path = run(DESERIALIZE, stdin=payload).split()
     assert (module, name) == ("infra.image_build", "ImageBuildProvider")

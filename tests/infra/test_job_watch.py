@@ -9,8 +9,6 @@ stdout, `status.token`). Nothing is faked inside the watch itself.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import threading
 import urllib.parse
@@ -244,30 +242,7 @@ def test_the_provider_process_unpickles_the_watch_provider() -> None:
     by reference to `infra.job_watch` and import there, as the image build's does."""
     from tests.infra import test_engine_layout as layout
 
-    pwd, _ = layout.get_pwd_main(layout.REPO_ROOT, layout.PROJECT_FILE.get("main"))
-    environment = layout.plugin_environment(layout.RUNTIME_OPTIONS)
-    venv = layout.launcher_virtualenv(pwd, environment)
-    assert venv is not None, "the launcher would find no environment"
-    python = venv / "bin" / "python"
-    if not python.exists():
-        pytest.skip(f"no environment at {venv}")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    env |= environment
-
-    def run(code: str, stdin: str = "") -> str:
-        done = subprocess.run(
-            [str(python), "-u", "-c", code],
-            cwd=pwd,
-            env=env,
-            input=stdin,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr
-        return done.stdout.strip()
-
+    run = layout.provider_process()
     payload = run(
         "from pulumi.dynamic.dynamic import serialize_provider\n"
         "from infra.job_watch import JobStartWatchProvider\n"
