@@ -89,15 +89,20 @@ def _searchup(start: Path, name: str) -> Path | None:
     return None
 
 
-def uv_virtualenv(root: Path, program_dir: Path, options: dict[str, Any]) -> Path:
+def uv_virtualenv(
+    root: Path, program_dir: Path, options: dict[str, Any], environ: dict[str, str] | None = None
+) -> Path:
     """toolchain.go ResolveToolchain + uv.go newUv: the environment the uv toolchain syncs and
-    runs the program in (`toolchain: uv`, or auto-detected from a uv.lock above the program)."""
+    runs the program in (`toolchain: uv`, or auto-detected from a uv.lock above the program).
+    Without the `virtualenv` option, an ambient UV_PROJECT_ENVIRONMENT wins (uv.go newUv)."""
     assert options.get("toolchain", "uv") == "uv" and _searchup(program_dir, "uv.lock")
     if virtualenv := options.get("virtualenv"):
         return Path(os.path.normpath(root / virtualenv))  # relative to Root, not the program
     project_dir = (
         _searchup(program_dir, "uv.lock") or _searchup(program_dir, "pyproject.toml") or root
     )
+    if ambient := (environ or {}).get("UV_PROJECT_ENVIRONMENT"):
+        return Path(ambient) if ambient.startswith("/") else project_dir / ambient
     return project_dir / ".venv"
 
 
@@ -117,6 +122,16 @@ def test_the_dynamic_provider_launcher_finds_the_environment_uv_creates() -> Non
     assert launched == synced, (
         f"the dynamic provider's launcher looks for {launched}, but uv creates {synced}"
     )
+
+
+def test_an_ambient_uv_project_environment_does_not_split_program_and_provider() -> None:
+    """A user with UV_PROJECT_ENVIRONMENT set: the program must still run in the environment
+    the dynamic-provider launcher uses ($PWD/.venv), so Pulumi.yaml names it (`virtualenv`)."""
+    pwd, _ = get_pwd_main(REPO_ROOT, PROJECT_FILE.get("main"))
+    ambient = {"UV_PROJECT_ENVIRONMENT": "/opt/elsewhere"}
+    program_env = uv_virtualenv(REPO_ROOT, pwd, RUNTIME_OPTIONS, ambient)
+    provider_env = launcher_virtualenv(pwd, plugin_environment(RUNTIME_OPTIONS))
+    assert program_env == provider_env == REPO_ROOT / ".venv"
 
 
 def test_the_policy_pack_runs_in_the_same_environment() -> None:
