@@ -25,7 +25,6 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import pulumi
 import pulumi_aws as aws
@@ -116,39 +115,35 @@ class Network(pulumi.ComponentResource):
         # Nothing is registered: the stack must never own (or destroy) someone else's VPC.
         assert config.vpc_id is not None and config.gpu_subnet_id is not None
         gpu_subnet_id = config.gpu_subnet_id
-        invoke = pulumi.InvokeOutputOptions(parent=self)
-        subnet_az = aws.ec2.get_subnet_output(id=gpu_subnet_id, opts=invoke).availability_zone
-        offering: pulumi.Output[list[str] | None] = (
-            _offerings_output(instance_type, invoke)
-            if instance_type is not None
-            else pulumi.Output.from_input(None)
-        )
-
-        def same_az(values: list[Any]) -> str:
-            actual, offered = values
-            # Reserved capacity lives in one AZ: nodes in another AZ's subnet never launch.
-            if requested_az is not None and actual != requested_az:
-                raise StackConfigError(
-                    [
-                        f"gpuNodes.availabilityZone is {requested_az!r} but "
-                        f"cluster.network.gpuSubnetId {gpu_subnet_id!r} is in {actual!r}; "
-                        "make them agree (or drop gpuNodes.availabilityZone)"
-                    ]
-                )
-            if offered is not None and actual not in offered:
-                raise StackConfigError(
-                    [
-                        f"cluster.network.gpuSubnetId {gpu_subnet_id!r} is in {actual!r}, "
-                        f"which does not offer gpuNodes.instanceType {instance_type!r}; "
-                        f"AZs that do: {sorted(offered)} (give a subnet in one of them)"
-                    ]
-                )
-            return gpu_subnet_id
+        # Plain (blocking) invokes, not Outputs: a problem found here must be raised by the
+        # program itself, where the entry point prints it as the one-line config error. From
+        # inside an apply it would reach the engine wrapped as "While processing input ..."
+        # with a traceback (pulumi/runtime/rpc.py serialize_property).
+        invoke = pulumi.InvokeOptions(parent=self)
+        actual = aws.ec2.get_subnet(id=gpu_subnet_id, opts=invoke).availability_zone
+        offered = _offerings(instance_type, invoke) if instance_type is not None else None
+        # Reserved capacity lives in one AZ: nodes in another AZ's subnet never launch.
+        if requested_az is not None and actual != requested_az:
+            raise StackConfigError(
+                [
+                    f"gpuNodes.availabilityZone is {requested_az!r} but "
+                    f"cluster.network.gpuSubnetId {gpu_subnet_id!r} is in {actual!r}; "
+                    "make them agree (or drop gpuNodes.availabilityZone)"
+                ]
+            )
+        if offered is not None and actual not in offered:
+            raise StackConfigError(
+                [
+                    f"cluster.network.gpuSubnetId {gpu_subnet_id!r} is in {actual!r}, "
+                    f"which does not offer gpuNodes.instanceType {instance_type!r}; "
+                    f"AZs that do: {sorted(offered)} (give a subnet in one of them)"
+                ]
+            )
 
         self.vpc_id = pulumi.Output.from_input(config.vpc_id)
         self.private_subnet_ids = pulumi.Output.from_input(list(config.private_subnet_ids))
-        self.gpu_subnet_id = pulumi.Output.all(subnet_az, offering).apply(same_az)
-        self.gpu_availability_zone = subnet_az
+        self.gpu_subnet_id = pulumi.Output.from_input(gpu_subnet_id)
+        self.gpu_availability_zone = pulumi.Output.from_input(actual)
         self.public_subnet_ids = pulumi.Output.from_input([])
 
     def _create(self, name: str, args: NetworkArgs) -> None:
@@ -335,17 +330,6 @@ def _offerings(instance_type: str, opts: pulumi.InvokeOptions) -> list[str]:
             opts=opts,
         ).locations
     )
-
-
-def _offerings_output(
-    instance_type: str, opts: pulumi.InvokeOutputOptions
-) -> pulumi.Output[list[str] | None]:
-    """`_offerings` as an Output, for checks that wait on other look-ups."""
-    return aws.ec2.get_instance_type_offerings_output(
-        filters=[_instance_type_filter(instance_type)],
-        location_type="availability-zone",
-        opts=opts,
-    ).locations.apply(list)
 
 
 def _instance_type_filter(instance_type: str) -> aws.ec2.GetInstanceTypeOfferingsFilterArgs:

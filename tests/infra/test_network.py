@@ -11,6 +11,7 @@ from pulumi.runtime import settings
 
 from infra.config import read_stack_file
 from infra.config.cluster import NetworkConfig
+from infra.config.stack import StackConfigError
 from infra.network import Network, NetworkArgs, _gpu_az, plan_subnets
 from infra.offline import Evaluation, evaluate
 from infra.offline.outputs import INVOKE_RESULTS
@@ -266,5 +267,8 @@ def test_an_existing_gpu_subnet_in_an_az_without_the_type_is_an_error(
         ValueError,
         match=r"cluster\.network\.gpuSubnetId 'subnet-g' is in 'us-west-2a', which does not "
         r"offer gpuNodes\.instanceType 'g5\.xlarge'; AZs that do: \['us-west-2b'\]",
-    ):
+    ) as raised:
         run_dev_stack(cluster=existing)
+    # Raised by the program itself, so the entry point prints it as the one-line config error;
+    # from an apply it came wrapped as "While processing input ..." with a traceback.
+    assert isinstance(raised.value, StackConfigError)
