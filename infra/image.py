@@ -234,6 +234,7 @@ class TrainerImage(pulumi.ComponentResource):
             image_tag=self.image_tag,
             source_location=source_location,
             source_hash=archive.image_sha256,
+            source_urn=source.urn,
             log_group_name=log_group.name,
             timeout_minutes=config.build_timeout_minutes,
             region=region.region,

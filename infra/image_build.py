@@ -70,6 +70,8 @@ class BuildRequest:
     source_hash: str
     log_group_name: str
     timeout_minutes: int
+    source_urn: str = ""
+    """The Pulumi URN of the archive's bucket object, for the refresh that re-uploads it."""
 
 
 @dataclass(frozen=True)
@@ -154,10 +156,13 @@ class CodeBuildImageBuilder:
             self._s3.head_object(Bucket=bucket, Key=key)
         except ClientError as error:
             if _client_error_code(error) in ("404", "NoSuchKey", "NoSuchBucket"):
+                # Only this object: a whole-stack refresh would also drop a finished
+                # PyTorchJob its ttlSecondsAfterFinished deleted, and `up` would run it again.
+                target = request.source_urn or "<the source archive's BucketObjectv2 URN>"
                 raise ImageBuildError(
                     f"the image build's source s3://{bucket}/{key} no longer exists (the "
-                    "source bucket expires build archives); run `pulumi up --refresh` so "
-                    "Pulumi uploads it again"
+                    f"source bucket expires build archives); run `pulumi refresh --target "
+                    f"'{target}'` so Pulumi forgets it, then `pulumi up` uploads it again"
                 ) from error
             logger.info("could not check s3://%s/%s (%s); starting anyway", bucket, key, error)
 
@@ -315,6 +320,7 @@ _INPUT_KEYS = (
     "image_tag",
     "source_location",
     "source_hash",
+    "source_urn",
     "log_group_name",
     "timeout_minutes",
     "region",
@@ -333,6 +339,7 @@ def _request(props: Mapping[str, Any]) -> BuildRequest:
         source_hash=props["source_hash"],
         log_group_name=props["log_group_name"],
         timeout_minutes=int(props["timeout_minutes"]),
+        source_urn=str(props.get("source_urn") or ""),
     )
 
 
@@ -403,6 +410,7 @@ class ImageBuild(pulumi.dynamic.Resource, module="image", name="ImageBuild"):
         image_tag: pulumi.Input[str],
         source_location: pulumi.Input[str],
         source_hash: pulumi.Input[str],
+        source_urn: pulumi.Input[str],
         log_group_name: pulumi.Input[str],
         timeout_minutes: int,
         region: pulumi.Input[str],
@@ -418,6 +426,7 @@ class ImageBuild(pulumi.dynamic.Resource, module="image", name="ImageBuild"):
             "image_tag": image_tag,
             "source_location": source_location,
             "source_hash": source_hash,
+            "source_urn": source_urn,
             "log_group_name": log_group_name,
             "timeout_minutes": timeout_minutes,
             "region": region,

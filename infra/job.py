@@ -210,6 +210,7 @@ class TrainingJob(pulumi.ComponentResource):
             job_name=job_name,
             job_uid=job_metadata.apply(_uid),
             workers=config.gpu_nodes.count,
+            backoff_limit=config.job.backoff_limit,
             opts=pulumi.ResourceOptions(
                 parent=self,
                 depends_on=[job],

@@ -22,7 +22,18 @@ So `infra.job_watch` polls the job and its pods and asks `assess` what they mean
   restart counts of every running pod), which the first rule then reports;
 * a pod that cannot start fails after a bounded time, with the kubelet's or scheduler's
   reason: unschedulable for longer than the pod-start budget (the cluster autoscaler may need
-  most of it to bring GPU nodes up), or an image/config error for `STUCK_CONTAINER_S`;
+  most of it to bring GPU nodes up), an image/config error for `STUCK_CONTAINER_S` (timed from
+  when the watch first saw it, when it has a `StartHistory`), or a volume that will not mount /
+  a pod sandbox that cannot be created (FSx `FailedMount`, VPC CNI out of IPs: only visible as
+  the pod's Warning events) for `STUCK_CONTAINER_S` since the first such event;
+* restarts the operator does not count fail once they reach the job's `backoffLimit`:
+  `PastBackoffLimit` (v1.9.0 `pkg/core/job.go`) only sums restart counts of pods in phase
+  Running, so an init container (`prepare-run-dirs`) crash-looping in a Pending pod is never
+  counted; and under `restartPolicy: ExitCode` the pod's own policy is `Never`
+  (`pkg/core/pod.go` `SetRestartPolicy`) and a retryable exit makes the operator delete and
+  recreate the pod (`pkg/controller.v1/common/pod.go` `ReconcilePods`), whose restart count
+  starts at 0 again: a worker OOM-killed (137) on every start is recreated forever. The watch
+  counts recreations by the pod's uid changing under the same name (`StartHistory`);
 * a job the operator has not picked up within `OPERATOR_PICKUP_S` (no conditions at all)
   fails: no training operator watches PyTorchJobs on the cluster.
 
@@ -33,7 +44,7 @@ message, `status.replicaStatuses.Worker`) and of core/v1 Pods.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -74,9 +85,47 @@ STUCK_REASONS = frozenset(
 """Container waiting reasons that do not clear by themselves (kubelet `images` and
 `kuberuntime` error reasons); `ContainerCreating` and `PodInitializing` are normal progress."""
 
+STUCK_EVENT_REASONS = frozenset({"FailedMount", "FailedAttachVolume", "FailedCreatePodSandBox"})
+"""Warning events kubelet repeats while a pod cannot get past `ContainerCreating`: a volume it
+cannot mount (an FSx file system whose Lustre port 988 is blocked, a PVC bound to nothing) or
+a sandbox it cannot build (the VPC CNI has no IP to give). The pod's status only says
+`ContainerCreating`, as it does during a long image pull, so the events are the only tell."""
+
 
 class JobStartError(RuntimeError):
     """The job failed or its workers cannot start; the message says why, for the user."""
+
+
+@dataclass
+class StartHistory:
+    """What one watch has seen across polls, for the rules a single snapshot cannot decide."""
+
+    stuck_since: dict[tuple[str, str], datetime] = field(default_factory=dict)
+    """(pod uid, container) -> when the container was first seen in a `STUCK_REASONS` state."""
+    uids: dict[str, list[str]] = field(default_factory=dict)
+    """Pod name -> every uid seen under it, oldest first: more than one is a recreation."""
+    last_exit: str | None = None
+    """The latest non-zero trainer exit seen on any worker, kept after its pod is deleted."""
+
+    def observe(self, pods: Sequence[Mapping[str, Any]], now: datetime) -> None:
+        """Record `pods` (one poll's worker pods) as seen at `now`."""
+        stuck_now: set[tuple[str, str]] = set()
+        for pod in pods:
+            uid = str(pod.get("metadata", {}).get("uid", ""))
+            if uid and uid not in (seen := self.uids.setdefault(_name(pod), [])):
+                seen.append(uid)
+            status = pod.get("status", {})
+            for container in _all_containers(status):
+                waiting = container.get("state", {}).get("waiting") or {}
+                if waiting.get("reason") in STUCK_REASONS:
+                    key = (uid, str(container.get("name")))
+                    stuck_now.add(key)
+                    self.stuck_since.setdefault(key, now)
+        self.stuck_since = {k: v for k, v in self.stuck_since.items() if k in stuck_now}
+        self.last_exit = _last_termination(pods) or self.last_exit
+
+    def recreations(self) -> int:
+        return sum(max(len(uids) - 1, 0) for uids in self.uids.values())
 
 
 @dataclass(frozen=True)
@@ -126,20 +175,43 @@ def _last_termination(pods: Sequence[Mapping[str, Any]]) -> str | None:
             ended = state.get("terminated")
             if not ended or ended.get("exitCode", 0) == 0:
                 continue
-            text = f"{_name(pod)} exited with code {ended['exitCode']}"
-            if ended.get("reason"):
-                text += f" ({ended['reason']})"
-            if ended.get("message"):
-                text += f": {str(ended['message']).strip()[-500:]}"
+            text = f"{_name(pod)} exited with {_exit_text(ended).removeprefix('exit ')}"
             when = ended.get("finishedAt") or ""
             if latest is None or when > latest[0]:
                 latest = (when, text)
     return latest[1] if latest else None
 
 
-def _stuck(pod: Mapping[str, Any], now: datetime) -> str | None:
+def _all_containers(status: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
+
+
+def _exit_text(terminated: Mapping[str, Any]) -> str:
+    text = f"exit code {terminated.get('exitCode')}"
+    if terminated.get("reason"):
+        text += f" ({terminated['reason']})"
+    if terminated.get("message"):
+        text += f": {str(terminated['message']).strip()[-500:]}"
+    return text
+
+
+def _event_start(event: Mapping[str, Any]) -> str | None:
+    """When a (possibly repeated) event first happened: core/v1 `firstTimestamp`, or the
+    `eventTime` of events written through events.k8s.io/v1 (which leave the former unset)."""
+    return event.get("firstTimestamp") or event.get("eventTime")
+
+
+def _stuck(
+    pod: Mapping[str, Any],
+    now: datetime,
+    *,
+    backoff_limit: int,
+    events: Sequence[Mapping[str, Any]],
+    history: StartHistory | None,
+) -> str | None:
     """Why this pod cannot start, once it has been so for longer than its bound."""
     status = pod.get("status", {})
+    uid = pod.get("metadata", {}).get("uid")
     created = pod.get("metadata", {}).get("creationTimestamp")
     for condition in status.get("conditions") or []:
         if (
@@ -154,15 +226,39 @@ def _stuck(pod: Mapping[str, Any], now: datetime) -> str | None:
                     f"{condition.get('message', 'Unschedulable')}"
                 )
     started = status.get("startTime") or created
-    for container in [
-        *(status.get("initContainerStatuses") or []),
-        *(status.get("containerStatuses") or []),
-    ]:
+    for container in _all_containers(status):
         waiting = container.get("state", {}).get("waiting") or {}
         reason = waiting.get("reason")
-        if reason in STUCK_REASONS and _seconds_since(started, now) > STUCK_CONTAINER_S:
+        if reason not in STUCK_REASONS:
+            continue
+        first_seen = (
+            history.stuck_since.get((str(uid), str(container.get("name")))) if history else None
+        )
+        waited = (now - first_seen).total_seconds() if first_seen else _seconds_since(started, now)
+        if waited > STUCK_CONTAINER_S:
             detail = f": {waiting['message']}" if waiting.get("message") else ""
             return f"{_name(pod)} container {container.get('name')}: {reason}{detail}"
+    if status.get("phase") == "Pending":
+        limit = max(backoff_limit, 1)
+        for init in status.get("initContainerStatuses") or []:
+            if int(init.get("restartCount", 0)) >= limit:
+                ended = (init.get("lastState") or {}).get("terminated") or {}
+                last = f"; last {_exit_text(ended)}" if ended else ""
+                return (
+                    f"{_name(pod)} init container {init.get('name')} failed "
+                    f"{init['restartCount']} times (the operator does not count restarts of a "
+                    f"pod that is not Running against backoffLimit {backoff_limit}){last}"
+                )
+        for event in events:
+            involved = event.get("involvedObject") or {}
+            if involved.get("uid") != uid or event.get("reason") not in STUCK_EVENT_REASONS:
+                continue
+            waited = _seconds_since(_event_start(event), now)
+            if waited > STUCK_CONTAINER_S:
+                return (
+                    f"{_name(pod)} stuck in ContainerCreating for {waited / 60:.0f} min: "
+                    f"{event['reason']}: {str(event.get('message', '')).strip()[-500:]}"
+                )
     return None
 
 
@@ -188,9 +284,18 @@ def _pod_summary(pod: Mapping[str, Any]) -> str:
 
 
 def assess(
-    job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], *, workers: int, now: datetime
+    job: Mapping[str, Any],
+    pods: Sequence[Mapping[str, Any]],
+    *,
+    workers: int,
+    now: datetime,
+    backoff_limit: int = 3,
+    events: Sequence[Mapping[str, Any]] = (),
+    history: StartHistory | None = None,
 ) -> Verdict:
-    """What `job` (a PyTorchJob) and its `pods` mean at `now` for a job of `workers` nodes."""
+    """What `job` (a PyTorchJob), its `pods` and their Warning `events` mean at `now` for a job
+    of `workers` nodes; `history` is what earlier polls of the same watch saw (already updated
+    with `pods`)."""
     name = job.get("metadata", {}).get("name", "?")
     status = job.get("status") or {}
     worker_pods = [
@@ -202,7 +307,7 @@ def assess(
     if failed is not None:
         reason = f"PyTorchJob {name} failed ({failed.get('reason', 'Failed')}): "
         reason += str(failed.get("message", "")).strip() or "no message"
-        last = _last_termination(worker_pods)
+        last = _last_termination(worker_pods) or (history.last_exit if history else None)
         return Verdict(False, reason + (f"; last worker exit: {last}" if last else ""), "failed")
     if _condition(status, "Succeeded") is not None:
         return Verdict(True, None, f"PyTorchJob {name} succeeded")
@@ -218,9 +323,18 @@ def assess(
             )
         return Verdict(False, None, f"PyTorchJob {name}: waiting for the training operator")
     for pod in worker_pods:
-        problem = _stuck(pod, now)
+        problem = _stuck(pod, now, backoff_limit=backoff_limit, events=events, history=history)
         if problem is not None:
             return Verdict(False, f"PyTorchJob {name}: worker {problem}", "cannot start")
+    if history is not None and history.recreations() >= max(backoff_limit, 1):
+        last = f"; last worker exit: {history.last_exit}" if history.last_exit else ""
+        return Verdict(
+            False,
+            f"PyTorchJob {name}: workers were recreated {history.recreations()} times before "
+            f"all of them started (restartPolicy ExitCode: the operator recreates a pod on a "
+            f"retryable exit code without counting it against backoffLimit {backoff_limit})" + last,
+            "restarting",
+        )
     running = sum(1 for pod in worker_pods if _stably_running(pod, now))
     progress = f"{running}/{workers} workers running"
     if worker_pods:

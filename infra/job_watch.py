@@ -12,7 +12,8 @@ kubeconfig (`Cluster.kubeconfig`), running the kubeconfig's credential plugin
 That is the client-go exec-credential protocol: run `user.exec.command` with `args` and `env`,
 read `status.token` from the `ExecCredential` it prints (k8s.io/client-go
 `plugin/pkg/client/auth/exec/exec.go`). The deployer therefore needs nothing beyond what the
-Kubernetes provider already needs: read access to PyTorchJobs and Pods in the job's namespace.
+Kubernetes provider already needs: read access to PyTorchJobs, Pods and Events in the job's
+namespace (without the last, mount failures are only reported at the time limit).
 
 The resource waits again whenever the job is recreated (its `metadata.uid` changes); an `up`
 that leaves the job alone does not wait. Deleting it does nothing.
@@ -41,7 +42,7 @@ import yaml
 from pulumi.dynamic import CreateResult, DiffResult, ResourceProvider, UpdateResult
 
 from infra.job_manifest import API_VERSION, POD_START_BUDGET_S
-from infra.job_wait import JOB_NAME_LABEL, STABLE_RUNNING_S, JobStartError, assess
+from infra.job_wait import JOB_NAME_LABEL, STABLE_RUNNING_S, JobStartError, StartHistory, assess
 
 logger = logging.getLogger(__name__)
 
@@ -159,6 +160,11 @@ class WatchedJob:
     namespace: str
     name: str
     workers: int
+    backoff_limit: int = 3
+
+
+def _pending(pods: list[dict[str, Any]]) -> bool:
+    return any(p.get("status", {}).get("phase") == "Pending" for p in pods)
 
 
 def wait_for_start(
@@ -173,7 +179,12 @@ def wait_for_start(
     """Poll until every worker runs (returns the progress line) or raise `JobStartError`."""
     job_path = f"/apis/{API_VERSION}/namespaces/{job.namespace}/pytorchjobs/{job.name}"
     pods_path = f"/api/v1/namespaces/{job.namespace}/pods"
+    events_path = f"/api/v1/namespaces/{job.namespace}/events"
     selector = {"labelSelector": f"{JOB_NAME_LABEL}={job.name}"}
+    # Event field selectors: pkg/registry/core/event/strategy.go `ToSelectableFields`.
+    warnings = {"fieldSelector": "involvedObject.kind=Pod,type=Warning"}
+    read_events = True
+    history = StartHistory()
     deadline = clock() + limit_s
     transient = 0
     last_progress = ""
@@ -182,6 +193,17 @@ def wait_for_start(
         try:
             document = api.get(job_path)
             pods = api.get(pods_path, selector).get("items") or []
+            events: list[dict[str, Any]] = []
+            if read_events and _pending(pods):
+                try:
+                    events = api.get(events_path, warnings).get("items") or []
+                except urllib.error.HTTPError as err:
+                    if err.code in _TRANSIENT_HTTP:
+                        raise
+                    read_events = False
+                    logger.info(
+                        "cannot read Events (HTTP %s): mount failures show at the limit", err.code
+                    )
             transient = 0
         except urllib.error.HTTPError as err:
             if err.code in (401, 403):
@@ -206,7 +228,17 @@ def wait_for_start(
                 ) from None
             transient += 1
         else:
-            verdict = assess(document, pods, workers=job.workers, now=datetime.now(UTC))
+            now = datetime.now(UTC)
+            history.observe(pods, now)
+            verdict = assess(
+                document,
+                pods,
+                workers=job.workers,
+                now=now,
+                backoff_limit=job.backoff_limit,
+                events=events,
+                history=history,
+            )
             if verdict.failure is not None:
                 # A later `up` does not relaunch an unchanged job: it would report this again.
                 raise JobStartError(
@@ -245,7 +277,12 @@ class JobStartWatchProvider(ResourceProvider):
 
     def _wait(self, props: Mapping[str, Any]) -> dict[str, Any]:
         _send_progress_to_pulumi()
-        job = WatchedJob(props["namespace"], props["job_name"], int(props["workers"]))
+        job = WatchedJob(
+            props["namespace"],
+            props["job_name"],
+            int(props["workers"]),
+            int(props.get("backoff_limit", 3)),
+        )
         progress = wait_for_start(
             KubernetesApi.from_kubeconfig(props["kubeconfig"]),
             job,
@@ -286,6 +323,7 @@ class JobStartWatch(pulumi.dynamic.Resource, module="job", name="JobStartWatch")
         job_name: pulumi.Input[str],
         job_uid: pulumi.Input[str | None],
         workers: int,
+        backoff_limit: int,
         poll_seconds: float = DEFAULT_POLL_SECONDS,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
@@ -295,6 +333,7 @@ class JobStartWatch(pulumi.dynamic.Resource, module="job", name="JobStartWatch")
             "job_name": job_name,
             "job_uid": job_uid,
             "workers": workers,
+            "backoff_limit": backoff_limit,
             "poll_seconds": poll_seconds,
             "started": None,
         }

@@ -20,6 +20,7 @@ from infra.job_wait import (
     OPERATOR_PICKUP_S,
     STABLE_RUNNING_S,
     STUCK_CONTAINER_S,
+    StartHistory,
     Verdict,
     assess,
 )
@@ -73,6 +74,8 @@ def pod(
     last_state: dict[str, Any] | None = None,
     conditions: list[dict[str, Any]] | None = None,
     init_state: dict[str, Any] | None = None,
+    init_restarts: int = 0,
+    init_last_state: dict[str, Any] | None = None,
     age: float = 900,
 ) -> dict[str, Any]:
     state = trainer_state if trainer_state is not None else {"running": {"startedAt": stamp(600)}}
@@ -98,8 +101,9 @@ def pod(
                 "image": "img",
                 "imageID": "",
                 "ready": False,
-                "restartCount": 0,
+                "restartCount": init_restarts,
                 "state": init_state,
+                "lastState": init_last_state or {},
             }
         ]
     return {
@@ -107,6 +111,7 @@ def pod(
         "kind": "Pod",
         "metadata": {
             "name": f"exp-worker-{index}",
+            "uid": f"uid-{index}",
             "namespace": "training",
             "creationTimestamp": stamp(age),
             "labels": {
@@ -287,3 +292,76 @@ def test_pods_of_other_replica_types_do_not_count() -> None:
     launcher["metadata"]["labels"]["training.kubeflow.org/replica-type"] = "master"
     verdict = assess(job(CREATED, RUNNING, active=2), [launcher, pod(1)], workers=2, now=NOW)
     assert not verdict.done
+
+
+def test_an_init_container_crash_looping_in_a_pending_pod_fails_at_the_backoff_limit(
+    crd_schema: Any,
+) -> None:
+    """The operator's backoff count skips pods that are not Running (v1.9.0 `pkg/core/job.go`
+    `PastBackoffLimit`), so this pod would hold `up` for the whole pod-start budget."""
+
+    def crash_looping(restarts: int) -> dict[str, Any]:
+        return pod(
+            0,
+            phase="Pending",
+            init_state={"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s"}},
+            init_restarts=restarts,
+            init_last_state={
+                "terminated": {
+                    "exitCode": 1,
+                    "reason": "Error",
+                    "message": "mkdir: cannot create directory '/fsx/runs/exp': Permission denied",
+                }
+            },
+            trainer_state={"waiting": {"reason": "PodInitializing"}},
+        )
+
+    early = judge(job(CREATED), [crash_looping(2), pod(1)], crd_schema)
+    assert early.failure is None
+    late = judge(job(CREATED), [crash_looping(3), pod(1)], crd_schema)
+    assert late.failure is not None
+    assert "init container prepare-run-dirs failed 3 times" in late.failure
+    assert "exit code 1 (Error): mkdir: cannot create directory" in late.failure
+
+
+def test_an_image_error_is_timed_from_when_the_watch_first_saw_it(crd_schema: Any) -> None:
+    """A 20 GB pull can take 15 minutes and then fail: the error, not the pod, is new."""
+    pulling_failed = pod(
+        0,
+        phase="Pending",
+        trainer_state={"waiting": {"reason": "ImagePullBackOff", "message": "Back-off"}},
+        age=STUCK_CONTAINER_S + 900,
+    )
+    history = StartHistory()
+    first = NOW - timedelta(seconds=30)
+    history.observe([pulling_failed, pod(1)], first)
+    history.observe([pulling_failed, pod(1)], NOW)
+    fresh = assess(job(CREATED), [pulling_failed, pod(1)], workers=2, now=NOW, history=history)
+    assert fresh.failure is None
+    later = NOW + timedelta(seconds=STUCK_CONTAINER_S)
+    history.observe([pulling_failed, pod(1)], later)
+    stale = assess(job(CREATED), [pulling_failed, pod(1)], workers=2, now=later, history=history)
+    assert stale.failure is not None and "ImagePullBackOff" in stale.failure
+
+
+def test_a_mount_failure_event_fails_once_it_has_lasted_the_bound(crd_schema: Any) -> None:
+    creating = pod(0, phase="Pending", trainer_state={"waiting": {"reason": "ContainerCreating"}})
+
+    def failed_mount(first_ago: float, uid: str = "uid-0") -> dict[str, Any]:
+        return {
+            "type": "Warning",
+            "reason": "FailedMount",
+            "message": 'MountVolume.SetUp failed for volume "fsx" : timed out',
+            "involvedObject": {"kind": "Pod", "name": "exp-worker-0", "uid": uid},
+            "firstTimestamp": stamp(first_ago),
+            "lastTimestamp": stamp(10),
+        }
+
+    def verdict(*events: dict[str, Any]) -> Verdict:
+        return assess(job(CREATED), [creating, pod(1)], workers=2, now=NOW, events=events)
+
+    assert verdict(failed_mount(STUCK_CONTAINER_S - 60)).failure is None
+    # An earlier pod of the same name (another uid) left its events behind.
+    assert verdict(failed_mount(STUCK_CONTAINER_S + 60, uid="old")).failure is None
+    late = verdict(failed_mount(STUCK_CONTAINER_S + 60)).failure
+    assert late is not None and 'FailedMount: MountVolume.SetUp failed for volume "fsx"' in late

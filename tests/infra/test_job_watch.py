@@ -30,6 +30,7 @@ from infra.job_watch import (
 TOKEN = "k8s-aws-v1.test-token"
 JOB_PATH = "/apis/kubeflow.org/v1/namespaces/training/pytorchjobs/exp"
 PODS_PATH = "/api/v1/namespaces/training/pods"
+EVENTS_PATH = "/api/v1/namespaces/training/events"
 
 
 def stamp(seconds_ago: float) -> str:
@@ -79,6 +80,8 @@ class FakeApiServer(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.states = states
         self.polls = 0
+        self.events: list[dict[str, Any]] | None = None
+        """Warning events to serve; None answers 403, as for a deployer without that right."""
         self.requests: list[tuple[str, str, str | None]] = []
 
     @property
@@ -91,7 +94,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         parsed = urllib.parse.urlsplit(self.path)
-        query = urllib.parse.parse_qs(parsed.query).get("labelSelector", [None])[0]
+        params = urllib.parse.parse_qs(parsed.query)
+        query = (params.get("labelSelector") or params.get("fieldSelector") or [None])[0]
         self.server.requests.append((parsed.path, self.headers["Authorization"], query))
         index = min(self.server.polls, len(self.server.states) - 1)
         code, job, pods = self.server.states[index]
@@ -102,6 +106,10 @@ class _Handler(BaseHTTPRequestHandler):
         elif parsed.path == PODS_PATH:
             body = {"kind": "PodList", "items": pods}
             self.server.polls += 1
+        elif parsed.path == EVENTS_PATH and self.server.events is not None:
+            body = {"kind": "EventList", "items": self.server.events}
+        elif parsed.path == EVENTS_PATH:
+            code, body = 403, {"kind": "Status", "code": 403}
         else:
             code, body = 404, {"kind": "Status", "code": 404}
         payload = json.dumps(body).encode()
@@ -250,3 +258,85 @@ def test_the_provider_process_unpickles_the_watch_provider() -> None:
     )
     module, name, _ = run(layout.DESERIALIZE, stdin=payload).split()
     assert (module, name) == ("infra.job_watch", "JobStartWatchProvider")
+
+
+def mounting(index: int, uid: str) -> dict[str, Any]:
+    """A worker scheduled onto a node whose FSx volume will not mount: Pending, the init
+    container still `PodInitializing` as during any image pull."""
+    pod = worker(index, 0)
+    pod["metadata"]["uid"] = uid
+    pod["status"] = {
+        "phase": "Pending",
+        "startTime": stamp(1200),
+        "initContainerStatuses": [
+            {"name": "prepare-run-dirs", "restartCount": 0, "state": {"waiting": {}}}
+        ],
+        "containerStatuses": [
+            {
+                "name": "pytorch",
+                "ready": False,
+                "restartCount": 0,
+                "state": {"waiting": {"reason": "PodInitializing"}},
+            }
+        ],
+    }
+    return pod
+
+
+def failed_mount(uid: str, first_ago: float) -> dict[str, Any]:
+    return {
+        "kind": "Event",
+        "type": "Warning",
+        "reason": "FailedMount",
+        "message": 'MountVolume.SetUp failed for volume "fsx" : rpc error: code = Internal '
+        'desc = Could not mount "fs-0123.fsx.us-east-1.amazonaws.com@tcp:/abcd"',
+        "involvedObject": {"kind": "Pod", "name": "exp-worker-0", "uid": uid},
+        "firstTimestamp": stamp(first_ago),
+        "lastTimestamp": stamp(5),
+        "count": 9,
+    }
+
+
+def test_a_volume_that_will_not_mount_fails_up_with_kubelets_event(serve: Any) -> None:
+    running = job_doc(("Created", "c"))
+    server = serve([(200, running, [mounting(0, "u0"), worker(1, 300)])])
+    server.events = [failed_mount("u0", 900), failed_mount("someone-else", 900)]
+    with pytest.raises(
+        JobStartError, match=r"exp-worker-0 stuck in ContainerCreating.*FailedMount"
+    ):
+        watch(server)
+    assert (
+        "/api/v1/namespaces/training/events",
+        f"Bearer {TOKEN}",
+        "involvedObject.kind=Pod,type=Warning",
+    ) in server.requests
+
+
+def test_without_the_right_to_read_events_the_watch_goes_on(serve: Any) -> None:
+    running = job_doc(("Created", "c"), ("Running", "r"))
+    server = serve(
+        [
+            (200, running, [mounting(0, "u0"), worker(1, 300)]),
+            (200, running, [worker(0, 300), worker(1, 300)]),
+        ]
+    )
+    assert watch(server).startswith("2/2")
+
+
+def test_workers_recreated_on_every_start_fail_up_at_the_backoff_limit(serve: Any) -> None:
+    """restartPolicy ExitCode: each poll finds worker 0 under a new uid after an OOM kill."""
+    running = job_doc(("Created", "c"), ("Restarting", "job exp is restarting"))
+
+    def oom_killed(uid: str) -> dict[str, Any]:
+        pod = worker(0, 5)
+        pod["metadata"]["uid"] = uid
+        pod["status"]["phase"] = "Failed"
+        pod["status"]["containerStatuses"][0]["state"] = {
+            "terminated": {"exitCode": 137, "reason": "OOMKilled", "finishedAt": stamp(1)}
+        }
+        return pod
+
+    server = serve([(200, running, [oom_killed(f"u{n}"), worker(1, 300)]) for n in range(5)])
+    with pytest.raises(JobStartError, match=r"recreated 3 times.*code 137 \(OOMKilled\)"):
+        watch(server)
+    assert server.polls == 4
