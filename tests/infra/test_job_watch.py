@@ -95,7 +95,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         parsed = urllib.parse.urlsplit(self.path)
         params = urllib.parse.parse_qs(parsed.query)
-        query = (params.get("labelSelector") or params.get("fieldSelector") or [None])[0]
+        query = (params.get("labelSelector") or params.get("fieldSelector") or [""])[0] or None
         self.server.requests.append((parsed.path, self.headers["Authorization"], query))
         index = min(self.server.polls, len(self.server.states) - 1)
         code, job, pods = self.server.states[index]
