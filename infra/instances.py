@@ -65,6 +65,21 @@ INSTANCE_FACTS: dict[str, InstanceFacts] = {
 }
 
 
+CAPACITY_BLOCK_TYPES = frozenset(
+    {
+        "p4d.24xlarge",
+        "p4de.24xlarge",
+        "p5.48xlarge",
+        "p5e.48xlarge",
+        "p5en.48xlarge",
+        "p6-b200.48xlarge",
+    }
+)
+"""Types of the table above that EC2 Capacity Blocks for ML sell (EC2 user guide, "Capacity
+Blocks for ML", supported instance types; SageMaker's `ReservedCapacityInstanceType` enum
+lists the same families under `ml.` names). A block for any other type cannot exist, so a
+stack naming one has the wrong instance type or the wrong capacity type."""
+
 HYPERPOD_PREFIX = "ml."
 """SageMaker's prefix on instance types (HyperPod node groups, and their nodes' labels)."""
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from infra.config.cluster import GPU_TAINT_KEY
 from infra.config.stack import StackConfig
+from infra.duration import POD_START_BUDGET_S
 from infra.instances import scheduling_labels
 from infra.job_args import RunPaths, run_paths, torchrun_command
 
@@ -47,12 +48,6 @@ INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 TRITON_CACHE_DIR = "/tmp/triton_cache"
 RENDEZVOUS_PORT_NAME = "pytorchjob-port"  # the operator reads the rendezvous port by this name
 RENDEZVOUS_PORT = 23456  # the operator's default for that port
-POD_START_BUDGET_S = 3600
-"""How long one worker may take from the job's creation to a running container: GPU nodes
-scaling up from zero (instance launch, EFA, device plugins) and a ~20 GB image pull. The one
-figure for that budget: the rendezvous timeouts below and `pulumi up`'s wait for the job
-(`infra.job`, `infra.job_wait`) are all derived from it."""
-
 RENDEZVOUS_JOIN_TIMEOUT_S = POD_START_BUDGET_S
 """How long torchrun waits, once connected to worker 0's store, for every node to join (its
 default: 600 s). Workers start as their pods do; each early worker's timeout is a container

@@ -222,6 +222,8 @@ class CostEstimate:
     usd_per_hour: float
     run_hours: float | None
     """None: the run has no known length (no deadline and no cost.maxRunHours)."""
+    expected_hours: float | None
+    """The run's expected wall time (`infra.duration`); None when it cannot be estimated."""
     usd_per_run: float | None
     max_usd_per_run: float | None
     """The stack's ceiling; None: switched off."""
@@ -234,13 +236,24 @@ class CostEstimate:
             return False
         return self.usd_per_run is None or self.usd_per_run > self.max_usd_per_run
 
+    @property
+    def expected_usd(self) -> float | None:
+        """What the run is expected to cost: its estimated hours at the nodes' hourly price.
+        The nodes stay up after the job ends until `pulumi destroy`: that tail is extra."""
+        if self.expected_hours is None:
+            return None
+        return round(self.usd_per_hour * self.expected_hours, 2)
+
     def summary(self) -> str:
         """One line for plans, PR comments and stack outputs."""
         run = (
-            f"${self.usd_per_run:,.2f} per run ({self.run_hours:g} h)"
+            f"${self.usd_per_run:,.2f} per run at most ({self.run_hours:g} h)"
             if self.usd_per_run is not None and self.run_hours is not None
             else "per run: unknown (no deadline and no cost.maxRunHours)"
         )
+        if self.expected_usd is not None and self.expected_hours is not None:
+            run = f"~${self.expected_usd:,.2f} expected (~{self.expected_hours:.1f} h), {run}"
+        run += " (nodes bill on after the job until `pulumi destroy`)"
         ceiling = (
             "no ceiling"
             if self.max_usd_per_run is None
@@ -262,6 +275,8 @@ class CostEstimate:
             "usdPerHour": self.usd_per_hour,
             "runHours": self.run_hours,
             "usdPerRun": self.usd_per_run,
+            "expectedHours": self.expected_hours,
+            "expectedUsd": self.expected_usd,
             "maxUsdPerRun": self.max_usd_per_run,
             "basis": self.basis,
             "summary": self.summary(),
@@ -276,6 +291,7 @@ def estimate_cost(
     run_hours: float | None,
     max_usd_per_run: float | None,
     usd_per_instance_hour: float | None = None,
+    expected_hours: float | None = None,
 ) -> CostEstimate:
     """The full estimate for one stack's GPU nodes.
 
@@ -300,6 +316,7 @@ def estimate_cost(
         usd_per_instance_hour=price.usd_per_instance_hour,
         usd_per_hour=hourly,
         run_hours=run_hours,
+        expected_hours=expected_hours,
         usd_per_run=per_run,
         max_usd_per_run=max_usd_per_run,
         basis=basis,

@@ -2,16 +2,18 @@
 
     python scripts/plan.py dev                      # a stack name under stacks/
     python scripts/plan.py stacks/Pulumi.dev.yaml   # or a stack file
+    python scripts/plan.py --verbose dev            # + every resource and the PyTorchJob
     python scripts/plan.py --all                    # every stack (CI)
     python scripts/plan.py --time dev               # how long one evaluation takes
 
 Evaluates the real program (`infra.program.main`) under Pulumi's mock runtime with AWS-shaped
-answers (`infra.offline`) and prints the resources as a tree with their key settings, the
-estimated cost, the guardrails' verdict (the same checks as the policy pack in
-`infra/policy/`) and the PyTorchJob exactly as it would be applied. Secrets in the stack file
-(`secure:`) are replaced by a placeholder and never printed. A stack the config model rejects,
-or one that breaks a guardrail, prints its problems and exits with status 1: what
-`pulumi up` would refuse, found first.
+answers (`infra.offline`) and prints what a reviewer needs: what runs and where, whether it
+fits the GPUs' memory, how long it takes, what it costs, and the guardrails' verdict (the same
+checks as the policy pack in `infra/policy/`). `--verbose` adds the resources as a tree with
+their key settings, the stack outputs and the PyTorchJob exactly as it would be applied.
+Secrets in the stack file (`secure:`) are replaced by a placeholder and never printed. A stack
+the config model rejects, or one that breaks a guardrail, prints its problems and exits with
+status 1: what `pulumi up` would refuse, found first.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from infra.config.stack import (  # noqa: E402
     cost_estimate,
     parse_stack_config,
 )
+from infra.duration import estimate_duration  # noqa: E402
+from infra.memory_fit import memory_fit  # noqa: E402
 from infra.offline import Evaluation, RecordedResource, evaluate  # noqa: E402
 from infra.policy.offline import Violation, run_policies  # noqa: E402
 from infra.policy.settings import policy_config_for  # noqa: E402
@@ -168,21 +172,41 @@ def resource_tree(evaluation: Evaluation) -> Iterator[str]:
     yield from walk("", "")
 
 
+def placement_line(config: StackConfig) -> str:
+    """Where the GPU nodes go, and why there."""
+    nodes = config.gpu_nodes
+    if nodes.availability_zone:
+        where = f"{nodes.availability_zone} (gpuNodes.availabilityZone)"
+    elif config.cluster.network.gpu_subnet_id:
+        where = f"the AZ of subnet {config.cluster.network.gpu_subnet_id} (its own)"
+    else:
+        where = (
+            f"the first AZ of the region that offers {nodes.instance_type} (EC2 instance type "
+            "offerings, looked up at preview)"
+        )
+    return f"Where:  {where}; cluster mode {config.cluster.mode}"
+
+
 def summary_lines(config: StackConfig) -> list[str]:
     facts = config.instance
     shape = config.model_shape()
     params = approx_num_parameters(shape) / 1e9
     training = config.training
     nodes = config.gpu_nodes
+    fit = memory_fit(config)
     return [
         f"Nodes:  {nodes.count} x {nodes.instance_type} ({facts.gpus} x {facts.gpu_model} "
         f"{facts.gpu_memory_gib} GB, {nodes.efa_interface_count} EFA) -> "
-        f"{config.world_size} trainer processes, cluster mode {config.cluster.mode}",
+        f"{config.world_size} trainer processes",
+        placement_line(config),
         f"Model:  {config.model.preset} ({params:.2f}B parameters), context "
         f"{training.context_width}, {training.sharding_strategy} sharding",
         f"Batch:  {training.micro_batch_size} per GPU x {config.world_size} GPUs x "
         f"{config.gradient_accumulation_steps} accumulation = {config.global_batch_size} "
         f"sequences ({config.tokens_per_step:,} tokens) per step, {training.max_steps} steps",
+        f"Memory: {'fits' if fit.fits else 'DOES NOT FIT'}, {fit.summary()}",
+        f"Time:   {estimate_duration(config).summary()}; deadline "
+        + (f"{config.job.max_run_hours:g} h" if config.job.max_run_hours else "none"),
         f"Cost:   {cost_estimate(config).summary()}",
     ]
 
@@ -193,7 +217,8 @@ def display_path(path: Path) -> str:
     return str(resolved.relative_to(REPO_ROOT)) if resolved.is_relative_to(REPO_ROOT) else str(path)
 
 
-def render(plan: Plan) -> str:
+def render(plan: Plan, *, verbose: bool = False) -> str:
+    """The summary and the guardrails; with `verbose`, the resources, outputs and the job."""
     evaluation = plan.evaluation
     lines = [
         f"Stack {plan.stack.stack_name} ({display_path(plan.stack.path)})",
@@ -202,6 +227,18 @@ def render(plan: Plan) -> str:
             f"  Warning: {warning}"
             for warning in [*plan.stack.warnings, *config_warnings(plan.config)]
         ),
+        "",
+        "Guardrails:",
+        *([f"  {violation}" for violation in plan.violations] or ["  all passed"]),
+    ]
+    if not verbose:
+        lines += [
+            "",
+            f"({len(evaluation.resources)} resources; `--verbose` lists them, the outputs and "
+            "the PyTorchJob)",
+        ]
+        return "\n".join(lines)
+    lines += [
         "",
         f"Resources ({len(evaluation.resources)}), evaluated offline in {plan.seconds:.2f}s:",
         *resource_tree(evaluation),
@@ -216,11 +253,6 @@ def render(plan: Plan) -> str:
             lines.extend(f"    {k}: {v}" for k, v in value.items())
         else:
             lines.append(f"  {key}: {value}")
-    lines += ["", "Guardrails:"]
-    if plan.violations:
-        lines.extend(f"  {violation}" for violation in plan.violations)
-    else:
-        lines.append("  all passed")
     jobs = evaluation.of_type(PYTORCHJOB_TYPE)
     for job in jobs:
         manifest = whole_numbers(
@@ -252,6 +284,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("stacks", nargs="*", help="stack names or stack files")
     parser.add_argument("--all", action="store_true", help="every stack under stacks/")
     parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="also the resource tree, the stack outputs and the PyTorchJob as applied",
+    )
+    parser.add_argument(
         "--time", action="store_true", help="time the plan of each stack instead of printing it"
     )
     parser.add_argument("--repeats", type=int, default=5, help="evaluations per stack with --time")
@@ -281,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             else:
                 plan = plan_stack(name)
-                print(render(plan))
+                print(render(plan, verbose=args.verbose))
                 print()
                 if plan.violations:
                     status = 1

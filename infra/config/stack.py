@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
@@ -35,7 +36,13 @@ from infra.config.cost import CostConfig
 from infra.config.image import ImageConfig
 from infra.config.job import DataConfig, JobConfig, ModelConfig, TrainingConfig
 from infra.config.storage import StorageConfig
-from infra.instances import InstanceFacts, is_hyperpod_type
+from infra.duration import UnknownPeakError, estimate_duration, steps_within
+from infra.instances import (
+    CAPACITY_BLOCK_TYPES,
+    HYPERPOD_PREFIX,
+    InstanceFacts,
+    is_hyperpod_type,
+)
 from infra.memory_fit import memory_problems, memory_warnings
 from infra.pricing import CostEstimate, PriceUnknownError, estimate_cost
 from trainer.presets import ModelShape, get_preset
@@ -273,6 +280,15 @@ def cross_section_problems(config: StackConfig) -> list[str]:
             "e.g. us-west-2b"
         )
 
+    block_type = nodes.instance_type.removeprefix(HYPERPOD_PREFIX)
+    if nodes.capacity.type == "block" and block_type not in CAPACITY_BLOCK_TYPES:
+        problems.append(
+            f"gpuNodes.capacity.type 'block' with gpuNodes.instanceType "
+            f"{nodes.instance_type!r}: EC2 Capacity Blocks are not sold for that type; allowed: "
+            f"{', '.join(sorted(CAPACITY_BLOCK_TYPES))} (or capacity type 'reservation' for an "
+            "On-Demand Capacity Reservation)"
+        )
+
     fsx = config.storage.fsx
     if (
         cluster.mode == "existing"
@@ -289,7 +305,10 @@ def cross_section_problems(config: StackConfig) -> list[str]:
 
     if not problems:
         # Only a run whose shape and GPU count are possible has a memory figure worth showing.
-        problems.extend(memory_problems(config))
+        memory = memory_problems(config)
+        problems.extend(memory)
+        if not memory:  # a run that cannot start has no duration worth showing
+            problems.extend(_duration_problems(config))
     problems.extend(_shared_storage_problems(config))
     problems.extend(_cost_problems(config))
     return problems
@@ -297,7 +316,41 @@ def cross_section_problems(config: StackConfig) -> list[str]:
 
 def config_warnings(config: StackConfig) -> list[str]:
     """What a valid stack should still hear before it costs anything (the plan prints them)."""
-    return memory_warnings(config)
+    return [*memory_warnings(config), *_duration_warnings(config)]
+
+
+def _duration_problems(config: StackConfig) -> list[str]:
+    """A run expected to outlast its own deadline is killed half way, after it was paid for."""
+    deadline = config.job.max_run_hours
+    try:
+        estimate = estimate_duration(config)
+    except UnknownPeakError as err:
+        return [f"gpuNodes.instanceType {config.gpu_nodes.instance_type!r}: {err}"]
+    if deadline is None or estimate.hours <= deadline:
+        return []
+    steps = steps_within(config, deadline)
+    fewer = f"lower training.maxSteps to at most {steps}, " if steps else ""
+    return [
+        f"job.maxRunHours {deadline:g} is shorter than the run: training.maxSteps "
+        f"{config.training.max_steps} takes {estimate.summary()}; raise job.maxRunHours to at "
+        f"least {math.ceil(estimate.hours)} (and cost.maxUsdPerRun with it), {fewer}or add "
+        "GPU nodes (gpuNodes.count)"
+    ]
+
+
+def _duration_warnings(config: StackConfig) -> list[str]:
+    deadline = config.job.max_run_hours
+    try:
+        estimate = estimate_duration(config)
+    except UnknownPeakError:
+        return []
+    if deadline is None or estimate.high_hours <= deadline:
+        return []
+    return [
+        f"duration: at the low end of the assumed MFU the run takes ~{estimate.high_hours:.1f} h, "
+        f"beyond job.maxRunHours {deadline:g}: it may stop before training.maxSteps "
+        f"{config.training.max_steps} (its last checkpoint is kept; resume from it)"
+    ]
 
 
 def _shared_storage_problems(config: StackConfig) -> list[str]:
@@ -322,6 +375,15 @@ def _shared_storage_problems(config: StackConfig) -> list[str]:
     ]
 
 
+def _expected_hours(config: StackConfig) -> float | None:
+    """The run's expected hours; None when it cannot be estimated (a GPU without figures, or
+    a shape or batch another problem of the same stack already reports)."""
+    try:
+        return estimate_duration(config).hours
+    except (UnknownPeakError, ValueError):
+        return None
+
+
 def cost_estimate(config: StackConfig) -> CostEstimate:
     """The GPU nodes' estimated cost (infra.pricing), as plans and stack outputs show it."""
     nodes, cost = config.gpu_nodes, config.cost
@@ -330,6 +392,7 @@ def cost_estimate(config: StackConfig) -> CostEstimate:
         nodes.count,
         nodes.capacity.type,
         run_hours=cost.run_hours(config.job.max_run_hours),
+        expected_hours=_expected_hours(config),
         max_usd_per_run=cost.max_usd_per_run,
         usd_per_instance_hour=cost.usd_per_instance_hour,
     )

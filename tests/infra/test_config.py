@@ -26,8 +26,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # claim that exists, so no file system is evaluated): several nodes must share one.
 BASE: dict[str, Any] = {
     "gpuNodes": {"instanceType": "p5.48xlarge", "count": 4},
-    "job": {"maxRunHours": 0.25},
+    "job": {"maxRunHours": 1},
+    "training": {"maxSteps": 50},
     "storage": {"fsx": {"existingClaimName": "team-lustre"}},
+    "cost": {"maxUsdPerRun": 500},
 }
 
 
@@ -81,7 +83,7 @@ BAD_CONFIGS: list[tuple[str, dict[str, Any], str]] = [
     ),
     (
         "more GPUs per node than the instance has",
-        with_(job={"maxRunHours": 0.25, "gpusPerNode": 16}),
+        with_(job={"maxRunHours": 1, "gpusPerNode": 16}),
         "job.gpusPerNode 16 exceeds the 8 GPU(s) of gpuNodes.instanceType 'p5.48xlarge'; "
         "allowed: 1 to 8",
     ),
@@ -125,6 +127,19 @@ BAD_CONFIGS: list[tuple[str, dict[str, Any], str]] = [
         "gpuNodes.capacity.reservationId is required for capacity type 'block'",
     ),
     (
+        "capacity block of a type EC2 sells no blocks for",
+        with_(
+            gpuNodes={
+                "instanceType": "g6e.48xlarge",
+                "count": 2,
+                "availabilityZone": "us-east-1a",
+                "capacity": {"type": "block", "reservationId": "cr-0123456789abcdef0"},
+            }
+        ),
+        "gpuNodes.capacity.type 'block' with gpuNodes.instanceType 'g6e.48xlarge': EC2 "
+        "Capacity Blocks are not sold for that type; allowed: p4d.24xlarge",
+    ),
+    (
         "existing cluster without a name",
         with_(cluster={"mode": "existing"}),
         "cluster.name is required when cluster.mode is 'existing'",
@@ -158,12 +173,12 @@ BAD_CONFIGS: list[tuple[str, dict[str, Any], str]] = [
     ),
     (
         "forbidden NCCL variable",
-        with_(job={"maxRunHours": 0.25, "extraEnv": {"NCCL_SOCKET_IFNAME": "eth0"}}),
+        with_(job={"maxRunHours": 1, "extraEnv": {"NCCL_SOCKET_IFNAME": "eth0"}}),
         "job.extraEnv.NCCL_SOCKET_IFNAME must not be set: P4d/P5 do not use eth0 for EFA",
     ),
     (
         "CUDA_LAUNCH_BLOCKING left from debugging",
-        with_(job={"maxRunHours": 0.25, "extraEnv": {"CUDA_LAUNCH_BLOCKING": "1"}}),
+        with_(job={"maxRunHours": 1, "extraEnv": {"CUDA_LAUNCH_BLOCKING": "1"}}),
         "job.extraEnv.CUDA_LAUNCH_BLOCKING must not be set",
     ),
     (
@@ -214,12 +229,12 @@ BAD_CONFIGS: list[tuple[str, dict[str, Any], str]] = [
     ),
     (
         "job name Kubernetes refuses",
-        with_(job={"maxRunHours": 0.25, "name": "Llama_8B"}),
+        with_(job={"maxRunHours": 1, "name": "Llama_8B"}),
         "job.name 'Llama_8B' must be a DNS-1035 label of at most 48 characters",
     ),
     (
         "job name the training operator refuses (leading digit)",
-        with_(job={"maxRunHours": 0.25, "name": "7b-run"}),
+        with_(job={"maxRunHours": 1, "name": "7b-run"}),
         "job.name '7b-run' must be a DNS-1035 label of at most 48 characters",
     ),
     (
@@ -229,12 +244,12 @@ BAD_CONFIGS: list[tuple[str, dict[str, Any], str]] = [
     ),
     (
         "run estimated above its ceiling",
-        with_(job={"maxRunHours": 12}),
+        with_(job={"maxRunHours": 12}, cost=None),
         "cost.maxUsdPerRun 100 is below the estimate $2,641.92",
     ),
     (
         "ceiling with no run length",
-        with_(job={}),
+        with_(job={}, cost=None),
         "cost.maxUsdPerRun 100 needs a run length to check against: set job.maxRunHours",
     ),
     (
@@ -270,7 +285,7 @@ BAD_CONFIGS: list[tuple[str, dict[str, Any], str]] = [
     ),
     (
         "shared memory larger than the node can give",
-        with_(job={"maxRunHours": 0.25, "shmSizeGiB": 1500}),
+        with_(job={"maxRunHours": 1, "shmSizeGiB": 1500}),
         "job.shmSizeGiB 1500 leaves too little of the 2048 GiB of p5.48xlarge",
     ),
 ]
@@ -442,7 +457,7 @@ def test_program_reads_every_key_the_language_host_passes_in_the_environment(
 def test_namespace_is_created_by_default_only_on_the_stacks_own_cluster(
     cluster: dict[str, Any], job: dict[str, Any], creates: bool
 ) -> None:
-    values = with_(cluster=cluster or None, job={"maxRunHours": 0.25, **job})
+    values = with_(cluster=cluster or None, job={"maxRunHours": 1, **job})
     config = parse_stack_config(values, stack_name="exp")
     assert config.job.create_namespace is creates
 

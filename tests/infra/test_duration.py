@@ -1,11 +1,24 @@
-"""The run-length estimate uses the trainer's own MFU arithmetic (trainer.flops), unchanged."""
+"""The run-length estimate: the trainer's own MFU arithmetic (trainer.flops), checkpoint writes
+and start-up, with a range from the per-GPU MFU assumption; and what the plan does with it."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from infra.config import load_stack_file
-from infra.duration import ASSUMED_MFU, STARTUP_HOURS, estimate_duration, shape_flops_config
+from infra.config import StackConfigError, parse_stack_config
+from infra.config.stack import config_warnings, cost_estimate, load_stack_file
+from infra.duration import (
+    MFU_BY_GPU,
+    POD_START_BUDGET_S,
+    STARTUP_HOURS,
+    checkpoint_saves,
+    estimate_duration,
+    shape_flops_config,
+    steps_within,
+)
+from infra.instances import INSTANCE_FACTS
 from trainer.flops import flops_per_token
 from trainer.presets import PRESETS
 
@@ -33,13 +46,92 @@ def test_llama31_8b_on_32_h100_by_hand() -> None:
     assert estimate.tokens == 10_000 * 256 * 8192
     assert estimate.gpus == 32 and estimate.peak_flops_per_gpu == 989.4e12
     assert estimate.training_hours == pytest.approx(26.64, abs=0.01)
-    assert estimate_duration(config).hours == pytest.approx(
-        26.64 * 0.40 / ASSUMED_MFU + STARTUP_HOURS, abs=0.02
+
+
+def test_the_worked_example_of_the_docs() -> None:
+    """infra/duration.py's docstring and docs/plan.md: llama31-8b-p5 as shipped."""
+    estimate = estimate_duration(load_stack_file("llama31-8b-p5"))
+    assert estimate.tokens == 3_500 * 256 * 8192
+    assert estimate.flops_per_token == pytest.approx(57.9e9, rel=1e-3)
+    assert estimate.training_hours == pytest.approx(10.66, abs=0.01)
+    # 7 saves of 8.03B parameters x 12 bytes at 250 MB/s/TiB x 2400 GiB of FSx.
+    assert estimate.checkpoint_hours == pytest.approx(7 * 8.03e9 * 12 / 585.9e6 / 3600, rel=0.01)
+    assert estimate.hours == pytest.approx(11.5, abs=0.05)
+    assert estimate.low_hours < estimate.hours < estimate.high_hours
+    assert estimate.high_hours == pytest.approx(
+        estimate.training_hours_at(0.25) + estimate.checkpoint_hours + POD_START_BUDGET_S / 3600
     )
-    assert "32 GPUs at 35% MFU" in estimate_duration(config).summary()
+    assert "range 9.7-16.2 h" in estimate.summary() and "assumed" in estimate.summary()
+
+
+def test_every_gpu_the_instance_table_knows_has_an_mfu_assumption() -> None:
+    for instance_type, facts in INSTANCE_FACTS.items():
+        mfu = MFU_BY_GPU.get(facts.gpu_model)
+        assert mfu is not None, instance_type
+        assert 0 < mfu.low <= mfu.expected <= mfu.high < 1 and mfu.source
+
+
+@pytest.mark.parametrize(
+    ("max_steps", "every", "saves"), [(1000, 500, 2), (1001, 500, 3), (200, 0, 1), (10, 500, 1)]
+)
+def test_checkpoint_saves_count_the_periodic_ones_and_the_last(
+    max_steps: int, every: int, saves: int
+) -> None:
+    config = load_stack_file("dev")
+    training = config.training.model_copy(
+        update={"max_steps": max_steps, "checkpoint_every": every}
+    )
+    assert checkpoint_saves(config.model_copy(update={"training": training})) == saves
 
 
 def test_a_bad_mfu_is_refused() -> None:
     config = load_stack_file("dev")
     with pytest.raises(ValueError, match="mfu"):
         estimate_duration(config, mfu=0)
+
+
+P4D: dict[str, Any] = {
+    "fsdp-eks:gpuNodes": {"instanceType": "p4d.24xlarge", "count": 2},
+    "fsdp-eks:model": {"preset": "llama2-7b"},
+    "fsdp-eks:cost": {"maxUsdPerRun": None},
+}
+
+
+def parse(job: dict[str, Any], training: dict[str, Any]) -> Any:
+    values = {**P4D, "fsdp-eks:job": job, "fsdp-eks:training": training}
+    return parse_stack_config(values, stack_name="duration")
+
+
+def test_a_run_longer_than_its_deadline_is_refused_with_what_to_change() -> None:
+    with pytest.raises(StackConfigError) as error:
+        parse({"maxRunHours": 4}, {"maxSteps": 5000, "globalBatchSize": 64})
+    [message] = [p for p in error.value.problems if "job.maxRunHours 4 " in p]
+    assert "training.maxSteps 5000 takes ~" in message
+    assert "raise job.maxRunHours to at least" in message and "gpuNodes.count" in message
+    steps = int(message.split("lower training.maxSteps to at most ")[1].split(",")[0])
+    fitting = parse({"maxRunHours": 4}, {"maxSteps": steps, "globalBatchSize": 64})
+    assert estimate_duration(fitting).hours <= 4
+    assert steps_within(fitting, 4) == steps
+
+
+def test_a_run_that_fits_only_at_the_expected_mfu_is_a_warning() -> None:
+    config = parse({"maxRunHours": 4}, {"maxSteps": 2500, "globalBatchSize": 64})
+    estimate = estimate_duration(config)
+    assert estimate.hours <= 4 < estimate.high_hours
+    [warning] = [w for w in config_warnings(config) if w.startswith("duration:")]
+    assert "beyond job.maxRunHours 4" in warning
+
+
+def test_the_cost_shows_the_expected_run_beside_the_deadline_worst_case() -> None:
+    config = load_stack_file("llama31-8b-p5")
+    cost = cost_estimate(config)
+    hours = estimate_duration(config).hours
+    assert cost.expected_hours == pytest.approx(hours)
+    assert cost.expected_usd == pytest.approx(cost.usd_per_hour * hours, abs=0.01)
+    assert cost.usd_per_run == pytest.approx(cost.usd_per_hour * 12, abs=0.01)
+    assert f"~${cost.expected_usd:,.2f} expected" in cost.summary()
+    assert cost.as_outputs()["expectedUsd"] == cost.expected_usd
+
+
+def test_start_up_allowance_is_within_the_pod_start_budget() -> None:
+    assert 0 < STARTUP_HOURS <= POD_START_BUDGET_S / 3600

@@ -215,7 +215,8 @@ def test_the_entry_point_reports_a_bad_stack_as_one_run_error(
 
     good = {
         "gpuNodes": {"instanceType": "p5.48xlarge", "count": 1},
-        "job": {"maxRunHours": 0.25},
+        "job": {"maxRunHours": 1},
+        "training": {"maxSteps": 50},
         "storage": {"fsx": {"enabled": False}},
     }
     assert evaluate(entry_point, config=good, stack="exp").of_type(

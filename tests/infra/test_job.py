@@ -40,9 +40,10 @@ FORBIDDEN = {
 def make_config(stack: str = "exp", **sections: dict[str, Any]) -> StackConfig:
     values: dict[str, Any] = {
         "gpuNodes": {"instanceType": "p5.48xlarge", "count": 4},
-        "job": {"maxRunHours": 0.25},
+        "job": {"maxRunHours": 1},
         "cost": {"maxUsdPerRun": 10000},
         **sections,
+        "training": {"maxSteps": 50, **sections.get("training", {})},
     }
     return parse_stack_config(values, stack_name=stack)
 
@@ -131,7 +132,7 @@ def test_run_directories_are_handed_to_the_trainer_uid_before_it_starts(
 def test_workers_find_each_other_through_c10d_rendezvous(crd_schema: dict[str, Any]) -> None:
     """Without a Master replica the operator sets no MASTER_ADDR / node rank (v1.9): the
     elastic policy is what points torchrun at worker 0."""
-    config = make_config(job={"maxRunHours": 0.25, "backoffLimit": 2})
+    config = make_config(job={"maxRunHours": 1, "backoffLimit": 2})
     manifest = render_job(config, image=IMAGE, pvc_name=None).as_dict()
     jsonschema.validate(manifest, crd_schema)
     assert list(manifest["spec"]["pytorchReplicaSpecs"]) == ["Worker"]
@@ -196,14 +197,14 @@ def test_rendered_command_parses_with_the_trainers_parser() -> None:
 
 def test_run_id_changes_with_the_experiment_and_not_with_the_job_wrapper() -> None:
     base = make_config()
-    assert run_id(base) == run_id(make_config(job={"maxRunHours": 0.25, "backoffLimit": 9}))
+    assert run_id(base) == run_id(make_config(job={"maxRunHours": 1, "backoffLimit": 9}))
     assert run_id(base) != run_id(make_config(training={"lr": 3e-4}))
-    assert run_id(make_config(job={"maxRunHours": 0.25, "runId": "keep"})) == "keep"
+    assert run_id(make_config(job={"maxRunHours": 1, "runId": "keep"})) == "keep"
     assert trainer_argv(base, render_job(base, image=IMAGE, pvc_name=None).paths)
 
 
 def test_extra_env_is_added_and_hf_token_is_only_named_by_its_file_path() -> None:
-    config = make_config(job={"maxRunHours": 0.25, "extraEnv": {"NCCL_DEBUG_SUBSYS": "NET"}})
+    config = make_config(job={"maxRunHours": 1, "extraEnv": {"NCCL_DEBUG_SUBSYS": "NET"}})
     env = container_env(config, hf_secret_name="exp-hf-token")
     by_name = {e["name"]: e for e in env}
     assert by_name["NCCL_DEBUG_SUBSYS"]["value"] == "NET"
@@ -213,7 +214,7 @@ def test_extra_env_is_added_and_hf_token_is_only_named_by_its_file_path() -> Non
 
 
 def test_gpus_per_node_below_the_instance_scales_the_pod() -> None:
-    config = make_config(job={"maxRunHours": 0.25, "gpusPerNode": 4})
+    config = make_config(job={"maxRunHours": 1, "gpusPerNode": 4})
     job = render_job(config, image=IMAGE, pvc_name=None)
     assert job.spec["nprocPerNode"] == "4"
     assert job.size.gpus == 4
@@ -259,7 +260,9 @@ def test_component_registers_a_replace_safe_pytorchjob_with_its_secret() -> None
     config = parse_stack_config(
         {
             "gpuNodes": {"instanceType": "p5.48xlarge", "count": 4},
-            "job": {"maxRunHours": 0.25},
+            "job": {"maxRunHours": 1},
+            "training": {"maxSteps": 50},
+            "cost": {"maxUsdPerRun": 500},
             "hfToken": "hf_secret_value",
         },
         stack_name="llama",
@@ -286,7 +289,7 @@ def test_component_registers_a_replace_safe_pytorchjob_with_its_secret() -> None
 
 
 def test_existing_namespace_is_not_created() -> None:
-    config = make_config(job={"maxRunHours": 0.25, "createNamespace": False, "namespace": "team-a"})
+    config = make_config(job={"maxRunHours": 1, "createNamespace": False, "namespace": "team-a"})
     result = evaluate(lambda: _job_program(config), config={})
     assert result.of_type("kubernetes:core/v1:Namespace") == []
     assert (
@@ -297,7 +300,7 @@ def test_existing_namespace_is_not_created() -> None:
 
 def test_up_waits_for_the_workers_through_a_watch_created_after_the_job() -> None:
     """The PyTorchJob itself is not awaited (no waitFor); the JobStartWatch is, after it."""
-    config = make_config(job={"maxRunHours": 0.25})
+    config = make_config(job={"maxRunHours": 1})
     result = evaluate(lambda: _job_program(config), config={})
     job = result.one("kubernetes:kubeflow.org/v1:PyTorchJob")
     watch = result.one(WATCH)

@@ -32,12 +32,17 @@ STACKS = sorted((Path(__file__).resolve().parents[2] / "stacks").glob("Pulumi.*.
 
 ONE_A10G: dict[str, Any] = {
     "gpuNodes": {"instanceType": "g5.xlarge", "count": 1},
-    "job": {"maxRunHours": 0.25},
+    "job": {"maxRunHours": 2},
+    "training": {"maxSteps": 1},
+    "cost": {"maxUsdPerRun": None},
 }
 
 
 def parse(**sections: Any) -> Any:
-    return parse_stack_config({**ONE_A10G, **sections}, stack_name="memory")
+    """ONE_A10G with `sections` replacing its own, except that `training` keys are added."""
+    training = {**ONE_A10G["training"], **sections.pop("training", {})}
+    values = {**ONE_A10G, **sections, "training": training}
+    return parse_stack_config(values, stack_name="memory")
 
 
 def refusal(**sections: Any) -> list[str]:

@@ -12,7 +12,7 @@ from scripts import plan
 
 
 def test_plan_of_every_stack(capsys: pytest.CaptureFixture[str]) -> None:
-    assert plan.main(["--all"]) == 0
+    assert plan.main(["--all", "--verbose"]) == 0
     out = capsys.readouterr().out
     stacks = plan.all_stacks()
     assert out.count("\nPyTorchJob:\n---\n") == len(stacks)
@@ -33,6 +33,7 @@ def test_plan_of_a_stack_breaking_a_guardrail_names_it_and_fails(
             {"config": {"fsdp-eks:gpuNodes": {"instanceType": "p5.48xlarge", "count": 2,
                                               "efa": False},
                         "fsdp-eks:job": {"maxRunHours": 1},
+                        "fsdp-eks:training": {"maxSteps": 50},
                         "fsdp-eks:cost": {"maxUsdPerRun": 1000}}}
         )
     )  # fmt: skip
@@ -44,10 +45,25 @@ def test_plan_of_a_stack_breaking_a_guardrail_names_it_and_fails(
     assert "all passed" not in guardrails
 
 
-def test_plan_shows_tree_cost_and_the_job_as_applied(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_default_plan_is_the_short_summary_a_reviewer_reads(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     assert plan.main(["llama31-8b-p5"]) == 0
     out = capsys.readouterr().out
-    assert "Cost:   4 x p5.48xlarge (on-demand): $220.16/hour, $2,641.92 per run (12 h)" in out
+    summary, guardrails = out.split("\nGuardrails:\n")
+    assert "Where:  us-west-2b (gpuNodes.availabilityZone)" in summary
+    assert "Memory: fits, ~" in summary and "of 80 GiB per GPU" in summary
+    assert "Time:   ~11.5 h (range 9.7-16.2 h)" in summary and "deadline 12 h" in summary
+    assert "~$2,526.43 expected (~11.5 h), $2,641.92 per run at most (12 h)" in summary
+    assert guardrails.startswith("  all passed\n")
+    assert "apiVersion: kubeflow.org/v1" not in out and "└─" not in out
+    assert len(out.splitlines()) < 20
+
+
+def test_plan_shows_tree_cost_and_the_job_as_applied(capsys: pytest.CaptureFixture[str]) -> None:
+    assert plan.main(["--verbose", "llama31-8b-p5"]) == 0
+    out = capsys.readouterr().out
+    assert "Cost:   4 x p5.48xlarge (on-demand): $220.16/hour, ~$2,526.43 expected" in out
     assert "Batch:  2 per GPU x 32 GPUs x 4 accumulation = 256 sequences (2,097,152 tokens)" in out
     assert "└─ fsdp-eks:job:TrainingJob job" in out
     assert "kubernetes:kubeflow.org/v1:PyTorchJob job-pytorchjob  name=llama31-8b-p5" in out

@@ -57,6 +57,7 @@ def test_the_job_renders_a_read_timeout_that_covers_the_pod_start_budget() -> No
         {
             "gpuNodes": {"instanceType": "g5.8xlarge", "count": 2},
             "job": {"maxRunHours": 1},
+            "training": {"maxSteps": 50},
             "model": {"preset": "llama3.2-1b", "numLayers": 2},  # fits an A10G's 24 GiB
         },
         stack_name="exp",
