@@ -583,9 +583,39 @@ def parse_stack_config(
     if filled:
         config = config.model_copy(update={"job": config.job.model_copy(update=filled)})
     problems = cross_section_problems(config)
+    problems.extend(region_problems(config, values.get("aws:region")))
     if problems:
         raise StackConfigError(problems, source=where)
     return config
+
+
+def region_problems(config: StackConfig, region: Any) -> list[str]:
+    """Every AZ the stack names must be in the provider's region (`aws:region`).
+
+    Caught here, an AZ of another region is one line in the same list as every other
+    mistake; left to the program, it surfaces from the first EC2 call of `pulumi up` as a
+    provider error on a half-created stack.
+    """
+    if not isinstance(region, str) or not region:
+        return []  # the AWS provider's own default (AWS_REGION, the profile) applies
+    named = [
+        ("gpuNodes.availabilityZone", config.gpu_nodes.availability_zone),
+        *(
+            (f"cluster.network.availabilityZones[{index}]", zone)
+            for index, zone in enumerate(config.cluster.network.availability_zones or [])
+        ),
+    ]
+    return [
+        f"{key} {zone!r} is not in aws:region {region!r}; allowed: an AZ of {region} "
+        f"({region}a, {region}b, ...), or set aws:region to the zone's region"
+        for key, zone in named
+        if zone is not None and not _in_region(zone, region)
+    ]
+
+
+def _in_region(zone: str, region: str) -> bool:
+    """`us-west-2b` is in `us-west-2` (the config model accepts only region + letter names)."""
+    return zone[:-1] == region
 
 
 # --- sources: the Pulumi engine, or a stack file ----------------------------------------------

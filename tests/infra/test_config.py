@@ -493,3 +493,32 @@ def test_several_nodes_need_storage_they_all_share(
         "allowed: storage.fsx.enabled: true (a volume every node mounts: a new FSx file "
         "system, or existingClaimName) or gpuNodes.count: 1"
     )
+
+
+@pytest.mark.parametrize(
+    ("region", "zone", "ok"),
+    [
+        ("us-east-1", "us-east-1a", True),
+        ("us-east-1", "us-west-2b", False),
+        ("us-east-1", "us-east-2a", False),
+        (None, "us-west-2b", True),  # no aws:region: the provider's default applies
+    ],
+)
+def test_an_az_of_another_region_is_one_line_in_the_same_list(
+    region: str | None, zone: str, ok: bool
+) -> None:
+    values: dict[str, Any] = {
+        **{f"fsdp-eks:{key}": value for key, value in BASE.items()},
+        "fsdp-eks:gpuNodes": {**P5, "availabilityZone": zone},
+    }
+    if region is not None:
+        values["aws:region"] = region
+    if ok:
+        parse_stack_config(values, stack_name="exp")
+        return
+    with pytest.raises(StackConfigError) as error:
+        parse_stack_config(values, stack_name="exp")
+    assert error.value.problems == [
+        f"gpuNodes.availabilityZone {zone!r} is not in aws:region {region!r}; allowed: an AZ "
+        f"of {region} ({region}a, {region}b, ...), or set aws:region to the zone's region"
+    ]
