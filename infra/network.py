@@ -78,6 +78,10 @@ class NetworkArgs:
     (new VPC) or the GPU subnet's AZ (existing VPC, which must then agree with it)."""
     gpu_instance_type: str | None = None
     """The GPU nodes' instance type: the GPU AZ must offer it. None: no offerings check."""
+    gpu_capacity_reserved: bool = False
+    """The GPU nodes run in a capacity reservation or block: its AZ is the one to use, and is
+    not checked against the type's offerings (a Capacity Block's AZ need not be one where
+    the type is offered On-Demand; EC2 decided the placement when it sold the block)."""
     tags: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -99,7 +103,7 @@ class Network(pulumi.ComponentResource):
         if args.config.creates_vpc:
             self._create(name, args)
         else:
-            self._reuse(args.config, args.gpu_availability_zone, args.gpu_instance_type)
+            self._reuse(args.config, args.gpu_availability_zone, _offered_type(args))
         self.register_outputs(
             {
                 "vpcId": self.vpc_id,
@@ -161,9 +165,10 @@ class Network(pulumi.ComponentResource):
         ).names
         system_azs = _system_azs(config, available)
         # Decided before registration: the GPU subnet's AZ is a plain input, and its name too.
+        instance_type = _offered_type(args)
         offering = (
-            _offerings(args.gpu_instance_type, pulumi.InvokeOptions(parent=self))
-            if args.gpu_instance_type is not None
+            _offerings(instance_type, pulumi.InvokeOptions(parent=self))
+            if instance_type is not None
             else None
         )
         gpu_az = _gpu_az(
@@ -315,6 +320,11 @@ def _system_azs(config: NetworkConfig, available: Sequence[str]) -> list[str]:
             f"available: {list(available)}"
         )
     return list(config.availability_zones)
+
+
+def _offered_type(args: NetworkArgs) -> str | None:
+    """The instance type whose offerings decide the GPU AZ; None where a reservation does."""
+    return None if args.gpu_capacity_reserved else args.gpu_instance_type
 
 
 def _offerings(instance_type: str, opts: pulumi.InvokeOptions) -> list[str]:

@@ -45,6 +45,7 @@ def main() -> None:
                 config=stack.cluster.network,
                 gpu_availability_zone=stack.gpu_nodes.availability_zone,
                 gpu_instance_type=stack.gpu_nodes.instance_type,
+                gpu_capacity_reserved=stack.gpu_nodes.capacity.is_reserved,
                 tags=tags,
             ),
         )

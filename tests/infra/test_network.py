@@ -239,6 +239,24 @@ def test_an_explicit_az_that_does_not_offer_the_type_is_one_clear_error(
     ) in str(raised.value)
 
 
+def test_a_reservations_az_is_used_without_an_offerings_check(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A capacity block's AZ is where EC2 sold it, whether or not the type is offered there
+    On-Demand: the offerings must not overrule it, nor be asked."""
+    offered_only_in(monkeypatch, "us-west-2b", "us-west-2c")
+    result = run_dev_stack(
+        gpuNodes={
+            "instanceType": "p5.48xlarge",
+            "availabilityZone": "us-west-2a",
+            "capacity": {"type": "block", "reservationId": "cr-0123456789abcdef0"},
+        },
+        cost={"maxUsdPerRun": None},
+    )
+    assert result.one(SUBNET, "network-gpu").inputs["availabilityZone"] == "us-west-2a"
+    assert [args for token, args in result.invokes if token == OFFERINGS] == []
+
+
 def test_no_offering_az_in_the_region_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
     offered_only_in(monkeypatch)
     with pytest.raises(ValueError, match=r"'g5\.xlarge' is not offered in any AZ of this region"):
