@@ -23,6 +23,7 @@ takes ~11.5 h (range 9.7-16.2 h), inside its 12 h deadline.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
@@ -215,8 +216,6 @@ def estimate_duration(
             raise ValueError(f"mfu must be in (0, 1], got {mfu}")
         assumption = MfuAssumption(mfu, mfu, mfu, "given", measured=True)
     shape = config.model_shape()
-    saved_bytes = approx_num_parameters(shape) * CHECKPOINT_BYTES_PER_PARAMETER
-    seconds_per_save = saved_bytes / checkpoint_write_bytes_per_s(config)
     return DurationEstimate(
         tokens=config.training.max_steps * config.tokens_per_step,
         flops_per_token=flops_per_token(shape_flops_config(shape), config.training.context_width),
@@ -224,7 +223,7 @@ def estimate_duration(
         peak_flops_per_gpu=peak,
         mfu=assumption,
         startup_hours=startup_hours,
-        checkpoint_hours=checkpoint_saves(config) * seconds_per_save / 3600,
+        checkpoint_hours=checkpoint_saves(config) * checkpoint_seconds(config) / 3600,
     )
 
 
@@ -241,3 +240,25 @@ def steps_within(config: StackConfig, hours: float) -> int:
         middle = (low + high + 1) // 2
         low, high = (middle, high) if fits(middle) else (low, middle - 1)
     return low
+
+
+SHUTDOWN_MARGIN_S = 60
+"""What a stop needs beyond its step and its save: the ranks' agreement, the metrics line,
+leaving the process group, and the agent reaping its workers."""
+
+
+def shutdown_grace_seconds(config: StackConfig) -> int:
+    """How long a worker needs between SIGTERM and its exit: the step in flight (at the low
+    MFU), one checkpoint written twice over (a slow file system, a busy one) and a margin.
+    The pod's `terminationGracePeriodSeconds` and torchrun's shutdown timeout derive from it
+    (`infra.job_manifest`); a Kubernetes default of 30 s would kill a large save half way."""
+    estimate = estimate_duration(config)
+    step_s = estimate.training_hours_at(estimate.mfu.low) * 3600 / config.training.max_steps
+    save_s = checkpoint_seconds(config)
+    return math.ceil(step_s + 2 * save_s + SHUTDOWN_MARGIN_S)
+
+
+def checkpoint_seconds(config: StackConfig) -> float:
+    """Seconds one checkpoint of this run takes to write."""
+    saved_bytes = approx_num_parameters(config.model_shape()) * CHECKPOINT_BYTES_PER_PARAMETER
+    return saved_bytes / checkpoint_write_bytes_per_s(config)

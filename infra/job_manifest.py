@@ -14,7 +14,7 @@ from typing import Any
 
 from infra.config.cluster import GPU_TAINT_KEY
 from infra.config.stack import StackConfig
-from infra.duration import POD_START_BUDGET_S
+from infra.duration import POD_START_BUDGET_S, shutdown_grace_seconds
 from infra.instances import scheduling_labels
 from infra.job_args import RunPaths, run_paths, torchrun_command
 
@@ -66,6 +66,10 @@ pod's securityContext so an `image.uri` base that runs as root (NGC, DLC) runs t
 uid too, not silently as root. A fresh FSx file system is owned by root, so the run's
 directories are created for this uid before the trainer starts."""
 PREPARE_CONTAINER_NAME = "prepare-run-dirs"
+
+AGENT_EXIT_S = 30
+"""Between torchrun's SIGKILL of a stuck worker and the kubelet's of the whole container: time
+for the agent to reap the workers and exit itself."""
 
 # Headroom left on a node for the kubelet, the CNI, device plugins and the FSx client.
 _RESERVED_CPU_FRACTION = 1 / 16
@@ -162,6 +166,10 @@ def container_env(config: StackConfig, *, hf_secret_name: str | None) -> list[di
         }
     )
     values["HF_HOME"] = HF_HOME
+    # torchrun SIGKILLs its workers this long after forwarding a SIGTERM (torch
+    # `distributed/launcher/api.py`, default 30 s): long enough for the trainer's stop save,
+    # and shorter than the pod's grace period so the agent itself exits before the kubelet's kill.
+    values["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(shutdown_grace_seconds(config))
     if hf_secret_name is not None:
         # The token itself stays in its file (`hf_token_volume`); only its path is in env.
         values["HF_TOKEN_PATH"] = HF_TOKEN_PATH
@@ -372,6 +380,9 @@ def render_job(
         },
         "tolerations": list(where.tolerations),
         "securityContext": pod_security_context(),
+        # SIGTERM (spot interruption, drain, deadline) to SIGKILL: the trainer saves a
+        # checkpoint at the next step boundary (trainer.preemption) and torchrun waits for it.
+        "terminationGracePeriodSeconds": shutdown_grace_seconds(config) + AGENT_EXIT_S,
         # Nothing in the pod calls the Kubernetes API: torchrun finds its peers through the
         # c10d store on worker 0 and the operator passes everything else in environment
         # variables. A pod given its own service account (for AWS access) keeps the token.

@@ -31,8 +31,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         shutdown()
         raise
+    from trainer.preemption import PreemptedError
+
     try:
         trainer.train()
+    except PreemptedError as stop:
+        # Saved and recorded: the pod is going away (or the deadline came), not a crash.
+        return stop.exit_code
     finally:
         trainer.close()
     return 0

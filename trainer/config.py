@@ -312,8 +312,21 @@ class CheckpointConfig:
         "a checkpoint, so that rerunning the same command resumes and finishes (0: off).",
     )
 
+    signal_at_step: int = _flag(
+        0,
+        "Testing: the last rank sends itself SIGTERM right after step N, as when one node is "
+        "interrupted, unless this run resumed from a checkpoint (0: off). Every rank then "
+        "saves step N+1 and exits with code 143.",
+    )
+
+    nan_at_step: int = _flag(
+        0,
+        "Testing: the last rank's loss at step N is NaN (as after an overflow), unless this "
+        "run resumed from a checkpoint (0: off). Every rank skips that update.",
+    )
+
     def __post_init__(self) -> None:
-        for name in ("checkpoint_freq", "fail_at_step"):
+        for name in ("checkpoint_freq", "fail_at_step", "signal_at_step", "nan_at_step"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name} must be >= 0, got {getattr(self, name)}")
         if self.keep_last_checkpoints < 0:

@@ -219,3 +219,29 @@ def load_schedule_position(
     scheduler.load_state_dict(state)
     scheduler.base_lrs = current_base_lrs
     apply_scheduled_lr(scheduler)
+
+
+def step_unless_non_finite(
+    optimizer: torch.optim.Optimizer, grad_norm: torch.Tensor
+) -> torch.Tensor:
+    """`optimizer.step()`, skipped when the global gradient norm is not finite (a NaN or inf
+    anywhere in the model's gradients). Returns 1.0 on a skip, else 0.0, on the norm's device.
+
+    The norm is the whole model's (reduced over every rank by `clip_grad_norm_`), so every
+    rank skips the same steps. Fused AdamW takes the decision as a tensor, the way GradScaler
+    hands it over (`optimizer.found_inf`, torch `amp/grad_scaler.py`): its kernel leaves
+    parameters and moments alone and the step counts are restored (torch `optim/adam.py`
+    `_fused_adam`), with no host-device sync. The other implementations refuse `found_inf`
+    (`_single_tensor_adam`, `_multi_tensor_adam`), so there the decision is read on the host:
+    on a CPU run a CPU tensor, no device sync either.
+    """
+    skipped = (~torch.isfinite(grad_norm)).to(torch.float32)
+    if optimizer.defaults.get("fused"):
+        optimizer.found_inf = skipped  # type: ignore[attr-defined]
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.found_inf  # type: ignore[attr-defined]
+    elif not bool(skipped.item()):
+        optimizer.step()
+    return skipped

@@ -43,13 +43,14 @@ from trainer.metrics import (
 )
 from trainer.models import build_model, hf_config_from, load_pretrained, materialize
 from trainer.models import pretrained_config as load_pretrained_config
-from trainer.optim import build_lr_scheduler, build_optimizer
+from trainer.optim import build_lr_scheduler, build_optimizer, step_unless_non_finite
 from trainer.parallelize import (
     ParallelPlan,
     check_replicas_identical,
     parallelize_model,
     parameter_device,
 )
+from trainer.preemption import StopRequests, control_group
 
 logger = get_logger("train")
 
@@ -270,6 +271,11 @@ class Trainer:
             flops_per_token=flops_per_token(self.hf_config, self.seq_len),
             peak_flops_per_device=peak_flops(self.device),
         )
+        # Updates skipped for a non-finite gradient norm (a device tensor: read when logging).
+        self.skipped_updates = torch.zeros((), device=self.device)
+        self._skipped_logged = 0
+        # SIGTERM (spot interruption, drain, deadline): save at the next step boundary, exit.
+        self.stops = StopRequests(control_group())
         self._log_summary()
 
     # --- setup helpers
@@ -341,9 +347,12 @@ class Trainer:
         timer = StepTimer(start_step=self.step, max_steps=cfg.optim.max_steps)
         with self._progress_bar() as progress:
             while self.step < cfg.optim.max_steps:
+                self.stops.begin_step()
                 result = self.train_step()
                 self.step += 1
                 step = self.step
+                if step == cfg.checkpoint.signal_at_step and self.resumed_from is None:
+                    self._inject_stop_signal(step)
                 if step % cfg.logging.logging_freq == 0 or step == cfg.optim.max_steps:
                     mean_loss = self._log_train(step, result, timer)
                     if progress is not None:
@@ -354,6 +363,8 @@ class Trainer:
                     self.save(step)
                 if progress is not None:
                     progress.update(1)
+                if self.stops.agreed():
+                    self._stop(step)
                 if step == cfg.checkpoint.fail_at_step and self.resumed_from is None:
                     logger.warning("--fail_at_step %d: exiting abruptly", step)
                     sys.stderr.flush()
@@ -362,6 +373,33 @@ class Trainer:
             self.save(self.step)
         if cfg.checkpoint.export_dir is not None:
             self.export(Path(cfg.checkpoint.export_dir))
+
+    def _poisoned(self, step: int) -> bool:
+        """`--nan_at_step`: the last rank's loss of that step is NaN, as after an overflow."""
+        return (
+            step == self.cfg.checkpoint.nan_at_step
+            and self.resumed_from is None
+            and self.dist.rank == self.dist.world_size - 1
+        )
+
+    def _inject_stop_signal(self, step: int) -> None:
+        """`--signal_at_step`: the last rank alone gets SIGTERM, as one interrupted node's
+        ranks would; the others learn of it through the next step's agreement."""
+        if self.dist.rank == self.dist.world_size - 1:
+            logger.warning("--signal_at_step %d: sending SIGTERM to this rank", step)
+            self.stops.request()
+
+    def _stop(self, step: int) -> None:
+        """Every rank agreed to stop after `step`: save it (unless just saved), record, raise."""
+        stop = self.stops.stop(step)
+        saved = self.checkpoints is not None
+        if saved and self._last_saved_step != step:
+            self.save(step)
+        self.sinks.write({"kind": "stop", "step": step, "signal": stop.signal_name, "saved": saved})
+        logger.warning(
+            "%s: stopped after step %d%s", stop.signal_name, step, ", checkpoint saved" * saved
+        )
+        raise stop
 
     def train_step(self) -> StepResult:
         """One optimizer step over `gradient_accumulation_steps` micro-batches."""
@@ -375,11 +413,15 @@ class Trainer:
             batch = next(self._train_batches())
             if micro == 0:
                 digest = batch_digest(batch["input_ids"])
-            loss = self.forward_backward_step(batch, scale=1.0 / accumulation)
+            scale = 1.0 / accumulation
+            if micro == 0 and self._poisoned(self.step + 1):
+                scale = math.nan
+            loss = self.forward_backward_step(batch, scale=scale)
             loss_sum += loss
         grad_norm = clip_grad_norm_(self.parameters, self.cfg.optim.grad_clip)
         lr = float(self.optimizer.param_groups[0]["lr"])
-        self.optimizer.step()
+        # A non-finite step is skipped on every rank alike; the schedule moves on regardless.
+        self.skipped_updates += step_unless_non_finite(self.optimizer, grad_norm)
         self.lr_scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return StepResult(loss=loss_sum, grad_norm=grad_norm, lr=lr, digest=digest)
@@ -460,6 +502,17 @@ class Trainer:
             digests: list[str | None] = [None] * self.dist.world_size
             dist.all_gather_object(digests, result.digest)
             extra["batch_digests"] = digests
+        skipped = int(self.skipped_updates.item())
+        if skipped > self._skipped_logged:
+            logger.warning(
+                "step %d: %d update(s) skipped for a non-finite gradient norm since the last "
+                "log line (%d in this run)",
+                step,
+                skipped - self._skipped_logged,
+                skipped,
+            )
+            self._skipped_logged = skipped
+        extra["skipped_updates"] = skipped
         elapsed, steps = timer.lap(step)
         step_time = elapsed / max(steps, 1)
         record = self.throughput.record(
@@ -534,5 +587,6 @@ class Trainer:
             yield bar
 
     def close(self) -> None:
+        self.stops.close()
         self.sinks.close()
         shutdown()

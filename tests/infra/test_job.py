@@ -7,6 +7,7 @@ from typing import Any
 import jsonschema
 import pulumi
 import pulumi_kubernetes as k8s
+import pytest
 from pulumi.runtime.rpc import _special_secret_sig as SECRET_VALUE  # noqa: N812
 from pulumi.runtime.rpc import _special_sig_key as SECRET_SIG  # noqa: N812
 
@@ -313,3 +314,28 @@ def test_up_waits_for_the_workers_through_a_watch_created_after_the_job() -> Non
     kubeconfig = watch.inputs["kubeconfig"]
     assert kubeconfig[SECRET_SIG] == SECRET_VALUE and kubeconfig["value"] == KUBECONFIG
     assert "annotations" not in job.inputs["metadata"]
+
+
+def test_a_stop_signal_leaves_time_for_the_step_and_a_checkpoint(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Kubernetes kills the container `terminationGracePeriodSeconds` after SIGTERM (30 s by
+    default), torchrun its workers after its shutdown timeout: both must cover the step in
+    flight and a whole save, the agent's inside the pod's."""
+    from torch.distributed.launcher.api import LaunchConfig
+
+    from infra.duration import checkpoint_seconds, estimate_duration, shutdown_grace_seconds
+
+    config = make_config(model={"preset": "llama3.1-8b"}, training={"maxSteps": 100})
+    manifest = render_job(config, image=IMAGE, pvc_name="fsx-claim").as_dict()
+    grace = worker(manifest)["template"]["spec"]["terminationGracePeriodSeconds"]
+    env = {e["name"]: e.get("value") for e in container(manifest)["env"]}
+    estimate = estimate_duration(config)
+    step_s = estimate.training_hours_at(estimate.mfu.low) * 3600 / 100
+    assert shutdown_grace_seconds(config) >= step_s + checkpoint_seconds(config)
+    # torch reads the variable itself when torchrun gives no --shutdown-timeout.
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"])
+    launch = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=1)
+    assert launch.shutdown_timeout == shutdown_grace_seconds(config)
+    assert launch.shutdown_timeout < grace
+    assert "--shutdown-timeout" not in " ".join(container(manifest)["args"])

@@ -12,6 +12,7 @@ from trainer.optim import (
     build_optimizer,
     load_schedule_position,
     lr_at,
+    step_unless_non_finite,
 )
 
 # lr=1.0, min_lr=0.1, warmup 4 steps, max 12 steps (decay over steps 5..12, progress = (n-4)/8).
@@ -182,3 +183,29 @@ def test_scheduler_rejects_bad_settings(kwargs, message):
 def test_optimizer_rejects_bad_beta():
     with pytest.raises(ValueError, match="beta2 must be in"):
         build_optimizer(nn.Linear(2, 2), lr=1e-3, weight_decay=0.0, beta1=0.9, beta2=1.0)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_non_finite_norm_skips_the_whole_update(fused: bool) -> None:
+    """Fused AdamW skips inside its kernel (no host sync) and restores its step count; the
+    other implementations skip on the host. Either way nothing moves, and a finite norm
+    steps as usual."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 4)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, fused=fused)
+    model(torch.randn(2, 4)).sum().backward()
+    optimizer.step()  # moments and step counts exist
+    before = [p.detach().clone() for p in model.parameters()]
+    state = [{k: v.clone() for k, v in optimizer.state[p].items()} for p in model.parameters()]
+
+    skipped = step_unless_non_finite(optimizer, torch.tensor(float("nan")))
+    assert skipped.item() == 1.0
+    assert not hasattr(optimizer, "found_inf")
+    for param, old, old_state in zip(model.parameters(), before, state, strict=True):
+        assert torch.equal(param, old)
+        for key, value in optimizer.state[param].items():
+            assert torch.equal(value, old_state[key]), key
+
+    assert step_unless_non_finite(optimizer, torch.tensor(1.0)).item() == 0.0
+    assert not torch.equal(next(model.parameters()), before[0])
+    assert optimizer.state[next(model.parameters())]["step"].item() == 2

@@ -155,6 +155,59 @@ def test_crash_and_restart_resumes_and_reproduces_the_losses(
     assert (checkpoint_dir / "step-20" / "COMPLETE").exists()
 
 
+def test_sigterm_on_one_rank_saves_the_next_step_and_the_restart_matches(
+    reference_run: Any, tiny_assets: TinyAssets, tmp_path: Path
+) -> None:
+    """One node interrupted: only the last rank gets SIGTERM after step 13. Every rank agrees
+    after step 14, saves it, exits 143; the restart resumes at 14 and reproduces the
+    uninterrupted losses."""
+    _, reference = reference_run
+    checkpoint_dir = tmp_path / "ckpt"
+    args = reference_args(tiny_assets, checkpoint_dir, signal_at_step=FAIL_AT_STEP)
+
+    stopped = run_trainer(args, metrics_file=tmp_path / "first.jsonl")
+    assert stopped.returncode != 0
+    assert "exitcode  : 143" in stopped.output
+    assert _steps_logged(stopped) == list(range(1, FAIL_AT_STEP + 2))
+    [stop] = [r for r in stopped.metrics if r.get("kind") == "stop"]
+    # Rank 0 writes the metrics: it learned of the signal from the last rank.
+    assert (stop["step"], stop["signal"], stop["saved"]) == (
+        FAIL_AT_STEP + 1,
+        "SIGTERM (on another rank)",
+        True,
+    )
+    assert (checkpoint_dir / f"step-{FAIL_AT_STEP + 1}" / "COMPLETE").exists()
+
+    resumed = run_trainer(args, metrics_file=tmp_path / "second.jsonl")
+    assert resumed.returncode == 0, resumed.output[-4000:]
+    assert _steps_logged(resumed) == list(range(FAIL_AT_STEP + 2, MAX_STEPS + 1))
+    expected = reference.losses()
+    for step, loss in {**stopped.losses(), **resumed.losses()}.items():
+        assert loss == pytest.approx(expected[step], rel=1e-5), step
+
+
+def test_a_non_finite_step_is_skipped_on_every_rank_and_training_goes_on(
+    reference_run: Any, tiny_assets: TinyAssets, tmp_path: Path
+) -> None:
+    """Only the last rank's loss at step 5 is NaN; FSDP's gradient reduction spreads it to
+    every rank's shard, the global norm is NaN everywhere, and every rank skips that update.
+    Applied, it would make every later loss NaN."""
+    _, reference = reference_run
+    args = reference_args(tiny_assets, tmp_path / "ckpt", nan_at_step=5)
+    result = run_trainer(args, metrics_file=tmp_path / "metrics.jsonl")
+    assert result.returncode == 0, result.output[-4000:]
+    records = {r["step"]: r for r in result.train_records()}
+    assert math.isnan(records[5]["loss"])
+    assert all(math.isfinite(records[s]["loss"]) for s in range(6, MAX_STEPS + 1))
+    assert [records[s]["skipped_updates"] for s in range(1, MAX_STEPS + 1)] == [0] * 4 + [1] * 16
+    assert "step 5: 1 update(s) skipped for a non-finite gradient norm" in result.output
+    expected = reference.losses()
+    for step in range(1, 5):
+        assert records[step]["loss"] == pytest.approx(expected[step], rel=1e-5)
+    # Step 6 trains from the weights after step 4, as if step 5's batch had not been seen.
+    assert records[MAX_STEPS]["loss"] < records[1]["loss"] - 1.0
+
+
 def test_resume_on_another_world_size_with_the_flag(
     reference_run: Any, tiny_assets: TinyAssets, tmp_path: Path
 ) -> None:
