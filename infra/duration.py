@@ -262,3 +262,13 @@ def checkpoint_seconds(config: StackConfig) -> float:
     """Seconds one checkpoint of this run takes to write."""
     saved_bytes = approx_num_parameters(config.model_shape()) * CHECKPOINT_BYTES_PER_PARAMETER
     return saved_bytes / checkpoint_write_bytes_per_s(config)
+
+
+WATCHDOG_FLOOR_MIN_S = 600
+"""The trainer's own default floor: whatever the estimate, a hang is not called sooner."""
+
+
+def watchdog_floor_seconds(config: StackConfig) -> int:
+    """The trainer's `--watchdog_floor_s` for this run: twice the longest stretch between two
+    steps that is not a hang (a step at the low MFU with a checkpoint save), at least 10 min."""
+    return max(WATCHDOG_FLOOR_MIN_S, 2 * shutdown_grace_seconds(config))

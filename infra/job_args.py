@@ -15,6 +15,7 @@ from typing import Any
 
 from infra.config.job import RENDERED_TRAINER_FLAGS
 from infra.config.stack import StackConfig
+from infra.duration import watchdog_floor_seconds
 from trainer.config import format_args
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -69,6 +70,8 @@ def trainer_flags(config: StackConfig) -> dict[str, Any]:
         "logging_freq": training.logging_every,
         "validation_freq": training.validation_every,
         "validation_batches": training.validation_batches,
+        # A save of this model is no hang (trainer.watchdog): the floor is sized from it.
+        "watchdog_floor_s": watchdog_floor_seconds(config),
     }
     return {**flags, **training.extra_args}
 

@@ -67,6 +67,10 @@ uid too, not silently as root. A fresh FSx file system is owned by root, so the 
 directories are created for this uid before the trainer starts."""
 PREPARE_CONTAINER_NAME = "prepare-run-dirs"
 
+FLIGHT_RECORDER_ENTRIES = 2000
+"""Collectives kept per process group for a dump: a few steps of an FSDP run's all-gathers
+and reduce-scatters (torch's recorder is off at 0, its default)."""
+
 AGENT_EXIT_S = 30
 """Between torchrun's SIGKILL of a stuck worker and the kubelet's of the whole container: time
 for the agent to reap the workers and exit itself."""
@@ -145,7 +149,9 @@ def container_resources(size: PodSize) -> dict[str, dict[str, Any]]:
     return {"requests": requests, "limits": limits}
 
 
-def container_env(config: StackConfig, *, hf_secret_name: str | None) -> list[dict[str, Any]]:
+def container_env(
+    config: StackConfig, *, hf_secret_name: str | None, run_dir: str | None = None
+) -> list[dict[str, Any]]:
     """The NCCL/EFA environment of the design brief, plus the HF token and `job.extraEnv`.
 
     The variables that break NCCL over EFA (NCCL_SOCKET_IFNAME, NCCL_PROTO, NCCL_ALGO,
@@ -161,6 +167,10 @@ def container_env(config: StackConfig, *, hf_secret_name: str | None) -> list[di
             "NCCL_DEBUG": config.job.nccl_debug,
             "NCCL_NVLS_ENABLE": "0",  # NVLink SHARP causes peer access errors on some nodes
             "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",  # a failed collective ends the process
+            # The flight recorder: the last collectives of every group, dumped by NCCL's own
+            # watchdog on a collective timeout and by the trainer's on a hang.
+            "TORCH_NCCL_TRACE_BUFFER_SIZE": str(FLIGHT_RECORDER_ENTRIES),
+            "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
             "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
             "TRITON_CACHE_DIR": TRITON_CACHE_DIR,  # local disk: FSx file locks stall startup
         }
@@ -170,6 +180,8 @@ def container_env(config: StackConfig, *, hf_secret_name: str | None) -> list[di
     # `distributed/launcher/api.py`, default 30 s): long enough for the trainer's stop save,
     # and shorter than the pod's grace period so the agent itself exits before the kubelet's kill.
     values["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(shutdown_grace_seconds(config))
+    if run_dir is not None:  # beside the checkpoints, so the dump outlives the pod
+        values["TORCH_FR_DUMP_TEMP_FILE"] = f"{run_dir}/flight-recorder-rank-"
     if hf_secret_name is not None:
         # The token itself stays in its file (`hf_token_volume`); only its path is in env.
         values["HF_TOKEN_PATH"] = HF_TOKEN_PATH
@@ -363,7 +375,7 @@ def render_job(
         "imagePullPolicy": "IfNotPresent",
         "command": command[:1],
         "args": command[1:],
-        "env": container_env(config, hf_secret_name=hf_secret_name),
+        "env": container_env(config, hf_secret_name=hf_secret_name, run_dir=paths.run_dir),
         "resources": container_resources(size),
         "volumeMounts": trainer_mounts,
         "ports": [{"name": RENDEZVOUS_PORT_NAME, "containerPort": RENDEZVOUS_PORT}],

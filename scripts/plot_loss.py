@@ -7,7 +7,9 @@
 The trainer (trainer.metrics.JsonlSink) writes one JSON object per line: `kind: "train"` with
 `step` and `loss` (plus throughput figures), and `kind: "validation"` with `step` and
 `val_loss`. A resumed run appends to the same file, so a step can appear twice; the later
-record wins, as it is the one the resumed run continued from.
+record wins, as it is the one the resumed run continued from. Each restart (a `run` line whose
+`start.attempt` is above 1) is marked on the plot where the run resumed, with how the attempt
+before it ended.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ METRICS_FILE = "metrics.jsonl"
 class LossCurves:
     train: dict[int, float] = field(default_factory=dict)
     validation: dict[int, float] = field(default_factory=dict)
+    restarts: list[tuple[int, str]] = field(default_factory=list)
+    """(step resumed at, how the previous attempt ended) per restart (`trainer.restarts`)."""
     skipped_lines: int = 0
 
     def summary(self) -> str:
@@ -47,6 +51,8 @@ class LossCurves:
         if self.validation:
             best = min(self.validation, key=lambda s: self.validation[s])
             text += f", best val_loss {self.validation[best]:.4f} at step {best}"
+        if self.restarts:
+            text += f", {len(self.restarts)} restart(s)"
         return text
 
 
@@ -63,6 +69,8 @@ def read_curves(lines: Iterable[str]) -> LossCurves:
                 curves.train[step] = float(record["loss"])
             elif kind == "validation":
                 curves.validation[step] = float(record["val_loss"])
+            elif kind == "run" and record.get("start", {}).get("attempt", 1) > 1:
+                curves.restarts.append((step, str(record["start"].get("after", "restart"))))
         except (ValueError, KeyError, TypeError, AttributeError):
             curves.skipped_lines += 1
     if curves.skipped_lines:
@@ -104,6 +112,16 @@ def plot(curves: LossCurves, out: Path, *, title: str, smooth: float = 0.0) -> P
         axes.plot(
             steps, [curves.validation[s] for s in steps], "o-", color="tab:orange", label="val"
         )
+    for index, (step, after) in enumerate(curves.restarts):
+        axes.axvline(
+            step,
+            color="tab:red",
+            linestyle="--",
+            alpha=0.6,
+            label="restart (resumed here)" if index == 0 else None,
+        )
+        axes.annotate(after, (step, 1), xycoords=("data", "axes fraction"), fontsize=7,
+                      rotation=90, va="top", ha="right", color="tab:red")  # fmt: skip
     axes.set_xlabel("step")
     axes.set_ylabel("loss")
     axes.set_title(title)

@@ -380,6 +380,23 @@ def test_read_curves_from_the_trainers_metrics_file(tmp_path: Path) -> None:
     )
 
 
+def test_restarts_are_read_from_the_runs_start_records(tmp_path: Path) -> None:
+    from trainer.metrics import JsonlSink
+
+    path = tmp_path / "metrics.jsonl"
+    sink = JsonlSink(path)
+    sink.write({"kind": "run", "step": 0, "start": {"attempt": 1, "after": "fresh"}})
+    sink.write({"kind": "train", "step": 1, "loss": 2.0})
+    sink.write({"kind": "hang", "step": 1, "reason": "no step"})
+    sink.write({"kind": "run", "step": 0, "start": {"attempt": 2, "after": "hang"}})
+    sink.write({"kind": "train", "step": 1, "loss": 1.5})
+    sink.close()
+    curves = plot_loss.read_curves(path.read_text().splitlines())
+    assert curves.restarts == [(0, "hang")]
+    assert curves.summary().endswith(", 1 restart(s)")
+    assert plot_loss.plot(curves, tmp_path / "loss.png", title="t").stat().st_size > 10_000
+
+
 def test_ema_smoothing() -> None:
     assert plot_loss.ema([1.0, 1.0, 1.0], 0.5) == [1.0, 1.0, 1.0]
     assert plot_loss.ema([0.0, 4.0], 0.5) == [0.0, 2.0]

@@ -312,21 +312,8 @@ class CheckpointConfig:
         "a checkpoint, so that rerunning the same command resumes and finishes (0: off).",
     )
 
-    signal_at_step: int = _flag(
-        0,
-        "Testing: the last rank sends itself SIGTERM right after step N, as when one node is "
-        "interrupted, unless this run resumed from a checkpoint (0: off). Every rank then "
-        "saves step N+1 and exits with code 143.",
-    )
-
-    nan_at_step: int = _flag(
-        0,
-        "Testing: the last rank's loss at step N is NaN (as after an overflow), unless this "
-        "run resumed from a checkpoint (0: off). Every rank skips that update.",
-    )
-
     def __post_init__(self) -> None:
-        for name in ("checkpoint_freq", "fail_at_step", "signal_at_step", "nan_at_step"):
+        for name in ("checkpoint_freq", "fail_at_step"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name} must be >= 0, got {getattr(self, name)}")
         if self.keep_last_checkpoints < 0:
@@ -358,6 +345,49 @@ class LoggingConfig:
 
 
 @dataclass
+class FaultConfig:
+    """What the run does about hangs, and the faults tests inject to prove it."""
+
+    watchdog_factor: float = _flag(
+        10.0,
+        "Exit (code 142, after dumping every thread's stack and the flight recorder) when no "
+        "step finished for this many times the recent median step time (0: no watchdog).",
+    )
+    watchdog_floor_s: float = _flag(
+        600.0,
+        "The watchdog never fires sooner than this: it must cover a checkpoint save or a "
+        "validation pass between two steps.",
+    )
+    signal_at_step: int = _flag(
+        0,
+        "Testing: the last rank sends itself SIGTERM right after step N, as when one node is "
+        "interrupted, unless this run resumed from a checkpoint (0: off). Every rank then "
+        "saves step N+1 and exits with code 143.",
+    )
+    nan_at_step: int = _flag(
+        0,
+        "Testing: the last rank's loss at step N is NaN (as after an overflow), unless this "
+        "run resumed from a checkpoint (0: off). Every rank skips that update.",
+    )
+    stall_at_step: int = _flag(
+        0,
+        "Testing: the last rank stops making progress right after step N (as on a stuck GPU "
+        "or read), unless this run resumed from a checkpoint (0: off).",
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("signal_at_step", "nan_at_step", "stall_at_step"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{name} must be >= 0, got {getattr(self, name)}")
+        if self.watchdog_factor and self.watchdog_factor <= 1:
+            raise ValueError(
+                f"--watchdog_factor must be 0 (off) or > 1, got {self.watchdog_factor}"
+            )
+        if self.watchdog_floor_s <= 0:
+            raise ValueError(f"--watchdog_floor_s must be > 0, got {self.watchdog_floor_s}")
+
+
+@dataclass
 class TrainConfig:
     """The whole run. Sections keep related flags together; flag names are unique across them."""
 
@@ -367,6 +397,7 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    faults: FaultConfig = field(default_factory=FaultConfig)
 
     def __post_init__(self) -> None:
         if self.parallel.sharding_strategy != "hybrid" and self.parallel.hsdp_shard_size:
@@ -388,6 +419,7 @@ _SECTION_TYPES: dict[str, type] = {
     "optim": OptimConfig,
     "checkpoint": CheckpointConfig,
     "logging": LoggingConfig,
+    "faults": FaultConfig,
 }
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.distributed_c10d import _set_pg_timeout
 
 from trainer.log import get_logger
 
@@ -135,7 +136,23 @@ def build_mesh(info: DistInfo, strategy: str, hsdp_shard_size: int = 0) -> Devic
             f"--sharding_strategy {strategy!r} is not supported; "
             "allowed: full, hybrid, shard_grad_op, no_shard"
         )
-    return init_device_mesh(device_type, shape, mesh_dim_names=(REPLICATE_DIM, SHARD_DIM))
+    mesh = init_device_mesh(device_type, shape, mesh_dim_names=(REPLICATE_DIM, SHARD_DIM))
+    for dim in (REPLICATE_DIM, SHARD_DIM):
+        set_collective_timeout(mesh.get_group(dim))
+    return mesh
+
+
+def set_collective_timeout(group: dist.ProcessGroup) -> None:
+    """Give a sub-group the default group's timeout.
+
+    `new_group` without a timeout takes the backend's default, not the default group's
+    (torch `distributed_c10d._new_group_with_tag`: `_get_default_timeout(backend)`, 10 min
+    for NCCL), and DeviceMesh creates its sub-groups that way; a dimension that spans the
+    whole world reuses the default group instead. So HSDP's and no_shard's groups would abort
+    a slow collective (a checkpoint's, a straggler's) after 10 minutes while the rest wait 30.
+    `_set_pg_timeout` is torch's API for exactly this change.
+    """
+    _set_pg_timeout(DEFAULT_TIMEOUT, group)
 
 
 def shard_coordinate(mesh: DeviceMesh) -> int:

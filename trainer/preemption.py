@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from trainer.distributed import DEFAULT_TIMEOUT
 from trainer.log import get_logger
 
 logger = get_logger("preemption")
@@ -103,4 +104,4 @@ def control_group() -> Any | None:
     Collective: every rank must call it, at the same point of its setup."""
     if dist.get_world_size() == 1:
         return None
-    return dist.new_group(backend="gloo")
+    return dist.new_group(backend="gloo", timeout=DEFAULT_TIMEOUT)

@@ -12,6 +12,8 @@ import json
 import math
 import os
 import sys
+import threading
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +53,8 @@ from trainer.parallelize import (
     parameter_device,
 )
 from trainer.preemption import StopRequests, control_group
+from trainer.restarts import account_start, read_records
+from trainer.watchdog import HangWatchdog
 
 logger = get_logger("train")
 
@@ -258,6 +262,9 @@ class Trainer:
         metrics_file = cfg.logging.metrics_file
         if metrics_file is None and cfg.checkpoint.checkpoint_dir is not None:
             metrics_file = str(Path(cfg.checkpoint.checkpoint_dir) / "metrics.jsonl")
+        # What this start cost (read before this start appends to the file).
+        earlier = read_records(metrics_file) if self.dist.is_main else []
+        self.start = account_start(earlier, resumed_step=self.step, now=time.time())
         self.sinks = build_sinks(
             is_main=self.dist.is_main,
             metrics_file=metrics_file,
@@ -276,6 +283,14 @@ class Trainer:
         self._skipped_logged = 0
         # SIGTERM (spot interruption, drain, deadline): save at the next step boundary, exit.
         self.stops = StopRequests(control_group())
+        # A step that never ends (a stuck GPU, link or read) becomes an exit and a restart.
+        self.watchdog: HangWatchdog | None = None
+        if cfg.faults.watchdog_factor:
+            self.watchdog = HangWatchdog(
+                factor=cfg.faults.watchdog_factor,
+                floor_s=cfg.faults.watchdog_floor_s,
+                on_hang=self._on_hang,
+            )
         self._log_summary()
 
     # --- setup helpers
@@ -325,6 +340,8 @@ class Trainer:
             cfg.optim.max_steps,
             self.throughput.flops_per_token,
         )
+        if self.start.attempt > 1:
+            logger.warning("%s", self.start.summary())
         # The whole configuration, so a log or metrics file explains its own run.
         logger.info("config: %s", json.dumps(cfg.to_dict(), sort_keys=True))
         self.sinks.write(
@@ -335,6 +352,7 @@ class Trainer:
                 "parameters": total_params,
                 "flops_per_token": self.throughput.flops_per_token,
                 "resumed_from": None if self.resumed_from is None else str(self.resumed_from),
+                "start": self.start.as_dict(),
                 "config": cfg.to_dict(),
             }
         )
@@ -351,7 +369,7 @@ class Trainer:
                 result = self.train_step()
                 self.step += 1
                 step = self.step
-                if step == cfg.checkpoint.signal_at_step and self.resumed_from is None:
+                if step == cfg.faults.signal_at_step and self.resumed_from is None:
                     self._inject_stop_signal(step)
                 if step % cfg.logging.logging_freq == 0 or step == cfg.optim.max_steps:
                     mean_loss = self._log_train(step, result, timer)
@@ -363,6 +381,10 @@ class Trainer:
                     self.save(step)
                 if progress is not None:
                     progress.update(1)
+                if self.watchdog is not None:
+                    self.watchdog.beat(step)
+                if step == cfg.faults.stall_at_step and self.resumed_from is None:
+                    self._stall(step)
                 if self.stops.agreed():
                     self._stop(step)
                 if step == cfg.checkpoint.fail_at_step and self.resumed_from is None:
@@ -374,10 +396,22 @@ class Trainer:
         if cfg.checkpoint.export_dir is not None:
             self.export(Path(cfg.checkpoint.export_dir))
 
+    def _on_hang(self, reason: str) -> None:
+        """On the watchdog's thread: record the hang for the next start, then exit."""
+        self.sinks.write({"kind": "hang", "step": self.step, "reason": reason})
+        HangWatchdog.exit(reason)
+
+    def _stall(self, step: int) -> None:
+        """`--stall_at_step`: the last rank stops making progress; the others wait for it in
+        their next collective. Only the watchdog (or the collective timeout) ends this."""
+        if self.dist.rank == self.dist.world_size - 1:
+            logger.warning("--stall_at_step %d: this rank stops making progress", step)
+            threading.Event().wait()
+
     def _poisoned(self, step: int) -> bool:
         """`--nan_at_step`: the last rank's loss of that step is NaN, as after an overflow."""
         return (
-            step == self.cfg.checkpoint.nan_at_step
+            step == self.cfg.faults.nan_at_step
             and self.resumed_from is None
             and self.dist.rank == self.dist.world_size - 1
         )
@@ -587,6 +621,8 @@ class Trainer:
             yield bar
 
     def close(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.close()
         self.stops.close()
         self.sinks.close()
         shutdown()

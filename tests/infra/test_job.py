@@ -339,3 +339,15 @@ def test_a_stop_signal_leaves_time_for_the_step_and_a_checkpoint(
     assert launch.shutdown_timeout == shutdown_grace_seconds(config)
     assert launch.shutdown_timeout < grace
     assert "--shutdown-timeout" not in " ".join(container(manifest)["args"])
+
+
+def test_the_watchdog_floor_covers_a_save_and_the_recorder_dumps_beside_the_checkpoints() -> None:
+    from infra.duration import shutdown_grace_seconds
+
+    config = make_config(model={"preset": "llama3.1-8b"}, training={"maxSteps": 100})
+    manifest = render_job(config, image=IMAGE, pvc_name="fsx-claim").as_dict()
+    parsed = parse_args(container(manifest)["args"][4:])
+    assert parsed.faults.watchdog_floor_s >= 2 * shutdown_grace_seconds(config)
+    env = {e["name"]: e.get("value") for e in container(manifest)["env"]}
+    assert int(env["TORCH_NCCL_TRACE_BUFFER_SIZE"]) > 0
+    assert env["TORCH_FR_DUMP_TEMP_FILE"].startswith(f"{parsed.checkpoint.checkpoint_dir}/")

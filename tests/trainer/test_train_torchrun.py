@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 import re
 import shutil
 from pathlib import Path
@@ -206,6 +207,54 @@ def test_a_non_finite_step_is_skipped_on_every_rank_and_training_goes_on(
         assert records[step]["loss"] == pytest.approx(expected[step], rel=1e-5)
     # Step 6 trains from the weights after step 4, as if step 5's batch had not been seen.
     assert records[MAX_STEPS]["loss"] < records[1]["loss"] - 1.0
+
+
+def test_a_stalled_rank_ends_in_a_stack_dump_and_the_restart_resumes(
+    reference_run: Any, tiny_assets: TinyAssets, tmp_path: Path
+) -> None:
+    """The last rank stops making progress after step 13; every rank's watchdog fires once
+    no step has ended for its floor (15 s, far above a step or a save here), dumps stacks and
+    exits 142; the restart resumes from step 10 and reproduces the uninterrupted losses."""
+    _, reference = reference_run
+    checkpoint_dir = tmp_path / "ckpt"
+    watchdog = {"watchdog_factor": 3, "watchdog_floor_s": 15}
+    args = reference_args(tiny_assets, checkpoint_dir, stall_at_step=FAIL_AT_STEP, **watchdog)
+    env = {"TORCH_FR_BUFFER_SIZE": "64", "TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "fr_")}
+
+    metrics = tmp_path / "metrics.jsonl"  # one file across restarts, as in the job
+    hung = run_trainer(args, metrics_file=metrics, env=env)
+    assert hung.returncode != 0
+    assert "exitcode  : 142" in hung.output
+    assert "no training step for 1" in hung.output and f"after step {FAIL_AT_STEP}" in hung.output
+    assert 'File "' in hung.output and "in _stall" in hung.output  # the stalled rank's stack
+    assert _steps_logged(hung) == list(range(1, FAIL_AT_STEP + 1))
+    # Each rank's flight recorder, in the format torch's `torchfrtrace` reads: the waiting
+    # rank's last collective is still scheduled, never completed.
+    for rank in (0, 1):
+        trace = pickle.loads((tmp_path / f"fr_{rank}").read_bytes())
+        assert trace["entries"], rank
+    assert pickle.loads((tmp_path / "fr_0").read_bytes())["entries"][-1]["state"] != "completed"
+
+    assert [r["kind"] for r in hung.metrics][-1] == "hang"
+
+    resumed = run_trainer(args, metrics_file=metrics)
+    assert resumed.returncode == 0, resumed.output[-4000:]
+    [_, second] = [i for i, r in enumerate(resumed.metrics) if r["kind"] == "run"]
+    start = resumed.metrics[second]["start"]
+    assert (start["attempt"], start["after"], start["resumed_step"], start["steps_lost"]) == (
+        2,
+        "hang",
+        10,
+        FAIL_AT_STEP - 10,
+    )
+    # Lost: steps 11-13 and the watchdog's wait (its 15 s floor at least).
+    assert start["wall_lost_s"] >= 15 and 0 < start["goodput"] < 1
+    assert "start 2 after hang: resumed at step 10, 3 step(s)" in resumed.output
+    steps = [r["step"] for r in resumed.metrics[second:] if r["kind"] == "train"]
+    assert steps == list(range(11, MAX_STEPS + 1))
+    expected = reference.losses()
+    for step, loss in resumed.losses().items():
+        assert loss == pytest.approx(expected[step], rel=1e-5), step
 
 
 def test_resume_on_another_world_size_with_the_flag(

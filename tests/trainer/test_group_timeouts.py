@@ -1,0 +1,46 @@
+"""Every process group of a 2-D mesh times out with the default group, not its backend's
+default. On gloo both are 30 minutes, so the script plays NCCL's rule: sub-groups created
+without a timeout get `_get_default_timeout(backend)`, 10 minutes for NCCL (torch
+`distributed_c10d._new_group_with_tag`)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.trainer.torchrun_util import free_port
+
+SCRIPT = """
+import datetime
+import torch
+import torch.distributed.distributed_c10d as c10d
+from trainer.distributed import DEFAULT_TIMEOUT, build_mesh, init_distributed
+
+c10d._get_default_timeout = lambda backend: datetime.timedelta(minutes=10)  # NCCL's
+info = init_distributed("cpu")
+mesh = build_mesh(info, "{strategy}")
+for dim in mesh.mesh_dim_names:
+    timeout = mesh.get_group(dim)._get_backend(torch.device("cpu")).options._timeout
+    assert timeout == DEFAULT_TIMEOUT, (dim, timeout)
+print("timeouts ok")
+c10d.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("strategy", ["hybrid", "no_shard"])
+def test_mesh_subgroups_time_out_with_the_default_group(tmp_path: Path, strategy: str) -> None:
+    script = tmp_path / "mesh.py"
+    script.write_text(SCRIPT.format(strategy=strategy))
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc_per_node=2", f"--master_port={free_port()}", str(script),
+        ],
+        capture_output=True, text=True, timeout=120, check=False,
+        cwd=Path(__file__).resolve().parents[2],
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("timeouts ok") == 2
