@@ -65,6 +65,21 @@ INSTANCE_FACTS: dict[str, InstanceFacts] = {
 }
 
 
+ALLREDUCE_BUSBW_FLOOR_GBPS: dict[str, float] = {
+    "p4d.24xlarge": 20.0,
+    "p4de.24xlarge": 20.0,
+    "p5.48xlarge": 100.0,
+    "p5e.48xlarge": 100.0,
+    "p5en.48xlarge": 100.0,
+    "p6-b200.48xlarge": 150.0,
+}
+"""All-reduce bus bandwidth (GB/s, nccl-tests' busbw) below which a job's preflight calls the
+network broken. Assumed, not measured: about 40% of a p4d's 400 Gbps of EFA (50 GB/s) and 25%
+of a p5's or p6's 3,200 Gbps (400 GB/s), far below what nccl-tests reach over EFA and far above
+what NCCL gets over TCP sockets on the same nodes. Replace with measured figures from
+`scripts/validate_cluster.py` (its nccl check prints the bus bandwidth). Types without an
+entry (PCIe-only g5/g6e, EFA optional) get no floor."""
+
 CAPACITY_BLOCK_TYPES = frozenset(
     {
         "p4d.24xlarge",

@@ -16,12 +16,27 @@ from typing import Any
 from infra.config.job import RENDERED_TRAINER_FLAGS
 from infra.config.stack import StackConfig
 from infra.duration import watchdog_floor_seconds
+from infra.instances import ALLREDUCE_BUSBW_FLOOR_GBPS, HYPERPOD_PREFIX
 from trainer.config import format_args
 
 CHECKPOINTS_DIR = "checkpoints"
 """Directory under the shared mount that holds one sub-directory per run."""
 LOCAL_CHECKPOINT_MOUNT = "/scratch"
 """Where runs keep checkpoints when the stack has no shared FSx volume (a pod-local volume)."""
+
+
+def preflight_flags(config: StackConfig) -> dict[str, Any]:
+    """What each node must be (trainer.preflight), from the same instance facts the node group
+    and the pod's resource requests are built from."""
+    facts, nodes = config.instance, config.gpu_nodes
+    instance_type = nodes.instance_type.removeprefix(HYPERPOD_PREFIX)
+    return {
+        "preflight": config.job.preflight,
+        "expect_gpu": facts.gpu_model,
+        "expect_gpu_memory_gib": facts.gpu_memory_gib,
+        "expect_efa_devices": nodes.efa_interface_count if nodes.efa_enabled else 0,
+        "allreduce_floor_gbps": ALLREDUCE_BUSBW_FLOOR_GBPS.get(instance_type, 0.0),
+    }
 
 
 def trainer_flags(config: StackConfig) -> dict[str, Any]:
@@ -72,6 +87,7 @@ def trainer_flags(config: StackConfig) -> dict[str, Any]:
         "validation_batches": training.validation_batches,
         # A save of this model is no hang (trainer.watchdog): the floor is sized from it.
         "watchdog_floor_s": watchdog_floor_seconds(config),
+        **preflight_flags(config),
     }
     return {**flags, **training.extra_args}
 

@@ -162,6 +162,10 @@ def container_env(
     if config.gpu_nodes.efa_enabled:
         values["FI_PROVIDER"] = "efa"
         values["FI_EFA_USE_HUGE_PAGE"] = "0"  # huge pages fail allocations after fork/GC
+        # The aws-ofi-nccl plugin or an error, never a silent fallback to TCP sockets: the
+        # plugin answers to this name in every release (aws/aws-ofi-nccl
+        # `nvidia_plugin_name_fixup`), and NCCL fails when the named network is missing.
+        values["NCCL_NET"] = "AWS Libfabric"
     values.update(
         {
             "NCCL_DEBUG": config.job.nccl_debug,
@@ -375,7 +379,11 @@ def render_job(
         "imagePullPolicy": "IfNotPresent",
         "command": command[:1],
         "args": command[1:],
-        "env": container_env(config, hf_secret_name=hf_secret_name, run_dir=paths.run_dir),
+        "env": [
+            *container_env(config, hf_secret_name=hf_secret_name, run_dir=paths.run_dir),
+            # The node a preflight failure names (Kubernetes downward API).
+            {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        ],
         "resources": container_resources(size),
         "volumeMounts": trainer_mounts,
         "ports": [{"name": RENDEZVOUS_PORT_NAME, "containerPort": RENDEZVOUS_PORT}],

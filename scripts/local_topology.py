@@ -51,6 +51,12 @@ LOCAL_OVERRIDES: dict[str, Any] = {
     "export_dir": None,
     "tensorboard_dir": None,
     "progress_bar": False,
+    # This machine is not the stack's node: the preflight still runs (and its all-reduce),
+    # without the GPU model, EFA devices and bandwidth floor only the cluster can meet.
+    "expect_gpu": None,
+    "expect_gpu_memory_gib": None,
+    "expect_efa_devices": 0,
+    "allreduce_floor_gbps": 0.0,
 }
 
 

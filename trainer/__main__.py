@@ -13,10 +13,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = parse_args(sys.argv[1:] if argv is None else argv)
     # Imported after parsing so that `--help` and flag errors answer without loading torch.
     from trainer.data import DataConfigError
+    from trainer.preflight import PREFLIGHT_EXIT_CODE, PreflightError
     from trainer.train import Trainer
 
     try:
         trainer = Trainer(cfg)
+    except PreflightError as error:
+        # The node is not what the run was planned for: one line, and a retryable exit.
+        from trainer.distributed import shutdown
+
+        shutdown()
+        print(f"trainer: {error}", file=sys.stderr)
+        return PREFLIGHT_EXIT_CODE
     except DataConfigError as error:
         # A bad --dataset/--tokenizer is the user's to fix: one line naming the flag, no trace.
         from trainer.distributed import shutdown

@@ -358,6 +358,21 @@ class FaultConfig:
         "The watchdog never fires sooner than this: it must cover a checkpoint save or a "
         "validation pass between two steps.",
     )
+    preflight: Literal["enforce", "warn", "off"] = _flag(
+        "enforce",
+        "Before step 1, check each node's GPUs and EFA devices against the --expect_* flags "
+        "and the all-reduce bandwidth against --allreduce_floor_gbps; enforce: a failure "
+        "exits (code 140) with one line naming the node and the check; warn: it is logged.",
+    )
+    expect_gpu: str | None = _flag(None, "Preflight: the GPU model each rank must see (e.g. H100).")
+    expect_gpu_memory_gib: int | None = _flag(None, "Preflight: memory each GPU must have.")
+    expect_efa_devices: int = _flag(0, "Preflight: EFA devices each node must have (0: none).")
+    allreduce_floor_gbps: float = _flag(
+        0.0, "Preflight: all-reduce bus bandwidth in GB/s below which the network is broken."
+    )
+    preflight_fail_check: Literal["gpus", "efa"] | None = _flag(
+        None, "Testing: the last rank reports this preflight check as failed."
+    )
     signal_at_step: int = _flag(
         0,
         "Testing: the last rank sends itself SIGTERM right after step N, as when one node is "

@@ -53,6 +53,7 @@ from trainer.parallelize import (
     parameter_device,
 )
 from trainer.preemption import StopRequests, control_group
+from trainer.preflight import Expectations, run_preflight
 from trainer.restarts import account_start, read_records
 from trainer.watchdog import HangWatchdog
 
@@ -140,6 +141,21 @@ class Trainer:
         if not self.dist.is_main:
             quiet_libraries()
         self.device = self.dist.device
+        # Before anything is built: are these the GPUs and the network the run expects?
+        faults = cfg.faults
+        run_preflight(
+            Expectations(
+                gpu_model=faults.expect_gpu,
+                gpu_memory_gib=faults.expect_gpu_memory_gib,
+                efa_devices=faults.expect_efa_devices,
+                busbw_floor_gbps=faults.allreduce_floor_gbps,
+                allreduce_mib=64 if self.device.type == "cuda" else 4,
+            ),
+            device=self.device,
+            local_world_size=self.dist.local_world_size,
+            mode=faults.preflight,
+            inject=faults.preflight_fail_check,
+        )
         self.seed = cfg.optim.seed
         torch.manual_seed(self.seed)
 

@@ -52,6 +52,8 @@ RENDERED_TRAINER_FLAGS = frozenset(
         "gradient_accumulation_steps", "seed", "checkpoint_freq", "keep_last_checkpoints",
         "logging_freq", "validation_freq", "validation_batches", "checkpoint_dir",
         "resume_from_checkpoint", "export_dir", "tensorboard_dir", "watchdog_floor_s",
+        "preflight", "expect_gpu", "expect_gpu_memory_gib", "expect_efa_devices",
+        "allreduce_floor_gbps",
     }
 )  # fmt: skip
 """Trainer flags rendered from stack keys (infra/job_args.py); `training.extraArgs` may not
@@ -141,6 +143,15 @@ class JobConfig(ConfigSection):
             "Pods deleted when the job finishes (runPolicy.cleanPodPolicy): Running frees GPUs "
             "of stragglers and keeps finished pods' logs; All; None (the operator's default, "
             "which leaves running pods holding GPUs)."
+        ),
+    )
+    preflight: Literal["enforce", "warn", "off"] = Field(
+        default="enforce",
+        description=(
+            "Before step 1 each pod checks its GPUs (count, model, memory, a matmul), its EFA "
+            "devices and that NCCL is held to the EFA plugin, then all ranks measure an "
+            "all-reduce against a floor for the instance type. enforce: a failure exits "
+            "(code 140) with one line naming the node and the check; warn: it is logged."
         ),
     )
     nccl_debug: Literal["VERSION", "WARN", "INFO", "TRACE"] = Field(

@@ -351,3 +351,22 @@ def test_the_watchdog_floor_covers_a_save_and_the_recorder_dumps_beside_the_chec
     env = {e["name"]: e.get("value") for e in container(manifest)["env"]}
     assert int(env["TORCH_NCCL_TRACE_BUFFER_SIZE"]) > 0
     assert env["TORCH_FR_DUMP_TEMP_FILE"].startswith(f"{parsed.checkpoint.checkpoint_dir}/")
+
+
+def test_each_pod_checks_it_got_the_planned_node_before_step_1() -> None:
+    manifest = render_job(make_config(), image=IMAGE, pvc_name="fsx-claim").as_dict()
+    faults = parse_args(container(manifest)["args"][4:]).faults
+    assert (faults.preflight, faults.expect_gpu, faults.expect_gpu_memory_gib) == (
+        "enforce",
+        "H100",
+        80,
+    )
+    assert faults.expect_efa_devices == 32 and faults.allreduce_floor_gbps == 100.0
+    env = {e["name"]: e for e in container(manifest)["env"]}
+    assert env["NCCL_NET"]["value"] == "AWS Libfabric"  # the EFA plugin or an error
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+
+    no_efa = make_config(gpuNodes={"instanceType": "p5.48xlarge", "count": 4, "efa": False})
+    manifest = render_job(no_efa, image=IMAGE, pvc_name="fsx-claim").as_dict()
+    assert parse_args(container(manifest)["args"][4:]).faults.expect_efa_devices == 0
+    assert "NCCL_NET" not in {e["name"] for e in container(manifest)["env"]}

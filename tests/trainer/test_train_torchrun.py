@@ -257,6 +257,29 @@ def test_a_stalled_rank_ends_in_a_stack_dump_and_the_restart_resumes(
         assert loss == pytest.approx(expected[step], rel=1e-5), step
 
 
+def test_a_failing_preflight_check_exits_before_step_1_with_one_line(
+    tiny_assets: TinyAssets, tmp_path: Path
+) -> None:
+    args = reference_args(tiny_assets, tmp_path / "ckpt", preflight_fail_check="efa")
+    failed = run_trainer(args, metrics_file=tmp_path / "metrics.jsonl")
+    assert failed.returncode != 0 and "exitcode  : 140" in failed.output
+    lines = [line for line in failed.output.splitlines() if line.startswith("trainer: ")]
+    assert len(lines) == 2  # one per rank, the same line: the last rank's failure
+    assert lines[0].startswith("trainer: preflight failed: node ")
+    assert lines[0].endswith("rank 1: efa: injected by --preflight_fail_check")
+    # No trace from the trainer (torchrun still prints its own ChildFailedError report).
+    assert "PreflightError" not in failed.output and "trainer/train.py" not in failed.output
+    assert failed.train_records() == []
+
+    warned = run_trainer(
+        [*args, "--preflight", "warn", "--max_steps", "2"],
+        metrics_file=tmp_path / "warned.jsonl",
+    )
+    assert warned.returncode == 0, warned.output[-3000:]
+    assert "preflight failed: node " in warned.output
+    assert _steps_logged(warned) == [1, 2]
+
+
 def test_resume_on_another_world_size_with_the_flag(
     reference_run: Any, tiny_assets: TinyAssets, tmp_path: Path
 ) -> None:
