@@ -358,6 +358,16 @@ class FaultConfig:
         "The watchdog never fires sooner than this: it must cover a checkpoint save or a "
         "validation pass between two steps.",
     )
+    rollback_after_nonfinite: int = _flag(
+        3,
+        "Roll back to the last checkpoint (and skip the data since) after this many "
+        "consecutive non-finite steps, each of which is skipped (0: never roll back).",
+    )
+    loss_spike_factor: float = _flag(
+        0.0,
+        "Roll back when the logged loss exceeds this many times its recent average (0: off).",
+    )
+    max_rollbacks: int = _flag(5, "Stop the run (an error) after this many rollbacks.")
     preflight: Literal["enforce", "warn", "off"] = _flag(
         "enforce",
         "Before step 1, check each node's GPUs and EFA devices against the --expect_* flags "
@@ -384,6 +394,7 @@ class FaultConfig:
         "Testing: the last rank's loss at step N is NaN (as after an overflow), unless this "
         "run resumed from a checkpoint (0: off). Every rank skips that update.",
     )
+    nan_steps: int = _flag(1, "Testing: how many consecutive steps --nan_at_step poisons.")
     stall_at_step: int = _flag(
         0,
         "Testing: the last rank stops making progress right after step N (as on a stuck GPU "
@@ -391,13 +402,25 @@ class FaultConfig:
     )
 
     def __post_init__(self) -> None:
-        for name in ("signal_at_step", "nan_at_step", "stall_at_step"):
+        for name in (
+            "signal_at_step",
+            "nan_at_step",
+            "stall_at_step",
+            "rollback_after_nonfinite",
+            "max_rollbacks",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name} must be >= 0, got {getattr(self, name)}")
         if self.watchdog_factor and self.watchdog_factor <= 1:
             raise ValueError(
                 f"--watchdog_factor must be 0 (off) or > 1, got {self.watchdog_factor}"
             )
+        if self.loss_spike_factor and self.loss_spike_factor <= 1:
+            raise ValueError(
+                f"--loss_spike_factor must be 0 (off) or > 1, got {self.loss_spike_factor}"
+            )
+        if self.nan_steps < 1:
+            raise ValueError(f"--nan_steps must be >= 1, got {self.nan_steps}")
         if self.watchdog_floor_s <= 0:
             raise ValueError(f"--watchdog_floor_s must be > 0, got {self.watchdog_floor_s}")
 

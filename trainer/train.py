@@ -33,6 +33,7 @@ from trainer.distributed import (
     shard_coordinate,
     shutdown,
 )
+from trainer.divergence import DivergenceGuard
 from trainer.log import get_logger, setup_logging
 from trainer.metrics import (
     StepTimer,
@@ -294,9 +295,16 @@ class Trainer:
             flops_per_token=flops_per_token(self.hf_config, self.seq_len),
             peak_flops_per_device=peak_flops(self.device),
         )
-        # Updates skipped for a non-finite gradient norm (a device tensor: read when logging).
+        # Updates skipped for a non-finite gradient norm (a device tensor: read when logging),
+        # and the rule that rolls back to the last checkpoint when skipping is not enough.
         self.skipped_updates = torch.zeros((), device=self.device)
         self._skipped_logged = 0
+        self.divergence = DivergenceGuard(
+            rollback_after=cfg.faults.rollback_after_nonfinite,
+            spike_factor=cfg.faults.loss_spike_factor,
+            device=self.device,
+        )
+        self.rollbacks = 0
         # SIGTERM (spot interruption, drain, deadline): save at the next step boundary, exit.
         self.stops = StopRequests(control_group())
         # A step that never ends (a stuck GPU, link or read) becomes an exit and a restart.
@@ -316,6 +324,10 @@ class Trainer:
         if latest is None:
             logger.info("no complete checkpoint in %s: starting from step 0", location)
             return
+        self._load(latest, location)
+
+    def _load(self, latest: Path, location: str) -> None:
+        """Every rank: weights, optimizer, schedule, data position and RNG of `latest`."""
         manager = self.checkpoints or CheckpointManager(
             location, keep_last=self.cfg.checkpoint.keep_last_checkpoints
         )
@@ -391,6 +403,15 @@ class Trainer:
                     mean_loss = self._log_train(step, result, timer)
                     if progress is not None:
                         progress.set_postfix_str(f"loss {mean_loss:.4f}", refresh=False)
+                    reason = self.divergence.verdict(mean_loss)
+                    if reason is not None:
+                        self._roll_back(step, reason)
+                        timer = StepTimer(start_step=self.step, max_steps=cfg.optim.max_steps)
+                        if self.watchdog is not None:
+                            self.watchdog.beat(self.step)
+                        if self.stops.agreed():  # this step's agreement is still owed
+                            self._stop(self.step)
+                        continue
                 if cfg.logging.validation_freq and step % cfg.logging.validation_freq == 0:
                     self.validate(step)
                 if self._checkpoint_due(step):
@@ -424,10 +445,45 @@ class Trainer:
             logger.warning("--stall_at_step %d: this rank stops making progress", step)
             threading.Event().wait()
 
+    def _roll_back(self, step: int, reason: str) -> None:
+        """Every rank: back to the last complete checkpoint, past the data since it."""
+        latest = self.checkpoints.latest() if self.checkpoints is not None else None
+        if latest is None or self.rollbacks >= self.cfg.faults.max_rollbacks:
+            why = "no checkpoint to roll back to" if latest is None else "too many rollbacks"
+            raise RuntimeError(f"step {step}: {reason}, and {why}: stopping the run")
+        self.rollbacks += 1
+        assert self.checkpoints is not None
+        self._load(latest, str(self.checkpoints.checkpoint_dir))
+        # The batches from the checkpoint to the bad step are the likely cause: skip them.
+        window = (step - self.step) * self.cfg.optim.gradient_accumulation_steps
+        self._train_iter = None
+        batches = self._train_batches()
+        for _ in range(window):
+            next(batches)
+        self.divergence.reset()
+        self.sinks.write(
+            {
+                "kind": "rollback",
+                "step": step,
+                "to_step": self.step,
+                "skipped_batches": window,
+                "reason": reason,
+            }
+        )
+        logger.warning(
+            "step %d: %s: rolled back to step %d, skipping the %d batch(es) in between",
+            step,
+            reason,
+            self.step,
+            window,
+        )
+
     def _poisoned(self, step: int) -> bool:
-        """`--nan_at_step`: the last rank's loss of that step is NaN, as after an overflow."""
+        """`--nan_at_step`: the last rank's loss of those steps is NaN, as after an overflow."""
+        first = self.cfg.faults.nan_at_step
         return (
-            step == self.cfg.faults.nan_at_step
+            first <= step < first + self.cfg.faults.nan_steps
+            and first > 0
             and self.resumed_from is None
             and self.dist.rank == self.dist.world_size - 1
         )
@@ -471,7 +527,9 @@ class Trainer:
         grad_norm = clip_grad_norm_(self.parameters, self.cfg.optim.grad_clip)
         lr = float(self.optimizer.param_groups[0]["lr"])
         # A non-finite step is skipped on every rank alike; the schedule moves on regardless.
-        self.skipped_updates += step_unless_non_finite(self.optimizer, grad_norm)
+        skipped = step_unless_non_finite(self.optimizer, grad_norm)
+        self.skipped_updates += skipped
+        self.divergence.observe(skipped)
         self.lr_scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return StepResult(loss=loss_sum, grad_norm=grad_norm, lr=lr, digest=digest)

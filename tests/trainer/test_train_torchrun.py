@@ -280,6 +280,29 @@ def test_a_failing_preflight_check_exits_before_step_1_with_one_line(
     assert _steps_logged(warned) == [1, 2]
 
 
+def test_consecutive_non_finite_steps_roll_back_past_the_bad_data(
+    reference_run: Any, tiny_assets: TinyAssets, tmp_path: Path
+) -> None:
+    """Steps 12 and 13 are NaN: both skipped, then (2 in a row) every rank reloads step 10 and
+    skips the batches of steps 11-13, so the next step trains on what was step 14's batch."""
+    _, reference = reference_run
+    args = reference_args(
+        tiny_assets, tmp_path / "ckpt", nan_at_step=12, nan_steps=2, rollback_after_nonfinite=2
+    )
+    result = run_trainer(args, metrics_file=tmp_path / "metrics.jsonl")
+    assert result.returncode == 0, result.output[-4000:]
+    [rollback] = [r for r in result.metrics if r["kind"] == "rollback"]
+    assert (rollback["step"], rollback["to_step"], rollback["skipped_batches"]) == (13, 10, 3)
+    assert "2 consecutive non-finite steps: rolled back to step 10" in result.output
+    records = result.train_records()
+    after = records[[r["step"] for r in records].index(13) + 1 :]
+    assert [r["step"] for r in after] == list(range(11, MAX_STEPS + 1))
+    expected = {r["step"]: r for r in reference.train_records()}
+    # The same batches as the uninterrupted run, three steps further on.
+    assert after[0]["batch_digests"] == expected[14]["batch_digests"]
+    assert all(math.isfinite(r["loss"]) for r in after)
+
+
 def test_resume_on_another_world_size_with_the_flag(
     reference_run: Any, tiny_assets: TinyAssets, tmp_path: Path
 ) -> None:
