@@ -94,6 +94,8 @@ class Cluster(pulumi.ComponentResource):
     efa_interfaces_per_node: pulumi.Output[int]
     """EFA devices a job pod on a GPU node may request (`vpc.amazonaws.com/efa`)."""
     pod_identity_agent: aws.eks.Addon | None
+    gpu_nodes: GpuNodeGroup | None
+    """The GPU node group the stack created (None on an existing cluster)."""
     ready: list[pulumi.Resource]
     """What a workload on the GPU nodes must wait for (node groups, Pod Identity agent)."""
 
@@ -104,6 +106,7 @@ class Cluster(pulumi.ComponentResource):
         self.gpu_node_selector = {INSTANCE_TYPE_LABEL: args.gpu_nodes.instance_type}
         self.gpu_tolerations = gpu_tolerations(args.gpu_nodes)
         self.pod_identity_agent = None
+        self.gpu_nodes = None
         self.ready = []
         if args.cluster.mode == "create":
             self._create(name, args)
@@ -286,6 +289,7 @@ class Cluster(pulumi.ComponentResource):
         )
         self.efa_interfaces_per_node = gpu.efa_interface_count
         self.ready = [system_nodes, gpu.node_group]
+        self.gpu_nodes = gpu
         if config.installs_pod_identity_agent:
             self._install_pod_identity_agent(name, name_after_cluster, [system_nodes], tags)
 

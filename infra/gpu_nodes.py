@@ -139,6 +139,14 @@ def confirm_efa_interfaces(
     return pulumi.Output.all(instance.efa_supported, instance.efa_maximum_interfaces).apply(check)
 
 
+def _first_asg_name(resources: Any) -> str:
+    """`resources[0].autoscaling_groups[0].name` of an `aws.eks.NodeGroup` (empty until known)."""
+    for resource in resources or []:
+        for group in getattr(resource, "autoscaling_groups", None) or []:
+            return str(group.name)
+    return ""
+
+
 @dataclass
 class GpuNodeGroupArgs:
     """Inputs of `GpuNodeGroup`; cluster values are the scalar outputs of the EKS cluster."""
@@ -169,6 +177,8 @@ class GpuNodeGroup(pulumi.ComponentResource):
     """EFA interfaces per node, as confirmed by AWS (0 without EFA)."""
     labels: dict[str, str]
     taints: list[TaintConfig]
+    asg_name: pulumi.Output[str]
+    """The Auto Scaling group EKS made for the node group (what the autoscaler scales)."""
 
     def __init__(
         self, name: str, args: GpuNodeGroupArgs, opts: pulumi.ResourceOptions | None = None
@@ -208,11 +218,13 @@ class GpuNodeGroup(pulumi.ComponentResource):
             instance_types=[config.instance_type],
             capacity_type=_CAPACITY_TYPES[config.capacity.type],
             version=args.kubernetes_version,
+            # Leased (infra.autoscaler): created at zero nodes, the Cluster Autoscaler raises
+            # it to `count` for the job's pods and lowers it after; Pulumi must not fight it,
+            # so the desired size is ignored after creation. A capacity block's group must be
+            # at zero to be updated outside its window. Kept warm: `count` all along.
             scaling_config=aws.eks.NodeGroupScalingConfigArgs(
-                desired_size=config.count,
-                # min 0: an operator may scale to zero between runs (the next `pulumi up`
-                # restores `count`), and capacity-block upgrades need desired size 0.
-                min_size=0,
+                desired_size=config.count if config.keep_warm else 0,
+                min_size=config.count if config.keep_warm else 0,
                 max_size=config.count,
             ),
             launch_template=aws.eks.NodeGroupLaunchTemplateArgs(
@@ -235,8 +247,10 @@ class GpuNodeGroup(pulumi.ComponentResource):
                 parent=self,
                 depends_on=args.depends_on,
                 delete_before_replace=config.capacity.is_reserved,
+                ignore_changes=[] if config.keep_warm else ["scalingConfig.desiredSize"],
             ),
         )
+        self.asg_name = self.node_group.resources.apply(_first_asg_name)
         self.register_outputs(
             {
                 "nodeGroupName": self.node_group.node_group_name,

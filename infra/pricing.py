@@ -228,6 +228,9 @@ class CostEstimate:
     max_usd_per_run: float | None
     """The stack's ceiling; None: switched off."""
     basis: str
+    lease_tail_hours: float | None = None
+    """How long the nodes stay after the job when the autoscaler leases them (its idle time
+    before scale-down); None: they run until `pulumi destroy`."""
 
     @property
     def exceeds_ceiling(self) -> bool:
@@ -238,11 +241,12 @@ class CostEstimate:
 
     @property
     def expected_usd(self) -> float | None:
-        """What the run is expected to cost: its estimated hours at the nodes' hourly price.
-        The nodes stay up after the job ends until `pulumi destroy`: that tail is extra."""
+        """What the run is expected to cost: its estimated hours and, when the nodes are
+        leased, their idle tail after the job, at the nodes' hourly price. Unleased nodes bill
+        on after the job until `pulumi destroy`, which no estimate can bound."""
         if self.expected_hours is None:
             return None
-        return round(self.usd_per_hour * self.expected_hours, 2)
+        return round(self.usd_per_hour * (self.expected_hours + (self.lease_tail_hours or 0)), 2)
 
     def summary(self) -> str:
         """One line for plans, PR comments and stack outputs."""
@@ -253,7 +257,11 @@ class CostEstimate:
         )
         if self.expected_usd is not None and self.expected_hours is not None:
             run = f"~${self.expected_usd:,.2f} expected (~{self.expected_hours:.1f} h), {run}"
-        run += " (nodes bill on after the job until `pulumi destroy`)"
+        if self.lease_tail_hours is None:
+            run += " (nodes bill on after the job until `pulumi destroy`)"
+        else:
+            tail = self.lease_tail_hours * 60
+            run += f" (GPU nodes 0 -> {self.count} for the job, 0 again ~{tail:.0f} min after it)"
         ceiling = (
             "no ceiling"
             if self.max_usd_per_run is None
@@ -277,6 +285,7 @@ class CostEstimate:
             "usdPerRun": self.usd_per_run,
             "expectedHours": self.expected_hours,
             "expectedUsd": self.expected_usd,
+            "leased": self.lease_tail_hours is not None,
             "maxUsdPerRun": self.max_usd_per_run,
             "basis": self.basis,
             "summary": self.summary(),
@@ -292,6 +301,7 @@ def estimate_cost(
     max_usd_per_run: float | None,
     usd_per_instance_hour: float | None = None,
     expected_hours: float | None = None,
+    lease_tail_hours: float | None = None,
 ) -> CostEstimate:
     """The full estimate for one stack's GPU nodes.
 
@@ -317,6 +327,7 @@ def estimate_cost(
         usd_per_hour=hourly,
         run_hours=run_hours,
         expected_hours=expected_hours,
+        lease_tail_hours=lease_tail_hours,
         usd_per_run=per_run,
         max_usd_per_run=max_usd_per_run,
         basis=basis,

@@ -1,17 +1,19 @@
 """The Pulumi program: one stack config in, one training run's resources out.
 
 Read top-down it is the architecture: config → network → cluster → namespace → storage,
-add-ons and image → the PyTorchJob → outputs. It lives in a function (called by the root
-`__main__.py`) so that tests and the offline plan can evaluate it repeatedly under the
-mock runtime. The config is loaded and validated first: a bad stack file raises before any
-resource is registered.
+add-ons, the GPU lease (autoscaler) and image → the PyTorchJob → outputs. It lives in a
+function (called by the root `__main__.py`) so that tests and the offline plan can evaluate
+it repeatedly under the mock runtime. The config is loaded and validated first: a bad stack
+file raises before any resource is registered.
 """
 
 from __future__ import annotations
 
 import pulumi
+import pulumi_aws as aws
 
 from infra.addons import Addons, AddonsArgs
+from infra.autoscaler import SYSTEM_NODE_SELECTOR, ClusterAutoscaler, ClusterAutoscalerArgs
 from infra.cluster import Cluster, ClusterArgs
 from infra.config import StackConfig, load_stack_config
 from infra.config.stack import PROJECT, cost_estimate, dns_name
@@ -91,6 +93,25 @@ def main() -> None:
             cluster_ready=cluster.ready,
         ),
     )
+    # The GPU nodes are leased to the run: from zero for the job's pods, back to zero after.
+    leased: list[pulumi.Resource] = []
+    if cluster.gpu_nodes is not None and stack.addons.cluster_autoscaler.install:
+        autoscaler = ClusterAutoscaler(
+            "autoscaler",
+            ClusterAutoscalerArgs(
+                cluster_name=cluster.name,
+                region=aws.get_region_output().region,
+                k8s_provider=cluster.k8s_provider,
+                system_selector=SYSTEM_NODE_SELECTOR,
+                scale_down_minutes=stack.addons.cluster_autoscaler.scale_down_unneeded_minutes,
+                gpu_asg_name=cluster.gpu_nodes.asg_name,
+                gpu_nodes=stack.gpu_nodes,
+                efa_interfaces=cluster.gpu_nodes.efa_interface_count,
+                cluster_ready=cluster.ready,
+                tags=tags,
+            ),
+        )
+        leased.append(autoscaler.release)
     image = TrainerImage(
         "trainer-image",
         TrainerImageArgs(
@@ -111,7 +132,7 @@ def main() -> None:
             pvc_name=storage.pvc_name,
             mount_path=storage.mount_path,
             placement=Placement(cluster.gpu_node_selector, list(cluster.gpu_tolerations)),
-            depends_on=[*cluster.ready, *addons.ready, *storage.ready],
+            depends_on=[*cluster.ready, *addons.ready, *storage.ready, *leased],
         ),
     )
 

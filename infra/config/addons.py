@@ -217,6 +217,25 @@ class TrainingOperatorConfig(ConfigSection):
         return "@sha256:" in self.resolved_image
 
 
+class ClusterAutoscalerConfig(ConfigSection):
+    """The Kubernetes Cluster Autoscaler that leases the GPU nodes to the run (infra.autoscaler)."""
+
+    install: bool = Field(
+        default=True,
+        description=(
+            "Install it on a cluster the stack creates, so the GPU nodes start at zero, come up "
+            "for the job's pods and go once the job has ended. Never installed on an existing "
+            "cluster (the stack does not touch an autoscaler it does not own)."
+        ),
+    )
+    scale_down_unneeded_minutes: int = Field(
+        default=10,
+        ge=1,
+        le=1440,
+        description="Minutes a GPU node stays without a training pod before it is removed.",
+    )
+
+
 class AddonsConfig(ConfigSection):
     """Device plugins and the training operator."""
 
@@ -231,4 +250,8 @@ class AddonsConfig(ConfigSection):
     training_operator: TrainingOperatorConfig = Field(
         default_factory=TrainingOperatorConfig,
         description="Kubeflow training operator with the PyTorchJob CRD.",
+    )
+    cluster_autoscaler: ClusterAutoscalerConfig = Field(
+        default_factory=ClusterAutoscalerConfig,
+        description="Cluster Autoscaler: GPU nodes from zero for the job, back to zero after.",
     )

@@ -494,6 +494,15 @@ class GpuNodesConfig(ConfigSection):
     capacity: CapacityConfig = Field(
         default_factory=CapacityConfig, description="How the instances are bought."
     )
+    keep_warm: bool = Field(
+        default=False,
+        description=(
+            "Keep `count` GPU nodes running between jobs (min = desired = count) instead of "
+            "starting from zero for each job and scaling back to zero after it: saves the "
+            "node start-up (several minutes) per job, and bills every node-hour until "
+            "`pulumi destroy`."
+        ),
+    )
     placement_group: Literal["auto"] | bool = Field(
         default="auto",
         description=(

@@ -384,6 +384,15 @@ def _expected_hours(config: StackConfig) -> float | None:
         return None
 
 
+def lease_tail_hours(config: StackConfig) -> float | None:
+    """How long leased GPU nodes outlive the job (infra.autoscaler); None when not leased:
+    kept warm, or on an existing cluster whose autoscaling the stack does not own."""
+    autoscaler = config.addons.cluster_autoscaler
+    if config.cluster.mode != "create" or not autoscaler.install or config.gpu_nodes.keep_warm:
+        return None
+    return autoscaler.scale_down_unneeded_minutes / 60
+
+
 def cost_estimate(config: StackConfig) -> CostEstimate:
     """The GPU nodes' estimated cost (infra.pricing), as plans and stack outputs show it."""
     nodes, cost = config.gpu_nodes, config.cost
@@ -393,6 +402,7 @@ def cost_estimate(config: StackConfig) -> CostEstimate:
         nodes.capacity.type,
         run_hours=cost.run_hours(config.job.max_run_hours),
         expected_hours=_expected_hours(config),
+        lease_tail_hours=lease_tail_hours(config),
         max_usd_per_run=cost.max_usd_per_run,
         usd_per_instance_hour=cost.usd_per_instance_hour,
     )

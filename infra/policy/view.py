@@ -257,6 +257,10 @@ def gpu_node_groups(resources: Sequence[Resource]) -> list[GpuNodeGroup]:
             if instance_type is None and template is not None:
                 instance_type = template.props.get("instanceType")
             count = dig(props, "scalingConfig", "desiredSize")
+            if not count:
+                # Created at zero for the autoscaler (infra.autoscaler): the job brings it to
+                # its maximum, which is what runs and is billed.
+                count = dig(props, "scalingConfig", "maxSize")
             capacity = _EKS_CAPACITY.get(str(props.get("capacityType") or "ON_DEMAND"), "on-demand")
             efa: bool | None = None
             if resource.type == MANAGED_NODE_GROUP:

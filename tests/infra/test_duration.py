@@ -127,7 +127,10 @@ def test_the_cost_shows_the_expected_run_beside_the_deadline_worst_case() -> Non
     cost = cost_estimate(config)
     hours = estimate_duration(config).hours
     assert cost.expected_hours == pytest.approx(hours)
-    assert cost.expected_usd == pytest.approx(cost.usd_per_hour * hours, abs=0.01)
+    # The estimate plus the leased nodes' idle tail before the autoscaler removes them.
+    assert cost.lease_tail_hours == pytest.approx(10 / 60)
+    assert cost.expected_usd == pytest.approx(cost.usd_per_hour * (hours + 10 / 60), abs=0.01)
+    assert "GPU nodes 0 -> 4 for the job, 0 again ~10 min after it" in cost.summary()
     assert cost.usd_per_run == pytest.approx(cost.usd_per_hour * 12, abs=0.01)
     assert f"~${cost.expected_usd:,.2f} expected" in cost.summary()
     assert cost.as_outputs()["expectedUsd"] == cost.expected_usd

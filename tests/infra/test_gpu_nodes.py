@@ -167,7 +167,7 @@ def test_gpu_taint_labels_and_ami() -> None:
     assert labels["team"] == "nlp"
     assert labels["nvidia.com/gpu.present"] == "true"
     assert labels["fsdp-eks/node-pool"] == "gpu"
-    assert node_group.inputs["scalingConfig"] == {"desiredSize": 2, "minSize": 0, "maxSize": 2}
+    assert node_group.inputs["scalingConfig"] == {"desiredSize": 0, "minSize": 0, "maxSize": 2}
     assert node_group.inputs["version"] == "1.33"
 
 

@@ -54,7 +54,7 @@ def test_the_default_plan_is_the_short_summary_a_reviewer_reads(
     assert "Where:  us-west-2b (gpuNodes.availabilityZone)" in summary
     assert "Memory: fits, ~" in summary and "of 80 GiB per GPU" in summary
     assert "Time:   ~11.5 h (range 9.7-16.2 h)" in summary and "deadline 12 h" in summary
-    assert "~$2,526.43 expected (~11.5 h), $2,641.92 per run at most (12 h)" in summary
+    assert "~$2,563.13 expected (~11.5 h), $2,641.92 per run at most (12 h)" in summary
     assert guardrails.startswith("  all passed\n")
     assert "apiVersion: kubeflow.org/v1" not in out and "└─" not in out
     assert len(out.splitlines()) < 20
@@ -63,7 +63,7 @@ def test_the_default_plan_is_the_short_summary_a_reviewer_reads(
 def test_plan_shows_tree_cost_and_the_job_as_applied(capsys: pytest.CaptureFixture[str]) -> None:
     assert plan.main(["--verbose", "llama31-8b-p5"]) == 0
     out = capsys.readouterr().out
-    assert "Cost:   4 x p5.48xlarge (on-demand): $220.16/hour, ~$2,526.43 expected" in out
+    assert "Cost:   4 x p5.48xlarge (on-demand): $220.16/hour, ~$2,563.13 expected" in out
     assert "Batch:  2 per GPU x 32 GPUs x 4 accumulation = 256 sequences (2,097,152 tokens)" in out
     assert "└─ fsdp-eks:job:TrainingJob job" in out
     assert "kubernetes:kubeflow.org/v1:PyTorchJob job-pytorchjob  name=llama31-8b-p5" in out
