@@ -13,7 +13,8 @@ That is the client-go exec-credential protocol: run `user.exec.command` with `ar
 read `status.token` from the `ExecCredential` it prints (k8s.io/client-go
 `plugin/pkg/client/auth/exec/exec.go`). The deployer therefore needs nothing beyond what the
 Kubernetes provider already needs: read access to PyTorchJobs, Pods and Events in the job's
-namespace (without the last, mount failures are only reported at the time limit).
+namespace (without the last, mount failures are only reported at the time limit), and patch
+on PyTorchJobs, to suspend a job that cannot start so that its GPU nodes are released.
 
 The resource waits again whenever the job is recreated (its `metadata.uid` changes); an `up`
 that leaves the job alone does not wait. Deleting it does nothing.
@@ -110,6 +111,21 @@ class KubernetesApi:
         with urllib.request.urlopen(request, timeout=self._timeout_s, context=self._context) as r:
             return dict(json.load(r))
 
+    def merge_patch(self, path: str, body: Mapping[str, Any]) -> None:
+        """A JSON merge patch (RFC 7386), which custom resources accept."""
+        request = urllib.request.Request(
+            self.server + path,
+            data=json.dumps(body).encode(),
+            method="PATCH",
+            headers={
+                "Authorization": f"Bearer {self._token()}",
+                "Content-Type": "application/merge-patch+json",
+                "Accept": "application/json",
+            },
+        )
+        with urllib.request.urlopen(request, timeout=self._timeout_s, context=self._context):
+            pass
+
 
 class ExecCredential:
     """Runs a kubeconfig `exec` plugin the way client-go does and caches its token."""
@@ -153,6 +169,30 @@ class ExecCredential:
                 f"(exit {done.returncode}): {done.stderr.strip()[-500:]}"
             )
         return str(json.loads(done.stdout)["status"]["token"])
+
+
+SUSPEND = {"spec": {"runPolicy": {"suspend": True}}}
+
+
+def release_gpus(api: KubernetesApi, job_path: str) -> str:
+    """All or nothing: a job that cannot start all its workers must not hold the nodes it got.
+
+    Suspending the PyTorchJob makes the operator delete its pods and services (training-
+    operator v1.9.0 `pkg/controller.v1/common/job.go`: `IsJobSuspended` -> `CleanUpResources`
+    -> `DeletePodsAndServices`, every pod of an unfinished job), so the autoscaler scales the
+    GPU nodes back to zero. Returns the sentence to add to the error.
+    """
+    try:
+        api.merge_patch(job_path, SUSPEND)
+    except (urllib.error.URLError, TimeoutError, ConnectionError) as err:
+        return (
+            f"; could not suspend the job to release its GPU nodes ({err}): delete it or its "
+            "pods, or the nodes it holds keep billing"
+        )
+    return (
+        "; the job was suspended so its pods and GPU nodes are released (to try again as it "
+        "is: set spec.runPolicy.suspend to false with `kubectl patch`)"
+    )
 
 
 @dataclass(frozen=True)
@@ -240,10 +280,12 @@ def wait_for_start(
                 history=history,
             )
             if verdict.failure is not None:
+                holds_nodes = verdict.progress in ("cannot start", "restarting")
+                released = release_gpus(api, job_path) if holds_nodes else ""
                 # A later `up` does not relaunch an unchanged job: it would report this again.
                 raise JobStartError(
-                    f"{verdict.failure} (details: `{follow}`; to relaunch the same job, "
-                    "`pulumi up --replace <the PyTorchJob's URN>`)"
+                    f"{verdict.failure}{released} (details: `{follow}`; to relaunch the same "
+                    "job, `pulumi up --replace <the PyTorchJob's URN>`)"
                 )
             if verdict.done:
                 logger.info("%s", verdict.progress)
@@ -254,7 +296,8 @@ def wait_for_start(
         if clock() >= deadline:
             raise JobStartError(
                 f"PyTorchJob {job.name}: not every worker started within "
-                f"{limit_s / 60:.0f} min ({last_progress or 'no status'}); see `{follow}`"
+                f"{limit_s / 60:.0f} min ({last_progress or 'no status'})"
+                f"{release_gpus(api, job_path)}; see `{follow}`"
             )
         sleep(poll_s)
 

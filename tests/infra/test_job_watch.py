@@ -83,6 +83,8 @@ class FakeApiServer(ThreadingHTTPServer):
         self.events: list[dict[str, Any]] | None = None
         """Warning events to serve; None answers 403, as for a deployer without that right."""
         self.requests: list[tuple[str, str, str | None]] = []
+        self.patches: list[tuple[str, str, dict[str, Any]]] = []
+        """(path, content type, body) of each PATCH."""
 
     @property
     def url(self) -> str:
@@ -114,6 +116,17 @@ class _Handler(BaseHTTPRequestHandler):
             code, body = 404, {"kind": "Status", "code": 404}
         payload = json.dumps(body).encode()
         self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def do_PATCH(self) -> None:
+        length = int(self.headers["Content-Length"])
+        body = json.loads(self.rfile.read(length))
+        self.server.patches.append((self.path, self.headers["Content-Type"], body))
+        payload = json.dumps({"kind": "PyTorchJob"}).encode()
+        self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
@@ -197,6 +210,7 @@ def test_a_failed_job_fails_up_at_once_with_the_operators_message(serve: Any) ->
     server = serve([(200, job_doc(("Created", "c"), ("Failed", message)), [])])
     with pytest.raises(JobStartError, match="reached the specified backoff limit") as error:
         watch(server)
+    assert server.patches == []  # the operator already cleaned up a failed job's pods
     assert "kubectl -n training describe pytorchjob exp" in str(error.value)
     assert server.polls == 1
 
@@ -207,6 +221,7 @@ def test_gives_up_after_its_limit_with_the_last_progress(serve: Any) -> None:
     ticks = iter(range(100))
     with pytest.raises(JobStartError, match=r"not every worker started.*1/2 workers running"):
         watch(server, limit_s=3, clock=lambda: float(next(ticks)))
+    assert [path for path, _, _ in server.patches] == [JOB_PATH]
 
 
 def test_refused_access_names_what_the_deployer_needs(serve: Any) -> None:
@@ -305,6 +320,10 @@ def test_a_volume_that_will_not_mount_fails_up_with_kubelets_event(serve: Any) -
         JobStartError, match=r"exp-worker-0 stuck in ContainerCreating.*FailedMount"
     ):
         watch(server)
+    # All or nothing: the worker that did start must not keep its GPU node.
+    assert server.patches == [
+        (JOB_PATH, "application/merge-patch+json", {"spec": {"runPolicy": {"suspend": True}}})
+    ]
     assert (
         "/api/v1/namespaces/training/events",
         f"Bearer {TOKEN}",
