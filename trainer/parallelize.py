@@ -135,10 +135,14 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, plan: ParallelPlan) -> None:
             mp_policy=mp_policy,
             offload_policy=offload,
         )
+    # The root (embeddings, final norm, LM head) is needed again as soon as backward begins:
+    # resharding it after forward only buys one exposed all-gather. torch's own default for
+    # the root (`reshard_after_forward=None`: False for root modules, fully_shard docstring);
+    # passing the ZeRO-3 `True` here would defeat it.
     fully_shard(
         model,
         mesh=mesh,
-        reshard_after_forward=reshard,
+        reshard_after_forward=False,
         shard_placement_fn=placement,
         mp_policy=mp_policy,
         offload_policy=offload,
