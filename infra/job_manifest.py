@@ -175,7 +175,6 @@ def container_env(
             # watchdog on a collective timeout and by the trainer's on a hang.
             "TORCH_NCCL_TRACE_BUFFER_SIZE": str(FLIGHT_RECORDER_ENTRIES),
             "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-            "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
             "TRITON_CACHE_DIR": TRITON_CACHE_DIR,  # local disk: FSx file locks stall startup
         }
     )

@@ -74,8 +74,23 @@ def process_group_backend(device: torch.device, *, cpu_offload: bool = False) ->
     return "cuda:nccl,cpu:gloo" if cpu_offload else "nccl"
 
 
+ALLOCATOR_SETTINGS = "expandable_segments:True"
+"""CUDA caching allocator settings every run gets (job, benchmark, bare metal alike):
+expandable segments let the allocator grow a segment instead of leaving gaps, which FSDP's
+per-layer gather/free pattern fragments (torch docs, "CUDA memory management")."""
+
+
+def configure_cuda_allocator() -> None:
+    """Default the allocator settings before the first CUDA allocation, which reads them
+    once. A value the user exported (`PYTORCH_CUDA_ALLOC_CONF`, or its newer name
+    `PYTORCH_ALLOC_CONF`) wins."""
+    if "PYTORCH_CUDA_ALLOC_CONF" not in os.environ and "PYTORCH_ALLOC_CONF" not in os.environ:
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = ALLOCATOR_SETTINGS
+
+
 def init_distributed(device_choice: str = "auto", *, cpu_offload: bool = False) -> DistInfo:
     """Join (or, without torchrun, create) the default process group: nccl on GPU, gloo on CPU."""
+    configure_cuda_allocator()
     world_size = _env_int("WORLD_SIZE", 1)
     local_rank = _env_int("LOCAL_RANK", 0)
     local_world_size = _env_int("LOCAL_WORLD_SIZE", world_size)

@@ -26,7 +26,6 @@ JOB = "kubernetes:kubeflow.org/v1:PyTorchJob"
 REQUIRED_ENV = {
     "NCCL_NVLS_ENABLE": "0",
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
-    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
 }
 FORBIDDEN_ENV = {
     "NCCL_SOCKET_IFNAME",

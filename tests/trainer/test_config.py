@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from trainer.config import build_parser, flag_names, format_args, parse_args, parse_switch
@@ -203,3 +205,18 @@ def test_empty_dataset_config_name_means_none() -> None:
     # The stack renders `datasetConfigName: null` as an empty value; `datasets` needs None.
     assert parse_args(["--dataset_config_name", ""]).data.dataset_config_name is None
     assert parse_args([]).data.dataset_config_name == "en"
+
+
+def test_every_run_gets_the_allocator_settings_unless_the_user_set_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Job, benchmark and bare-metal runs alike: the trainer sets them, not only the pod."""
+    from trainer.distributed import ALLOCATOR_SETTINGS, configure_cuda_allocator
+
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    configure_cuda_allocator()
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == ALLOCATOR_SETTINGS
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")
+    configure_cuda_allocator()
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:512"
