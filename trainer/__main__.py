@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Sequence
 
@@ -51,21 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def exit_without_finalization(code: int) -> None:
-    """Leave the process without the interpreter's finalization, once the run is closed.
-
-    The process group is destroyed and every file written and closed by then; what is left is
-    CPython tearing down modules while C++ threads of torch.distributed (gloo's work threads,
-    the store's) may still hold objects with Python references. Destroying those during
-    finalization takes the GIL of a dying interpreter and aborts the process (SIGABRT,
-    "terminate called without an active exception": pytorch/pytorch#190489, and the analysis
-    in pytorch/pytorch#179291, abandoned upstream). A finished run seen to abort after its
-    export makes the operator restart it, so skip what there is nothing left to do in.
-    """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 if __name__ == "__main__":
+    from trainer.distributed import exit_without_finalization
+
     exit_without_finalization(main())

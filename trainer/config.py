@@ -326,7 +326,16 @@ class CheckpointConfig:
 class LoggingConfig:
     """What gets reported, how often, and where."""
 
-    logging_freq: int = _flag(1, "Log (and all-reduce the loss) every N steps.")
+    logging_freq: int = _flag(
+        10,
+        "Log (and all-reduce the loss: the one host-device sync of a step) every N steps; "
+        "the steps in between run without any.",
+    )
+    digest_freq: int = _flag(
+        100,
+        "Record every rank's batch fingerprint (an all_gather_object) on logging steps that "
+        "are a multiple of N, and on the first one: evidence that ranks read different data.",
+    )
     validation_freq: int = _flag(0, "Validate every N steps (0: never).")
     validation_batches: int = _flag(10, "Batches per validation pass.")
     metrics_file: str | None = _flag(
@@ -339,6 +348,7 @@ class LoggingConfig:
 
     def __post_init__(self) -> None:
         _require_positive(self, "logging_freq")
+        _require_positive(self, "digest_freq")
         _require_positive(self, "validation_batches")
         if self.validation_freq < 0:
             raise ValueError(f"--validation_freq must be >= 0, got {self.validation_freq}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -191,3 +192,20 @@ def all_reduce_max(value: torch.Tensor) -> torch.Tensor:
 def shutdown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def exit_without_finalization(code: int) -> None:
+    """Leave the process without the interpreter's finalization, once the run is closed.
+
+    The process group is destroyed and every file written and closed by then; what is left is
+    CPython tearing down modules while C++ threads of torch.distributed (gloo's work threads,
+    the store's) may still hold objects with Python references. Destroying those during
+    finalization takes the GIL of a dying interpreter and aborts the process (SIGABRT,
+    "terminate called without an active exception": pytorch/pytorch#190489, and the analysis
+    in pytorch/pytorch#179291, abandoned upstream). A finished run (or a test's worker) seen
+    to abort after its work is done counts as failed, so skip what there is nothing left to do
+    in. Call it only after the process group is destroyed and every file is closed.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

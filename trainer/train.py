@@ -606,7 +606,9 @@ class Trainer:
         extra: dict[str, Any] = {
             "micro_batch_shape": [self.cfg.data.train_batch_size, self.seq_len]
         }
-        if self.dist.world_size <= MAX_RANKS_WITH_DIGESTS:
+        first_log = step - self.cfg.logging.logging_freq <= timer.start_step
+        digest_due = first_log or step % self.cfg.logging.digest_freq == 0
+        if digest_due and self.dist.world_size <= MAX_RANKS_WITH_DIGESTS:
             digests: list[str | None] = [None] * self.dist.world_size
             dist.all_gather_object(digests, result.digest)
             extra["batch_digests"] = digests

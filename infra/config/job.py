@@ -350,7 +350,14 @@ class TrainingConfig(ConfigSection):
         default=False,
         description="At the end, write a Hugging Face model to <run directory>/export.",
     )
-    logging_every: int = Field(default=1, ge=1, description="Log loss/throughput every N steps.")
+    logging_every: int = Field(
+        default=10,
+        ge=1,
+        description=(
+            "Log loss/throughput every N steps. Each log is a host-device sync (the loss "
+            "averaged over ranks); the steps between run without one."
+        ),
+    )
     validation_every: int = Field(default=0, ge=0, description="Validate every N steps (0: never).")
     validation_batches: int = Field(default=10, ge=1, description="Batches per validation.")
     extra_args: dict[str, str | int | float | bool] = Field(

@@ -28,6 +28,7 @@ from trainer.checkpoint import (
     find_latest,
     restore_rng_state,
 )
+from trainer.distributed import exit_without_finalization
 from trainer.optim import build_lr_scheduler, build_optimizer, lr_at
 
 DIM = 16
@@ -354,6 +355,9 @@ def _two_rank_worker(rank: int, store: str, ckpt_dir: str, full_state_file: str)
         assert manager.latest() == Path(ckpt_dir) / "step-2"
     finally:
         dist.destroy_process_group()
+    # Reached only when every check passed: exit as the trainer does, past the interpreter's
+    # teardown, which can abort a process whose gloo threads outlive it (trainer.distributed).
+    exit_without_finalization(0)
 
 
 def _disk_full(directory: Path, record: dict[str, Any]) -> None:

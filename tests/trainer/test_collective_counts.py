@@ -15,7 +15,7 @@ import json
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor.debug import CommDebugMode
-from trainer.distributed import build_mesh, init_distributed
+from trainer.distributed import build_mesh, exit_without_finalization, init_distributed
 from trainer.models import build_model, hf_config_from, materialize
 from trainer.parallelize import ParallelPlan, parallelize_model
 from trainer.presets import get_preset
@@ -38,6 +38,7 @@ counts = {str(op): n for op, n in comm.get_comm_counts().items()}
 if dist.get_rank() == 0:
     print("COUNTS " + json.dumps({"layers": config.num_hidden_layers, **counts}))
 dist.destroy_process_group()
+exit_without_finalization(0)  # past the teardown that can abort (trainer.distributed)
 """
 
 

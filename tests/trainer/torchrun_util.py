@@ -52,6 +52,7 @@ def tiny_args(assets: TinyAssets, **overrides: Any) -> list[str]:
         "bf16": 0,
         "activation_checkpointing": 0,
         "logging_freq": 1,
+        "digest_freq": 1,
         "seed": 1234,
         "device": "cpu",
         "progress_bar": 0,

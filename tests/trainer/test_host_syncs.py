@@ -1,0 +1,71 @@
+"""A step that does not log makes no host-device sync: counted, not timed (issue 14).
+
+The trainer runs in this process (a one-rank group) with fused AdamW, the GPU default
+(`trainer.optim`: fused when the parameters are on CUDA; CPU has the same kernel). Every
+`Tensor.item()`, `Tensor.tolist()` and `all_gather_object` is recorded with the step it
+happened in; only the CPU-side stop flag (`trainer.preemption`, a CPU tensor by design) is
+not a device sync and is left out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import trainer.optim
+import trainer.train
+from tests.trainer.torchrun_util import tiny_args
+from trainer.config import parse_args
+from trainer.tiny_assets import TinyAssets
+from trainer.train import Trainer
+
+
+def test_only_logging_steps_sync(
+    tiny_assets: TinyAssets, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(trainer.optim, "_on_cuda", lambda _model: True)  # fused AdamW
+    args = tiny_args(
+        tiny_assets,
+        max_steps=6,
+        logging_freq=3,
+        digest_freq=100,
+        metrics_file=tmp_path / "metrics.jsonl",
+    )
+    run = Trainer(parse_args(args))
+    assert run.optimizer.defaults["fused"]
+    syncs: list[tuple[str, int]] = []
+    item, tolist, gather = torch.Tensor.item, torch.Tensor.tolist, dist.all_gather_object
+
+    def counted_item(self: torch.Tensor) -> Any:
+        if self is not run.stops._flag:
+            syncs.append(("item", run.step))
+        return item(self)
+
+    def counted_tolist(self: torch.Tensor) -> Any:
+        syncs.append(("tolist", run.step))
+        return tolist(self)
+
+    def counted_gather(*args: Any, **kwargs: Any) -> Any:
+        syncs.append(("all_gather_object", run.step))
+        return gather(*args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "item", counted_item)
+    monkeypatch.setattr(torch.Tensor, "tolist", counted_tolist)
+    monkeypatch.setattr(trainer.train.dist, "all_gather_object", counted_gather)
+    try:
+        run.train()
+    finally:
+        monkeypatch.undo()
+        run.close()
+    # A sync inside step k's work happens while `run.step` is k - 1; logging happens at k.
+    assert {step for _, step in syncs} <= {3, 6}, syncs
+    # The first log line also gathers every rank's batch fingerprint; the next does not.
+    assert [kind for kind, step in syncs if kind == "all_gather_object"] == ["all_gather_object"]
+
+
+def test_by_default_nine_steps_in_ten_make_no_sync() -> None:
+    logging = parse_args([]).logging
+    assert (logging.logging_freq, logging.digest_freq) == (10, 100)
