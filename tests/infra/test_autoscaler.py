@@ -146,3 +146,28 @@ def test_a_warm_group_keeps_its_nodes_and_pulumi_owns_its_size() -> None:
     group = result.one("aws:eks/nodeGroup:NodeGroup", "platform-gpu-nodes")
     assert group.inputs["scalingConfig"] == {"desiredSize": 1, "minSize": 1, "maxSize": 1}
     assert group.ignore_changes == []
+
+
+@pytest.mark.parametrize("name", ["dev", "llama31-8b-p5"])
+def test_nothing_the_stack_runs_keeps_a_gpu_node_from_scaling_down(name: str) -> None:
+    """Cluster Autoscaler's scale-down blockers (its FAQ, "What types of pods can prevent CA
+    from removing a node?"): pods under a PodDisruptionBudget that allows no eviction, pods
+    not backed by a controller, pods with local storage, kube-system pods without a PDB. The
+    stack creates no PDB; its only controller that tolerates the GPU taint is a DaemonSet
+    (the device plugins, which do not block); the job's pods are removed when it ends
+    (`cleanPodPolicy: Running`) and their emptyDir scratch is allowed
+    (`skip-nodes-with-local-storage=false`)."""
+    stack = read_stack_file(name, STACKS)
+    result = evaluate(
+        program, config=stack.config, secret_keys=stack.secret_keys, stack=stack.stack_name
+    )
+    assert result.of_type("kubernetes:policy/v1:PodDisruptionBudget") == []
+    for deployment in result.of_type("kubernetes:apps/v1:Deployment"):
+        pod = deployment.inputs["spec"]["template"]["spec"]
+        tolerated = {t.get("key") for t in pod.get("tolerations") or []}
+        assert "nvidia.com/gpu" not in tolerated, deployment.name
+    job = result.one("kubernetes:kubeflow.org/v1:PyTorchJob")
+    assert job.inputs["spec"]["runPolicy"]["cleanPodPolicy"] == "Running"
+    release = result.one("kubernetes:helm.sh/v3:Release", "autoscaler-release")
+    assert release.inputs["values"]["extraArgs"]["skip-nodes-with-local-storage"] == "false"
+    assert release.inputs["values"]["nodeSelector"] == {"fsdp-eks/node-pool": "system"}
