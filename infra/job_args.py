@@ -11,13 +11,15 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infra.config.job import RENDERED_TRAINER_FLAGS
-from infra.config.stack import StackConfig
 from infra.duration import watchdog_floor_seconds
 from infra.instances import ALLREDUCE_BUSBW_FLOOR_GBPS, HYPERPOD_PREFIX
 from trainer.config import format_args
+
+if TYPE_CHECKING:
+    from infra.config.stack import StackConfig
 
 CHECKPOINTS_DIR = "checkpoints"
 """Directory under the shared mount that holds one sub-directory per run."""

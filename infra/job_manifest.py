@@ -10,13 +10,15 @@ may be Pulumi outputs; they are placed into the structure untouched.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infra.config.cluster import GPU_TAINT_KEY
-from infra.config.stack import StackConfig
 from infra.duration import POD_START_BUDGET_S, shutdown_grace_seconds
 from infra.instances import scheduling_labels
 from infra.job_args import RunPaths, run_paths, torchrun_command
+
+if TYPE_CHECKING:
+    from infra.config.stack import StackConfig
 
 API_VERSION = "kubeflow.org/v1"
 KIND = "PyTorchJob"

@@ -21,6 +21,7 @@ from infra.image import TrainerImage, TrainerImageArgs
 from infra.job import JobNamespace, JobNamespaceArgs, TrainingJob, TrainingJobArgs
 from infra.job_manifest import Placement
 from infra.network import Network, NetworkArgs
+from infra.semantic_checks import require_semantics
 from infra.storage import Storage, StorageArgs
 
 
@@ -34,7 +35,7 @@ def resource_tags(stack: StackConfig) -> dict[str, str]:
 
 
 def main() -> None:
-    stack = load_stack_config()
+    stack = require_semantics(load_stack_config(), source=f"stack {pulumi.get_stack()!r}")
     tags = resource_tags(stack)
 
     aws_profile = pulumi.Config("aws").get("profile")

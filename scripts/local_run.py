@@ -42,6 +42,7 @@ if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO_ROOT))
 
 from infra.config import StackConfigError, load_stack_file  # noqa: E402
+from infra.semantic_checks import require_semantics  # noqa: E402
 from scripts.local_topology import (  # noqa: E402
     LocalAgent,
     LocalPlan,
@@ -255,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         # The same parser and whole-stack checks as the plan and the Pulumi program, so a
         # stack they refuse stops here with the very message `scripts/plan.py` prints.
         config = load_stack_file(args.stack)
+        require_semantics(config, source=str(args.stack))
     except (StackConfigError, FileNotFoundError) as err:
         print(err, file=sys.stderr)
         return 1

@@ -46,6 +46,7 @@ from infra.offline import Evaluation, RecordedResource, evaluate  # noqa: E402
 from infra.policy.offline import Violation, run_policies  # noqa: E402
 from infra.policy.settings import policy_config_for  # noqa: E402
 from infra.program import main as program  # noqa: E402
+from infra.semantic_checks import require_semantics  # noqa: E402
 from trainer.presets import approx_num_parameters  # noqa: E402
 
 PYTORCHJOB_TYPE = "kubernetes:kubeflow.org/v1:PyTorchJob"
@@ -104,6 +105,7 @@ def plan_stack(name: str | Path) -> Plan:
         secret_keys=stack.secret_keys,
         source=stack.path.name,
     )
+    require_semantics(config, source=stack.path.name)
     start = time.perf_counter()
     evaluation = evaluate_stack(stack)
     seconds = time.perf_counter() - start

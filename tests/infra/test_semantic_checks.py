@@ -1,0 +1,105 @@
+"""Whole-stack checks on what the stack renders: one failing and one passing stack each, the
+shipped stacks, and the program refusing before any resource is registered."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.config import StackConfigError, parse_stack_config
+from infra.config.stack import load_stack_file
+from infra.offline import evaluate
+from infra.program import main as program
+from infra.semantic_checks import require_semantics, semantic_problems
+
+STACKS = sorted(
+    path.name.removeprefix("Pulumi.").removesuffix(".yaml")
+    for path in (Path(__file__).resolve().parents[2] / "stacks").glob("Pulumi.*.yaml")
+)
+BASE: dict[str, Any] = {
+    "gpuNodes": {"instanceType": "p5.48xlarge", "count": 2},
+    "job": {"maxRunHours": 1},
+    "training": {"maxSteps": 20},
+    "storage": {"fsx": {"existingClaimName": "shared"}},
+    "cost": {"maxUsdPerRun": 1000},
+}
+
+
+def problems(**sections: Any) -> list[str]:
+    values = {**BASE, **{k: {**BASE.get(k, {}), **v} for k, v in sections.items()}}
+    return semantic_problems(parse_stack_config(values, stack_name="exp"))
+
+
+def test_a_base_stack_and_every_shipped_stack_pass() -> None:
+    assert problems() == []
+    for name in STACKS:
+        assert semantic_problems(load_stack_file(name)) == [], name
+
+
+def test_an_extra_arg_the_trainer_refuses_names_the_key() -> None:
+    [problem] = problems(training={"extraArgs": {"loss_spike_factor": 0.5}})
+    assert problem.startswith("training.extraArgs.loss_spike_factor 0.5: the trainer refuses it")
+    assert "--loss_spike_factor must be 0 (off) or > 1" in problem
+    [typed] = problems(training={"extraArgs": {"watchdog_factor": "often"}})
+    assert typed.startswith("training.extraArgs.watchdog_factor 'often'")
+    assert "invalid float value" in typed
+    assert problems(training={"extraArgs": {"loss_spike_factor": 4}}) == []
+
+
+def test_extra_env_may_not_replace_what_the_stack_sets() -> None:
+    [problem] = problems(job={"extraEnv": {"NCCL_NET": "Socket"}})
+    assert problem.startswith(
+        "job.extraEnv.NCCL_NET 'Socket' would replace the 'AWS Libfabric' the stack sets"
+    )
+    [timeout] = problems(job={"extraEnv": {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "30"}})
+    assert "job.extraEnv.TORCH_ELASTIC_SHUTDOWN_TIMEOUT '30' would replace" in timeout
+    assert problems(job={"extraEnv": {"NCCL_DEBUG_SUBSYS": "NET"}}) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("HF_TOKEN", "anything"),
+        ("WANDB_API_KEY", "0123"),
+        ("MY_SETTING", "hf_" + "a" * 34),
+        ("S3_KEY_ID", "AKIA" + "A" * 16),
+    ],
+)
+def test_extra_env_may_not_carry_a_credential_in_plain_text(name: str, value: str) -> None:
+    [problem] = problems(job={"extraEnv": {name: value}})
+    assert problem.startswith(f"job.extraEnv.{name} looks like a credential in plain text")
+    assert value not in problem  # the message does not repeat the secret
+
+
+def test_a_created_cluster_gets_every_add_on_the_job_needs() -> None:
+    [problem] = problems(addons={"trainingOperator": {"install": False}})
+    assert problem.startswith("addons.trainingOperator.install (nothing would run the PyTorchJob)")
+    assert len(problems(addons={"efaDevicePlugin": {"install": False}})) == 1
+    existing = {"mode": "existing", "name": "team"}
+    assert problems(cluster=existing, addons={"trainingOperator": {"install": False}}) == []
+
+
+@pytest.mark.parametrize("namespace", ["kube-system", "kubeflow"])
+def test_the_job_namespace_is_neither_the_systems_nor_the_operators(namespace: str) -> None:
+    [problem] = problems(job={"namespace": namespace})
+    assert problem.startswith(f"job.namespace {namespace!r} is")
+    assert problems(job={"namespace": "team-a"}) == []
+
+
+def test_the_program_refuses_before_registering_anything() -> None:
+    values = {f"fsdp-eks:{k}": v for k, v in BASE.items()}
+    values["fsdp-eks:job"] = {"maxRunHours": 1, "extraEnv": {"HF_TOKEN": "hf_x"}}
+    # The root `__main__.py` turns this error into the engine's one-line RunError.
+    with pytest.raises(StackConfigError) as error:
+        evaluate(program, config=values, stack="exp")
+    assert "stack 'exp' is invalid (1 problem(s))" in str(error.value)
+    assert "job.extraEnv.HF_TOKEN looks like a credential" in str(error.value)
+
+
+def test_require_semantics_is_the_stack_is_invalid_error() -> None:
+    config = parse_stack_config({**BASE, "job": {"maxRunHours": 1, "namespace": "kube-public"}},
+                                stack_name="exp")  # fmt: skip
+    with pytest.raises(StackConfigError, match=r"exp is invalid \(1 problem\(s\)\)"):
+        require_semantics(config, source="exp")
