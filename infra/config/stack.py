@@ -517,6 +517,14 @@ def _unqualified(key: str) -> str | None:
     return name if namespace == PROJECT else None
 
 
+def _looks_like_project(namespace: str) -> bool:
+    """`fsdp_eks`, `fsdp-EKS`, `fsdpeks`: a misspelt project namespace, not a provider's."""
+    folded = re.sub(r"[^a-z0-9]", "", namespace.lower())
+    return folded == re.sub(r"[^a-z0-9]", "", PROJECT) or bool(
+        difflib.get_close_matches(namespace, [PROJECT], n=1, cutoff=0.75)
+    )
+
+
 def dns_name(stack_name: str) -> str:
     """A stack name as a DNS-1035 label (what the training operator accepts as a job name),
     for the default job name: a name that starts with a digit gets a `job-` prefix."""
@@ -546,6 +554,13 @@ def parse_stack_config(
     for key, raw in values.items():
         name = _unqualified(key)
         if name is None:
+            namespace = key.rpartition(":")[0]
+            if _looks_like_project(namespace):
+                problems.append(
+                    f"{key} is in namespace {namespace!r}, which the program does not read (it "
+                    f"reads {PROJECT}:<key> only): the setting would be silently ignored; "
+                    f"allowed: {PROJECT}:{key.rpartition(':')[2]}"
+                )
             continue  # provider config such as aws:region belongs to its provider
         if name not in allowed:
             hint = difflib.get_close_matches(name, allowed, n=1)

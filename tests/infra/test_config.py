@@ -522,3 +522,22 @@ def test_an_az_of_another_region_is_one_line_in_the_same_list(
         f"gpuNodes.availabilityZone {zone!r} is not in aws:region {region!r}; allowed: an AZ "
         f"of {region} ({region}a, {region}b, ...), or set aws:region to the zone's region"
     ]
+
+
+@pytest.mark.parametrize("namespace", ["fsdp_eks", "fsdp-EKS", "fsdpeks", "fsdp-ek"])
+def test_a_misspelt_project_namespace_is_an_error_not_an_ignored_setting(namespace: str) -> None:
+    values = {f"fsdp-eks:{k}": v for k, v in BASE.items()}
+    values[f"{namespace}:training"] = {"maxSteps": 10}
+    with pytest.raises(StackConfigError) as error:
+        parse_stack_config(values, stack_name="exp")
+    assert error.value.problems == [
+        f"{namespace}:training is in namespace {namespace!r}, which the program does not read "
+        "(it reads fsdp-eks:<key> only): the setting would be silently ignored; allowed: "
+        "fsdp-eks:training"
+    ]
+
+
+def test_provider_namespaces_stay_the_providers() -> None:
+    values = {f"fsdp-eks:{k}": v for k, v in BASE.items()}
+    values.update({"aws:region": "us-east-1", "kubernetes:context": "x", "pulumi:tags": {}})
+    parse_stack_config(values, stack_name="exp")
