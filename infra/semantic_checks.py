@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from infra.config.stack import StackConfigError
 from infra.job_args import trainer_flags
 from infra.job_manifest import container_env
-from trainer.config import format_args, parse_args
+from trainer.config import DEFAULT_TOKENIZER, format_args, parse_args
 
 if TYPE_CHECKING:
     from infra.config.stack import StackConfig
@@ -39,6 +39,20 @@ SECRET_VALUE = re.compile(
 )
 """Hugging Face tokens, AWS access key ids, GitHub tokens, OpenAI-style keys."""
 _ARGPARSE_FLAG = re.compile(r"--(\w+)")
+
+KNOWN_TOKENIZER_SIZES = {
+    "hf-internal-testing/llama-tokenizer": 32000,
+    "meta-llama/Llama-2-7b-hf": 32000,
+    "meta-llama/Llama-3.1-8B": 128256,
+    "meta-llama/Llama-3.2-1B": 128256,
+    "meta-llama/Llama-3.2-3B": 128256,
+    "mistralai/Mistral-7B-v0.1": 32000,
+    "mistralai/Mixtral-8x7B-v0.1": 32000,
+}
+"""`len(tokenizer)` of Hub tokenizers the presets are used with (their `tokenizer.json`:
+Llama 3's 128,000 tokens plus 256 reserved special ones; Llama 2's and Mistral's 32,000).
+The trainer checks the real tokenizer at start (`trainer.train`); this catches the known
+ones at plan time."""
 
 
 def extra_args_problems(config: StackConfig) -> list[str]:
@@ -125,6 +139,23 @@ def namespace_problems(config: StackConfig) -> list[str]:
     return []
 
 
+def vocabulary_problems(config: StackConfig) -> list[str]:
+    """A model whose embedding has fewer rows than the tokenizer has tokens fails at start on
+    every worker (`--tokenizer ... has N tokens but the model's vocab_size is M`)."""
+    tokenizer = config.data.tokenizer or config.model.init_from or DEFAULT_TOKENIZER
+    size = KNOWN_TOKENIZER_SIZES.get(tokenizer)
+    if size is None or config.model.init_from is not None:
+        return []
+    vocab = config.model_shape().vocab_size
+    if vocab >= size:
+        return []
+    return [
+        f"model.vocabSize {vocab} (of preset {config.model.preset!r} or the stack) is smaller "
+        f"than data.tokenizer {tokenizer!r}, which has {size} tokens; allowed: a vocabulary of "
+        f"at least {size} (model.vocabSize), or a tokenizer of the model's own family"
+    ]
+
+
 def semantic_problems(config: StackConfig) -> list[str]:
     """Every whole-stack problem of this module, one message each."""
     return [
@@ -132,6 +163,7 @@ def semantic_problems(config: StackConfig) -> list[str]:
         *extra_env_problems(config),
         *addon_problems(config),
         *namespace_problems(config),
+        *vocabulary_problems(config),
     ]
 
 

@@ -103,3 +103,21 @@ def test_require_semantics_is_the_stack_is_invalid_error() -> None:
                                 stack_name="exp")  # fmt: skip
     with pytest.raises(StackConfigError, match=r"exp is invalid \(1 problem\(s\)\)"):
         require_semantics(config, source="exp")
+
+
+def test_a_vocabulary_smaller_than_the_known_tokenizer_is_refused() -> None:
+    llama2 = {"preset": "llama2-7b"}
+    values = {
+        **BASE,
+        "model": llama2,
+        "data": {"tokenizer": "meta-llama/Llama-3.1-8B"},
+        "hfToken": "hf_placeholder",  # the tokenizer is gated
+    }
+    config = parse_stack_config(values, stack_name="exp", secret_keys=["hfToken"])
+    [problem] = semantic_problems(config)
+    assert problem.startswith("model.vocabSize 32000 (of preset 'llama2-7b' or the stack)")
+    assert "which has 128256 tokens" in problem
+    matching = {**values, "data": {"tokenizer": "meta-llama/Llama-2-7b-hf"}}
+    config = parse_stack_config(matching, stack_name="exp", secret_keys=["hfToken"])
+    assert semantic_problems(config) == []
+    assert problems(model=llama2, data={"tokenizer": "/fsx/models/own-tokenizer"}) == []
