@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,11 @@ from scripts.run_target import (
 )
 
 JOB_LABEL = "training.kubeflow.org/job-name"
+GPU_POOL_SELECTOR = "fsdp-eks/node-pool=gpu"
+"""The GPU node group's label (`infra.gpu_nodes.gpu_labels`)."""
+SCALE_DOWN_TAINT = "ToBeDeletedByClusterAutoscaler"
+"""The taint Cluster Autoscaler puts on a node it is removing (kubernetes/autoscaler
+`cluster-autoscaler/utils/taints/taints.go`)."""
 _TERMINAL = ("Succeeded", "Failed")
 
 
@@ -40,6 +45,30 @@ class PodRow:
     phase: str
     node: str
     restarts: int
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    name: str
+    state: str
+    """ready, not ready, or removing (cordoned, or tainted for scale-down)."""
+
+
+def node_rows(nodes: Mapping[str, Any]) -> list[NodeRow]:
+    """The GPU nodes (`kubectl get nodes -o json`) and where each stands in the lease."""
+    rows = []
+    for node in nodes.get("items") or []:
+        spec, status = node.get("spec") or {}, node.get("status") or {}
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in status.get("conditions") or []
+        )
+        removing = spec.get("unschedulable") or any(
+            t.get("key") == SCALE_DOWN_TAINT for t in spec.get("taints") or []
+        )
+        state = "removing" if removing else "ready" if ready else "not ready"
+        rows.append(NodeRow(node["metadata"]["name"], state))
+    return sorted(rows, key=lambda r: r.name)
 
 
 @dataclass(frozen=True)
@@ -55,6 +84,8 @@ class JobStatus:
     replicas: dict[str, dict[str, int]]
     pods: list[PodRow]
     usd_per_hour: float | None
+    gpu_nodes: list[NodeRow] | None = None
+    """None: the nodes could not be read (no permission to list nodes)."""
 
     @property
     def spent_usd(self) -> float | None:
@@ -133,6 +164,8 @@ def format_status(status: JobStatus) -> str:
             f"  GPU nodes so far: ~${status.spent_usd:,.2f} (at ${status.usd_per_hour:,.2f}/h, "
             f"estimate; nodes also bill while idle)"
         )
+    if status.gpu_nodes is not None:
+        lines.append(f"  GPU nodes: {gpu_node_summary(status.gpu_nodes)}")
     if status.pods:
         width = max(len(p.name) for p in status.pods)
         lines.append(f"  {'POD'.ljust(width)}  PHASE      RESTARTS  NODE")
@@ -145,11 +178,26 @@ def format_status(status: JobStatus) -> str:
     return "\n".join(lines)
 
 
+def gpu_node_summary(nodes: list[NodeRow]) -> str:
+    """One line on the lease: none (scaled to zero, or not up yet), or counts by state."""
+    if not nodes:
+        return "none (scaled to zero, or still coming up for pending pods)"
+    counts: dict[str, int] = {}
+    for node in nodes:
+        counts[node.state] = counts.get(node.state, 0) + 1
+    return ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+
+
 def fetch_status(target: RunTarget, *, now: datetime | None = None) -> JobStatus:
     name = target.require_job()
     job = kubectl_json(target, "get", "pytorchjob", name)
     pods = kubectl_json(target, "get", "pods", "-l", f"{JOB_LABEL}={name}")
-    return summarize(job, pods, now=now or datetime.now(UTC), usd_per_hour=target.usd_per_hour)
+    summary = summarize(job, pods, now=now or datetime.now(UTC), usd_per_hour=target.usd_per_hour)
+    try:
+        nodes = node_rows(kubectl_json(target, "get", "nodes", "-l", GPU_POOL_SELECTOR))
+    except TargetError:
+        return summary  # listing nodes is cluster-wide: a namespaced user may not
+    return replace(summary, gpu_nodes=nodes)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -78,6 +78,19 @@ def pod_list() -> dict[str, Any]:
     }
 
 
+def gpu_node(name: str, *, ready: bool, removing: bool = False) -> dict[str, Any]:
+    """A node as `kubectl get nodes -o json` shows it; Cluster Autoscaler taints a node it
+    removes with ToBeDeletedByClusterAutoscaler."""
+    taints = [{"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}]
+    if removing:
+        taints.append({"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"})
+    return {
+        "metadata": {"name": name, "labels": {"fsdp-eks/node-pool": "gpu"}},
+        "spec": {"taints": taints},
+        "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+    }
+
+
 @pytest.fixture
 def fake_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """`kubectl` and `pulumi` on PATH; each call's argv is appended to calls.jsonl."""
@@ -90,6 +103,12 @@ def fake_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
             {
                 "pytorchjob": pytorch_job(),
                 "pods": pod_list(),
+                "nodes": {
+                    "items": [
+                        gpu_node("ip-10-0-1-1", ready=True),
+                        gpu_node("ip-10-0-1-2", ready=True, removing=True),
+                    ]
+                },
                 "outputs": {
                     "jobName": JOB_NAME,
                     "namespace": NAMESPACE,
@@ -119,6 +138,8 @@ elif "pytorchjob" in args:
     print(json.dumps(answers["pytorchjob"]))
 elif "pods" in args:
     print(json.dumps(answers["pods"]))
+elif "nodes" in args:
+    print(json.dumps(answers["nodes"]))
 else:
     sys.exit("unexpected " + " ".join(args))
 """
@@ -151,6 +172,15 @@ def test_status_summarizes_a_running_job() -> None:
     assert f"{JOB_NAME}-worker-1  Running    1" in text
 
 
+def test_status_tells_where_the_gpu_lease_stands() -> None:
+    nodes = status.node_rows(
+        {"items": [gpu_node("b", ready=False), gpu_node("a", ready=True, removing=True)]}
+    )
+    assert nodes == [status.NodeRow("a", "removing"), status.NodeRow("b", "not ready")]
+    assert status.gpu_node_summary(nodes) == "1 not ready, 1 removing"
+    assert status.gpu_node_summary([]).startswith("none (scaled to zero")
+
+
 def test_status_of_a_finished_job_stops_the_clock() -> None:
     now = datetime(2026, 11, 22, 9, 0, tzinfo=UTC)
     summary = status.summarize(pytorch_job("Failed"), {"items": []}, now=now, usd_per_hour=None)
@@ -165,7 +195,11 @@ def test_status_command_reads_the_stack_outputs(
     assert status.main(["--stack", "llama3-8b-p5"]) == 0
     out = capsys.readouterr().out
     assert f"job {JOB_NAME} ({NAMESPACE}): Running" in out and "$220.16/h" in out
-    assert calls(fake_cli) == [
+    assert "GPU nodes: 1 ready, 1 removing" in out
+    assert calls(fake_cli)[-1] == [
+        "kubectl", "-n", NAMESPACE, "get", "nodes", "-l", "fsdp-eks/node-pool=gpu", "-o", "json"
+    ]  # fmt: skip
+    assert calls(fake_cli)[:-1] == [
         ["pulumi", "stack", "output", "--json", "--stack", "llama3-8b-p5"],
         ["kubectl", "-n", NAMESPACE, "get", "pytorchjob", JOB_NAME, "-o", "json"],
         [
