@@ -228,6 +228,8 @@ class CostEstimate:
     max_usd_per_run: float | None
     """The stack's ceiling; None: switched off."""
     basis: str
+    nodes_owned: bool = True
+    """False on an existing cluster: the stack neither creates nor scales its GPU nodes."""
     lease_tail_hours: float | None = None
     """How long the nodes stay after the job when the autoscaler leases them (its idle time
     before scale-down); None: they run until `pulumi destroy`."""
@@ -257,7 +259,9 @@ class CostEstimate:
         )
         if self.expected_usd is not None and self.expected_hours is not None:
             run = f"~${self.expected_usd:,.2f} expected (~{self.expected_hours:.1f} h), {run}"
-        if self.lease_tail_hours is None:
+        if not self.nodes_owned:
+            run += " (the existing cluster's GPU nodes: their idle time is its operators' choice)"
+        elif self.lease_tail_hours is None:
             run += " (nodes bill on after the job until `pulumi destroy`)"
         else:
             tail = self.lease_tail_hours * 60
@@ -302,6 +306,7 @@ def estimate_cost(
     usd_per_instance_hour: float | None = None,
     expected_hours: float | None = None,
     lease_tail_hours: float | None = None,
+    nodes_owned: bool = True,
 ) -> CostEstimate:
     """The full estimate for one stack's GPU nodes.
 
@@ -328,6 +333,7 @@ def estimate_cost(
         run_hours=run_hours,
         expected_hours=expected_hours,
         lease_tail_hours=lease_tail_hours,
+        nodes_owned=nodes_owned,
         usd_per_run=per_run,
         max_usd_per_run=max_usd_per_run,
         basis=basis,

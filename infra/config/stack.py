@@ -403,6 +403,7 @@ def cost_estimate(config: StackConfig) -> CostEstimate:
         run_hours=cost.run_hours(config.job.max_run_hours),
         expected_hours=_expected_hours(config),
         lease_tail_hours=lease_tail_hours(config),
+        nodes_owned=config.cluster.mode == "create",
         max_usd_per_run=cost.max_usd_per_run,
         usd_per_instance_hour=cost.usd_per_instance_hour,
     )

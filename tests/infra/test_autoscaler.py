@@ -171,3 +171,15 @@ def test_nothing_the_stack_runs_keeps_a_gpu_node_from_scaling_down(name: str) ->
     release = result.one("kubernetes:helm.sh/v3:Release", "autoscaler-release")
     assert release.inputs["values"]["extraArgs"]["skip-nodes-with-local-storage"] == "false"
     assert release.inputs["values"]["nodeSelector"] == {"fsdp-eks/node-pool": "system"}
+
+
+def test_the_cost_line_says_who_owns_the_idle_tail() -> None:
+    from infra.config.stack import cost_estimate, load_stack_file
+
+    existing = cost_estimate(load_stack_file("team-cluster"))
+    assert existing.lease_tail_hours is None and not existing.nodes_owned
+    assert "the existing cluster's GPU nodes: their idle time is its operators'" in (
+        existing.summary()
+    )
+    created = cost_estimate(load_stack_file("dev"))
+    assert created.nodes_owned and created.lease_tail_hours == pytest.approx(10 / 60)
