@@ -428,6 +428,10 @@ class Trainer:
                     logger.warning("--fail_at_step %d: exiting abruptly", step)
                     sys.stderr.flush()
                     os._exit(FAIL_AT_STEP_EXIT_CODE)
+        # No step follows: the final save and the export (minutes for a large model) are not
+        # a hang, and a watchdog exit here would restart a finished run into the same export.
+        if self.watchdog is not None:
+            self.watchdog.close()
         if self.checkpoints is not None and self._last_saved_step != self.step:
             self.save(self.step)
         if cfg.checkpoint.export_dir is not None:

@@ -57,6 +57,8 @@ def test_only_logging_steps_sync(
     monkeypatch.setattr(trainer.train.dist, "all_gather_object", counted_gather)
     try:
         run.train()
+        # Disarmed before the final save and export, which are no steps.
+        assert run.watchdog is not None and not run.watchdog._thread.is_alive()
     finally:
         monkeypatch.undo()
         run.close()
