@@ -91,10 +91,10 @@ class StopRequests:
         return PreemptedError(name, step, 128 + int(signum))
 
     def close(self) -> None:
-        """Give the signals back to their previous handlers."""
-        if self._work is not None:
-            self._work.wait()
-            self._work = None
+        """Give the signals back to their previous handlers. A flag exchange still in flight
+        is dropped, not awaited: after a crash another rank may never join it, and waiting
+        would hold this rank's exit for the whole collective timeout."""
+        self._work = None
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
 
