@@ -14,6 +14,7 @@ import pulumi_aws as aws
 
 from infra.addons import Addons, AddonsArgs
 from infra.autoscaler import SYSTEM_NODE_SELECTOR, ClusterAutoscaler, ClusterAutoscalerArgs
+from infra.capacity_block import check_capacity_block
 from infra.cluster import Cluster, ClusterArgs
 from infra.config import StackConfig, load_stack_config
 from infra.config.stack import PROJECT, cost_estimate, dns_name
@@ -35,7 +36,9 @@ def resource_tags(stack: StackConfig) -> dict[str, str]:
 
 
 def main() -> None:
-    stack = require_semantics(load_stack_config(), source=f"stack {pulumi.get_stack()!r}")
+    source = f"stack {pulumi.get_stack()!r}"
+    stack = require_semantics(load_stack_config(), source=source)
+    check_capacity_block(stack, source=source)  # a block must hold the whole run
     tags = resource_tags(stack)
 
     aws_profile = pulumi.Config("aws").get("profile")

@@ -350,7 +350,23 @@ def _session_context(args: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _capacity_block(args: dict[str, Any]) -> dict[str, Any]:
+    """An active 4 x p5 block in the first AZ that ends long after any plan: the offline plan
+    checks a block's fit, not AWS's calendar (tests pass their own dates to `block_problems`)."""
+    return {
+        "id": args.get("id", "cr-unknown"),
+        "instanceType": "p5.48xlarge",
+        "availabilityZone": AZ_NAMES[0],
+        "instanceCount": 4,
+        "startDate": "2026-11-01T11:30:00Z",
+        "endDate": "2099-01-01T11:30:00Z",
+        "state": "active",
+        "reservationType": "capacity-block",
+    }
+
+
 INVOKE_RESULTS["aws:ec2/getSubnet:getSubnet"] = _subnet
+INVOKE_RESULTS["aws:ec2/getCapacityBlockReservation:getCapacityBlockReservation"] = _capacity_block
 INVOKE_RESULTS["aws:iam/getSessionContext:getSessionContext"] = _session_context
 RESOURCE_OUTPUTS["pulumi:pulumi:StackReference"] = lambda name, inputs: {
     # What a create-mode stack of this project exports (see infra/program.py).
