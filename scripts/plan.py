@@ -174,7 +174,10 @@ def resource_tree(evaluation: Evaluation) -> Iterator[str]:
     yield from walk("", "")
 
 
-def placement_line(config: StackConfig) -> str:
+GPU_SUBNET = ("aws:ec2/subnet:Subnet", "network-gpu")
+
+
+def placement_line(config: StackConfig, evaluation: Evaluation | None = None) -> str:
     """Where the GPU nodes go, and why there."""
     nodes = config.gpu_nodes
     if nodes.availability_zone:
@@ -182,14 +185,22 @@ def placement_line(config: StackConfig) -> str:
     elif config.cluster.network.gpu_subnet_id:
         where = f"the AZ of subnet {config.cluster.network.gpu_subnet_id} (its own)"
     else:
+        chosen = [
+            r.inputs.get("availabilityZone")
+            for r in (evaluation.of_type(GPU_SUBNET[0]) if evaluation else [])
+            if r.name == GPU_SUBNET[1]
+        ]
         where = (
-            f"the first AZ of the region that offers {nodes.instance_type} (EC2 instance type "
-            "offerings, looked up at preview)"
+            f"{chosen[0]}, the first AZ that offers {nodes.instance_type} (EC2 instance type "
+            "offerings: the offline table here, the real look-up at preview; pin it with "
+            "gpuNodes.availabilityZone)"
+            if chosen
+            else f"the first AZ that offers {nodes.instance_type} (looked up at preview)"
         )
     return f"Where:  {where}; cluster mode {config.cluster.mode}"
 
 
-def summary_lines(config: StackConfig) -> list[str]:
+def summary_lines(config: StackConfig, evaluation: Evaluation | None = None) -> list[str]:
     facts = config.instance
     shape = config.model_shape()
     params = approx_num_parameters(shape) / 1e9
@@ -200,7 +211,7 @@ def summary_lines(config: StackConfig) -> list[str]:
         f"Nodes:  {nodes.count} x {nodes.instance_type} ({facts.gpus} x {facts.gpu_model} "
         f"{facts.gpu_memory_gib} GB, {nodes.efa_interface_count} EFA) -> "
         f"{config.world_size} trainer processes",
-        placement_line(config),
+        placement_line(config, evaluation),
         f"Model:  {config.model.preset} ({params:.2f}B parameters), context "
         f"{training.context_width}, {training.sharding_strategy} sharding",
         f"Batch:  {training.micro_batch_size} per GPU x {config.world_size} GPUs x "
@@ -224,7 +235,7 @@ def render(plan: Plan, *, verbose: bool = False) -> str:
     evaluation = plan.evaluation
     lines = [
         f"Stack {plan.stack.stack_name} ({display_path(plan.stack.path)})",
-        *(f"  {line}" for line in summary_lines(plan.config)),
+        *(f"  {line}" for line in summary_lines(plan.config, plan.evaluation)),
         *(
             f"  Warning: {warning}"
             for warning in [*plan.stack.warnings, *config_warnings(plan.config)]

@@ -77,6 +77,14 @@ def test_plan_shows_tree_cost_and_the_job_as_applied(capsys: pytest.CaptureFixtu
     assert "--max_context_width" in container["args"]
 
 
+def test_the_plan_says_which_az_the_gpu_nodes_get_and_why(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert plan.main(["dev"]) == 0
+    out = capsys.readouterr().out
+    assert "Where:  us-west-2a, the first AZ that offers g5.xlarge" in out
+
+
 def test_plan_accepts_a_stack_file_path(capsys: pytest.CaptureFixture[str]) -> None:
     assert plan.main([str(plan.STACKS_DIR / "Pulumi.dev.yaml")]) == 0
     assert "Stack dev (stacks/Pulumi.dev.yaml)" in capsys.readouterr().out
