@@ -22,14 +22,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         from trainer.distributed import shutdown
 
         shutdown()
-        print(f"trainer: {error}", file=sys.stderr)
+        # One write: ranks share the log, and print's separate newline write can interleave.
+        sys.stderr.write(f"trainer: {error}\n")
         return PREFLIGHT_EXIT_CODE
     except DataConfigError as error:
         # A bad --dataset/--tokenizer is the user's to fix: one line naming the flag, no trace.
         from trainer.distributed import shutdown
 
         shutdown()
-        print(f"trainer: error: {error}", file=sys.stderr)
+        sys.stderr.write(f"trainer: error: {error}\n")
         return 2
     except BaseException:
         # Leave the process group cleanly so the failure, not a teardown warning, is what

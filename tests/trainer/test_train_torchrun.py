@@ -263,10 +263,11 @@ def test_a_failing_preflight_check_exits_before_step_1_with_one_line(
     args = reference_args(tiny_assets, tmp_path / "ckpt", preflight_fail_check="efa")
     failed = run_trainer(args, metrics_file=tmp_path / "metrics.jsonl")
     assert failed.returncode != 0 and "exitcode  : 140" in failed.output
-    lines = [line for line in failed.output.splitlines() if line.startswith("trainer: ")]
-    assert len(lines) == 2  # one per rank, the same line: the last rank's failure
-    assert lines[0].startswith("trainer: preflight failed: node ")
-    assert lines[0].endswith("rank 1: efa: injected by --preflight_fail_check")
+    # One line per rank, the same on both: the last rank's failure.
+    line = re.search(r"trainer: preflight failed: node \S+ rank 1: efa: [^\n]*", failed.output)
+    assert line is not None
+    assert line.group(0).endswith("rank 1: efa: injected by --preflight_fail_check")
+    assert failed.output.count("trainer: preflight failed: node ") == 2
     # No trace from the trainer (torchrun still prints its own ChildFailedError report).
     assert "PreflightError" not in failed.output and "trainer/train.py" not in failed.output
     assert failed.train_records() == []
