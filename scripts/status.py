@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
@@ -86,6 +87,8 @@ class JobStatus:
     usd_per_hour: float | None
     gpu_nodes: list[NodeRow] | None = None
     """None: the nodes could not be read (no permission to list nodes)."""
+    restarts: str | None = None
+    """The run's restart history from its metrics file (`trainer.restarts`), when readable."""
 
     @property
     def spent_usd(self) -> float | None:
@@ -166,6 +169,8 @@ def format_status(status: JobStatus) -> str:
         )
     if status.gpu_nodes is not None:
         lines.append(f"  GPU nodes: {gpu_node_summary(status.gpu_nodes)}")
+    if status.restarts is not None:
+        lines.append(f"  {status.restarts}")
     if status.pods:
         width = max(len(p.name) for p in status.pods)
         lines.append(f"  {'POD'.ljust(width)}  PHASE      RESTARTS  NODE")
@@ -176,6 +181,42 @@ def format_status(status: JobStatus) -> str:
     else:
         lines.append("  no pods (not scheduled yet, or cleaned up after the run)")
     return "\n".join(lines)
+
+
+def restart_summary(records: list[dict[str, Any]]) -> str | None:
+    """One line from the `start` entries the trainer writes at each start; None before any."""
+    starts = [r["start"] for r in records if r.get("kind") == "run" and "start" in r]
+    if not starts:
+        return None
+    last = starts[-1]
+    restarts = int(last.get("attempt", 1)) - 1
+    if restarts == 0:
+        return "restarts: none (first start)"
+    lost_steps = sum(int(s.get("steps_lost", 0)) for s in starts)
+    return (
+        f"restarts: {restarts} (the last after {last.get('after')}, resumed at step "
+        f"{last.get('resumed_step')}); {lost_steps} step(s) and "
+        f"{float(last.get('total_wall_lost_s', 0)) / 60:.0f} min lost, goodput "
+        f"{float(last.get('goodput', 1)):.1%}"
+    )
+
+
+def read_restarts(target: RunTarget) -> str | None:
+    """The restart line from the run's metrics file in S3; None when it cannot be read."""
+    try:
+        uri = f"{target.require_checkpoint_uri()}/metrics.jsonl"
+    except TargetError:
+        return None
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from scripts.plot_loss import fetch_s3
+    from trainer.restarts import read_records
+
+    with tempfile.TemporaryDirectory() as scratch:
+        try:
+            return restart_summary(read_records(fetch_s3(uri, Path(scratch))))
+        except (BotoCoreError, ClientError) as error:
+            return f"restarts: unknown ({uri} not readable: {error})"
 
 
 def gpu_node_summary(nodes: list[NodeRow]) -> str:
@@ -193,6 +234,7 @@ def fetch_status(target: RunTarget, *, now: datetime | None = None) -> JobStatus
     job = kubectl_json(target, "get", "pytorchjob", name)
     pods = kubectl_json(target, "get", "pods", "-l", f"{JOB_LABEL}={name}")
     summary = summarize(job, pods, now=now or datetime.now(UTC), usd_per_hour=target.usd_per_hour)
+    summary = replace(summary, restarts=read_restarts(target))
     try:
         nodes = node_rows(kubectl_json(target, "get", "nodes", "-l", GPU_POOL_SELECTOR))
     except TargetError:

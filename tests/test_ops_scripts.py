@@ -181,6 +181,24 @@ def test_status_tells_where_the_gpu_lease_stands() -> None:
     assert status.gpu_node_summary([]).startswith("none (scaled to zero")
 
 
+def test_status_reads_the_restart_history_the_trainer_wrote() -> None:
+    records = [
+        {"kind": "run", "step": 0, "start": {"attempt": 1, "after": "fresh"}},
+        {"kind": "run", "step": 0, "start": {"attempt": 2, "after": "hang", "resumed_step": 10,
+                                             "steps_lost": 3, "total_wall_lost_s": 120,
+                                             "goodput": 0.9}},
+        {"kind": "run", "step": 0, "start": {"attempt": 3, "after": "stop:SIGTERM",
+                                             "resumed_step": 20, "steps_lost": 1,
+                                             "total_wall_lost_s": 300, "goodput": 0.85}},
+    ]  # fmt: skip
+    assert status.restart_summary(records) == (
+        "restarts: 2 (the last after stop:SIGTERM, resumed at step 20); 4 step(s) and 5 min "
+        "lost, goodput 85.0%"
+    )
+    assert status.restart_summary(records[:1]) == "restarts: none (first start)"
+    assert status.restart_summary([]) is None
+
+
 def test_status_of_a_finished_job_stops_the_clock() -> None:
     now = datetime(2026, 11, 22, 9, 0, tzinfo=UTC)
     summary = status.summarize(pytorch_job("Failed"), {"items": []}, now=now, usd_per_hour=None)
@@ -451,6 +469,25 @@ def test_plot_command_writes_a_png(tmp_path: Path, capsys: pytest.CaptureFixture
     empty.write_text("")
     assert plot_loss.main([str(empty)]) == 2
     assert "no loss records" in capsys.readouterr().err
+
+
+def test_status_command_reads_the_restarts_from_the_runs_metrics_file_in_s3(
+    s3: Any, fake_cli: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bucket, prefix = split_s3_uri(RUN_URI)
+    start = {
+        "attempt": 2,
+        "after": "crash",
+        "resumed_step": 100,
+        "steps_lost": 7,
+        "total_wall_lost_s": 600,
+        "goodput": 0.95,
+    }
+    history = {"kind": "run", "step": 0, "start": start}
+    s3.put_object(Bucket=bucket, Key=f"{prefix}/metrics.jsonl", Body=json.dumps(history) + "\n")
+    assert status.main(["--job", JOB_NAME, "-n", NAMESPACE, "--s3-uri", RUN_URI]) == 0
+    out = capsys.readouterr().out
+    assert "restarts: 1 (the last after crash, resumed at step 100); 7 step(s)" in out
 
 
 def test_plot_command_reads_the_metrics_file_from_s3(
