@@ -336,8 +336,9 @@ def main(argv: list[str] | None = None) -> int:
                 print()
                 if plan.violations:
                     status = 1
-        except StackConfigError as err:
-            print(err, file=sys.stderr)
+        except (StackConfigError, FileNotFoundError) as err:
+            # A bad stack, or one that does not exist (the message lists the stacks there are).
+            print(f"plan: {err}" if isinstance(err, FileNotFoundError) else err, file=sys.stderr)
             status = 1
     return status
 
