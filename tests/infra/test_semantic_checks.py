@@ -121,3 +121,64 @@ def test_a_vocabulary_smaller_than_the_known_tokenizer_is_refused() -> None:
     config = parse_stack_config(matching, stack_name="exp", secret_keys=["hfToken"])
     assert semantic_problems(config) == []
     assert problems(model=llama2, data={"tokenizer": "/fsx/models/own-tokenizer"}) == []
+
+
+@pytest.mark.parametrize(
+    ("sections", "start"),
+    [
+        ({"data": {"dataset": "/data/c4"}}, "data.dataset '/data/c4' is not on any volume"),
+        ({"data": {"dataset": "corpora/c4/en"}}, "data.dataset 'corpora/c4/en' is not on any"),
+        ({"data": {"tokenizer": "s3://bucket/tok"}}, "data.tokenizer 's3://bucket/tok' is a URI"),
+        ({"model": {"initFrom": "/opt/weights"}}, "model.initFrom '/opt/weights' is not on any"),
+        (
+            {"training": {"extraArgs": {"metrics_file": "/tmp/metrics.jsonl"}}},
+            "training.extraArgs.metrics_file '/tmp/metrics.jsonl': --metrics_file would write "
+            "outside every writable volume",
+        ),
+    ],
+)
+def test_what_the_trainer_reads_or_writes_lies_on_a_mounted_volume(
+    sections: dict[str, Any], start: str
+) -> None:
+    [problem] = problems(**sections)
+    assert problem.startswith(start)
+    assert "allowed: " in problem and "/fsx" in problem
+
+
+def test_paths_on_the_claim_hub_ids_and_the_rendered_run_dirs_pass() -> None:
+    assert problems(data={"dataset": "allenai/c4", "tokenizer": "/fsx/tok"}) == []
+    assert problems(model={"initFrom": "/fsx/models/llama"}) == []
+    assert problems(training={"extraArgs": {"metrics_file": "/fsx/metrics.jsonl"}}) == []
+
+
+def test_an_input_on_a_pod_local_volume_is_empty_when_the_pod_starts() -> None:
+    single = {"gpuNodes": {"count": 1}, "storage": {"fsx": {"enabled": False}}}
+    [problem] = problems(**single, data={"dataset": "/scratch/c4"})
+    assert problem.startswith("data.dataset '/scratch/c4' lies on /scratch (a emptyDir volume)")
+    assert "storage.fsx.enabled true" in problem
+    # The checkpoints themselves may live there: one node keeps them across container restarts.
+    assert problems(**single) == []
+
+
+@pytest.mark.parametrize(
+    ("mount", "hidden"),
+    [
+        ("/opt/fsdp-eks", "/opt/fsdp-eks"),  # the Dockerfile's WORKDIR: the trainer code
+        ("/opt", "/opt/amazon"),  # EFA, from the Dockerfile
+        ("/usr/local", "/usr"),
+        ("/tmp", "/tmp/hf-home"),
+    ],
+)
+def test_no_mount_hides_the_images_code_libraries_or_caches(mount: str, hidden: str) -> None:
+    [problem] = problems(storage={"fsx": {"existingClaimName": "shared", "mountPath": mount}})
+    assert problem.startswith(f"storage.fsx.mountPath {mount!r} would hide ")
+    assert hidden in problem and "allowed: a directory of its own" in problem
+    fine = {"fsx": {"existingClaimName": "shared", "mountPath": "/mnt/fsx"}}
+    assert problems(storage=fine, data={"dataset": "/mnt/fsx/c4"}) == []
+
+
+def test_the_default_namespace_is_refused_only_when_the_stack_would_create_it() -> None:
+    [problem] = problems(job={"namespace": "default"})
+    assert problem.startswith("job.namespace 'default' with job.createNamespace true")
+    existing = {"mode": "existing", "name": "team"}
+    assert problems(cluster=existing, job={"namespace": "default"}) == []
