@@ -101,9 +101,12 @@ STARTUP_HOURS = 0.5
 zero), the ~20 GB image pulled, rendezvous, model initialisation or checkpoint loading. The
 worst case is `infra.job_manifest.POD_START_BUDGET_S` (1 h), counted in the range's top."""
 
-NODE_LOCAL_WRITE_BYTES_PER_S = 1.0e9
-"""A checkpoint written to a GPU node's instance-store NVMe (no FSx): about 1 GB/s per node
-sustained for large sequential writes, assumed; every node writes its own shards."""
+S3_WRITE_BYTES_PER_S_PER_NODE = 1.25e9
+"""A checkpoint written to S3 (no FSx) by s3torchconnector's CRT client: its default
+throughput target is 10 Gbit/s per client (`S3ClientConfig.throughput_target_gbps`), one client
+per rank, so a node's NIC is not the limit; assumed 1.25 GB/s per node, every node writing its
+own shards in parallel (S3 scales per prefix: 3,500 PUT/s each, AWS S3 User Guide,
+"Best practices design patterns: optimizing Amazon S3 performance")."""
 
 CHECKPOINT_BYTES_PER_PARAMETER = 12
 """What a distributed checkpoint holds per parameter: fp32 weights and AdamW's two fp32
@@ -184,12 +187,12 @@ class UnknownPeakError(LookupError):
 
 def checkpoint_write_bytes_per_s(config: StackConfig) -> float:
     """How fast one checkpoint is written: the FSx file system's throughput (MB/s per TiB x
-    TiB, the PERSISTENT_2 baseline) when the stack mounts one it sized, else every node's
-    local NVMe in parallel."""
+    TiB, the PERSISTENT_2 baseline) when the stack mounts one it sized, else S3 from every
+    node in parallel (an existing claim, of unknown size, is taken to write like S3)."""
     fsx = config.storage.fsx
     if fsx.creates_file_system:
         return fsx.per_unit_storage_throughput * 1e6 * fsx.storage_capacity_gib / 1024
-    return NODE_LOCAL_WRITE_BYTES_PER_S * config.gpu_nodes.count
+    return S3_WRITE_BYTES_PER_S_PER_NODE * config.gpu_nodes.count
 
 
 def checkpoint_saves(config: StackConfig) -> int:
@@ -249,7 +252,9 @@ leaving the process group, and the agent reaping its workers."""
 
 def shutdown_grace_seconds(config: StackConfig) -> int:
     """How long a worker needs between SIGTERM and its exit: the step in flight (at the low
-    MFU), one checkpoint written twice over (a slow file system, a busy one) and a margin.
+    MFU), two checkpoint writes (an asynchronous save still in flight, which the stop save
+    waits for, then the stop save itself; or one save on a slow, busy file system) and a
+    margin.
     The pod's `terminationGracePeriodSeconds` and torchrun's shutdown timeout derive from it
     (`infra.job_manifest`); a Kubernetes default of 30 s would kill a large save half way."""
     estimate = estimate_duration(config)

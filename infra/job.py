@@ -38,12 +38,14 @@ import pulumi_kubernetes as k8s
 
 from infra.config.job import JobConfig
 from infra.config.stack import StackConfig
+from infra.job_args import CHECKPOINT_BUCKET_ENV, RunPaths
 from infra.job_manifest import (
     API_VERSION,
     HF_TOKEN_SECRET_KEY,
     KIND,
     JobManifest,
     Placement,
+    S3Bucket,
     kubectl_commands,
     network_policy,
     render_job,
@@ -119,6 +121,20 @@ class TrainingJobArgs:
     depends_on: Sequence[pulumi.Resource] = field(default_factory=list)
     """Node groups, device plugins, training operator, storage: all must exist first."""
     service_account_name: str | None = None
+    """The pods' own service account (infra.checkpoint_access, for a run in S3)."""
+    bucket: S3Bucket | None = None
+    """The bucket a run without FSx lives in (its checkpoints, metrics and export)."""
+
+
+def checkpoint_location(paths: RunPaths, bucket: S3Bucket | None) -> pulumi.Output[str]:
+    """Where the run's checkpoints are, with the bucket's real name in place of the
+    `$(CHECKPOINT_BUCKET)` the kubelet expands in the pod."""
+    if not paths.in_s3 or bucket is None:
+        return pulumi.Output.from_input(paths.run_dir)
+    placeholder = f"$({CHECKPOINT_BUCKET_ENV})"
+    return pulumi.Output.from_input(bucket.name).apply(
+        lambda name: paths.run_dir.replace(placeholder, name)
+    )
 
 
 class TrainingJob(pulumi.ComponentResource):
@@ -128,7 +144,8 @@ class TrainingJob(pulumi.ComponentResource):
     namespace: pulumi.Output[str]
     image: pulumi.Output[str]
     run_id: str
-    checkpoint_path: str
+    checkpoint_path: pulumi.Output[str]
+    """The run's checkpoint directory on FSx, or its `s3://` URI."""
     manifest: JobManifest
     kubectl: dict[str, str]
     network_policy: k8s.networking.v1.NetworkPolicy
@@ -167,6 +184,7 @@ class TrainingJob(pulumi.ComponentResource):
             placement=args.placement,
             hf_secret_name=secret_name,
             service_account_name=args.service_account_name,
+            bucket=args.bucket,
         )
         # Only the job's own pods may connect to its rendezvous store and NCCL ports; created
         # first, so no pod of the job is ever reachable from the rest of a shared cluster.
@@ -222,7 +240,7 @@ class TrainingJob(pulumi.ComponentResource):
         self.namespace = pulumi.Output.from_input(args.namespace)
         self.image = pulumi.Output.from_input(args.image_uri)
         self.run_id = self.manifest.run_id
-        self.checkpoint_path = self.manifest.paths.run_dir
+        self.checkpoint_path = checkpoint_location(self.manifest.paths, args.bucket)
         self.kubectl = kubectl_commands(job_name, config.job.namespace)
         self.register_outputs(
             {

@@ -22,9 +22,14 @@ if TYPE_CHECKING:
     from infra.config.stack import StackConfig
 
 CHECKPOINTS_DIR = "checkpoints"
-"""Directory under the shared mount that holds one sub-directory per run."""
+"""Directory under the shared mount, or key prefix in the bucket, with one entry per run."""
 LOCAL_CHECKPOINT_MOUNT = "/scratch"
-"""Where runs keep checkpoints when the stack has no shared FSx volume (a pod-local volume)."""
+"""The pod-local volume of a stack without FSx: where outputs bound for S3 are staged."""
+CHECKPOINT_BUCKET_ENV = "CHECKPOINT_BUCKET"
+"""The container variable holding the bucket's name. The name is known only at deploy time,
+so the trainer's arguments refer to it as `$(CHECKPOINT_BUCKET)`, which the kubelet expands
+from the container's environment before it starts the command (Kubernetes docs, "Define a
+command and arguments for a container": "Use environment variables to define arguments")."""
 
 
 def preflight_flags(config: StackConfig) -> dict[str, Any]:
@@ -108,35 +113,63 @@ def run_id(config: StackConfig) -> str:
 
 @dataclass(frozen=True)
 class RunPaths:
-    """Where one run keeps its state inside the container."""
+    """Where one run keeps its state: on the FSx volume, or in the stack's S3 bucket.
+
+    Either way every pod of the job sees the same checkpoints, and a restarted or rescheduled
+    pod resumes from them.
+    """
 
     mount_path: str
-    """Shared volume (FSx) mount, or the pod-local checkpoint volume."""
+    """The FSx mount, or (in S3) the pod-local volume where outputs are staged."""
     shared: bool
-    """Whether the volume outlives the pod (FSx): only then does a rescheduled pod resume."""
+    """Whether the pods mount FSx; otherwise the run lives in S3."""
     run_dir: str
+    """A directory under the FSx mount, or `s3://$(CHECKPOINT_BUCKET)/checkpoints/<run id>`."""
     export_dir: str | None
     tensorboard_dir: str
+    staging_dir: str | None = None
+    """In S3: the local directory rank 0 writes the metrics, events and export into first."""
+
+    @property
+    def in_s3(self) -> bool:
+        return not self.shared
+
+    @property
+    def local_dump_dir(self) -> str:
+        """A local directory for files the process writes as it dies (flight recorder)."""
+        return self.staging_dir if self.staging_dir is not None else self.run_dir
+
+
+def s3_run_prefix(config: StackConfig) -> str:
+    """The run's key prefix in the bucket when it has no FSx."""
+    return f"{CHECKPOINTS_DIR}/{run_id(config)}"
 
 
 def run_paths(
     config: StackConfig, *, shared: bool | None = None, mount_path: str | None = None
 ) -> RunPaths:
-    """Paths of the run under the FSx mount, or a pod-local volume when there is no claim.
+    """The run's paths: under the FSx mount, or in S3 when the pods mount no claim.
 
     `shared` defaults to whether the stack mounts FSx; `mount_path` to storage.fsx.mountPath.
     """
     fsx = config.storage.fsx
     if shared is None:
         shared = fsx.enabled
-    mount = mount_path or (fsx.mount_path if shared else LOCAL_CHECKPOINT_MOUNT)
-    run_dir = f"{mount.rstrip('/')}/{CHECKPOINTS_DIR}/{run_id(config)}"
+    if shared:
+        mount = mount_path or fsx.mount_path
+        run_dir = f"{mount.rstrip('/')}/{CHECKPOINTS_DIR}/{run_id(config)}"
+        staging = None
+    else:
+        mount = LOCAL_CHECKPOINT_MOUNT
+        run_dir = f"s3://$({CHECKPOINT_BUCKET_ENV})/{s3_run_prefix(config)}"
+        staging = f"{mount}/outputs"
     return RunPaths(
         mount_path=mount,
         shared=shared,
         run_dir=run_dir,
         export_dir=f"{run_dir}/export" if config.training.export_model else None,
         tensorboard_dir=f"{run_dir}/tensorboard",
+        staging_dir=staging,
     )
 
 
@@ -152,6 +185,7 @@ def trainer_argv(config: StackConfig, paths: RunPaths) -> list[str]:
         "resume_from_checkpoint": paths.run_dir,
         "export_dir": paths.export_dir,
         "tensorboard_dir": paths.tensorboard_dir,
+        "staging_dir": paths.staging_dir,
     }
     return format_args(flags)
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from infra.config.cluster import GPU_TAINT_KEY
 from infra.duration import POD_START_BUDGET_S, shutdown_grace_seconds
 from infra.instances import scheduling_labels
-from infra.job_args import RunPaths, run_paths, torchrun_command
+from infra.job_args import CHECKPOINT_BUCKET_ENV, RunPaths, run_paths, torchrun_command
 
 if TYPE_CHECKING:
     from infra.config.stack import StackConfig
@@ -151,6 +151,25 @@ def container_resources(size: PodSize) -> dict[str, dict[str, Any]]:
     return {"requests": requests, "limits": limits}
 
 
+@dataclass(frozen=True)
+class S3Bucket:
+    """The bucket a run without FSx lives in; plain strings or Pulumi outputs."""
+
+    name: Any
+    region: Any
+
+
+def s3_env(bucket: S3Bucket | None) -> list[dict[str, Any]]:
+    """The bucket for the `$(CHECKPOINT_BUCKET)` in the trainer's arguments, and its region
+    (s3torchconnector's client is built for one region: trainer.checkpoint_store)."""
+    if bucket is None:
+        return []
+    return [
+        {"name": CHECKPOINT_BUCKET_ENV, "value": bucket.name},
+        {"name": "AWS_REGION", "value": bucket.region},
+    ]
+
+
 def container_env(
     config: StackConfig, *, hf_secret_name: str | None, run_dir: str | None = None
 ) -> list[dict[str, Any]]:
@@ -275,7 +294,7 @@ def _volumes(
     if pvc_name is not None:
         volumes.append({"name": "shared", "persistentVolumeClaim": {"claimName": pvc_name}})
     else:
-        # No shared volume: checkpoints survive container restarts in the same pod only.
+        # No FSx: the run lives in S3; this pod-local volume only stages what goes there.
         volumes.append({"name": "shared", "emptyDir": {}})
     mounts.append({"name": "shared", "mountPath": paths.mount_path})
     return volumes, mounts
@@ -288,9 +307,12 @@ def _prepare_run_dirs(image: Any, paths: RunPaths, mounts: list[dict[str, Any]])
     made) is root's; without this, the first checkpoint save fails hours into a run. Only the
     run's own directories change owner: other runs on the shared volume are left alone.
     """
-    run_dirs = [paths.run_dir, paths.tensorboard_dir]
-    if paths.export_dir is not None:
-        run_dirs.append(paths.export_dir)
+    if paths.staging_dir is not None:  # in S3: only the local staging directory
+        run_dirs = [paths.staging_dir]
+    else:
+        run_dirs = [paths.run_dir, paths.tensorboard_dir]
+        if paths.export_dir is not None:
+            run_dirs.append(paths.export_dir)
     quoted = " ".join(f"'{d}'" for d in run_dirs)
     owner = f"{TRAINER_USER_ID}:{TRAINER_USER_ID}"
     return {
@@ -350,11 +372,14 @@ def render_job(
     placement: Placement | None = None,
     hf_secret_name: str | None = None,
     service_account_name: str | None = None,
+    bucket: S3Bucket | None = None,
 ) -> JobManifest:
     """The whole PyTorchJob for `config`.
 
     `image` (digest-pinned URI) and `pvc_name` may be plain strings or Pulumi outputs.
-    `mount_path` is where the claim is mounted (default: storage.fsx.mountPath).
+    `mount_path` is where the claim is mounted (default: storage.fsx.mountPath). Without a
+    claim the run lives in S3: `bucket` names it and `service_account_name` is the account
+    bound to the run's prefix (infra.checkpoint_access).
     """
     job = config.job
     assert job.name is not None  # parse_stack_config fills it from the stack name
@@ -381,7 +406,8 @@ def render_job(
         "command": command[:1],
         "args": command[1:],
         "env": [
-            *container_env(config, hf_secret_name=hf_secret_name, run_dir=paths.run_dir),
+            *container_env(config, hf_secret_name=hf_secret_name, run_dir=paths.local_dump_dir),
+            *s3_env(bucket),
             # The node a preflight failure names (Kubernetes downward API).
             {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         ],

@@ -1,7 +1,8 @@
 """The Pulumi program: one stack config in, one training run's resources out.
 
 Read top-down it is the architecture: config → network → cluster → namespace → storage,
-add-ons, the GPU lease (autoscaler) and image → the PyTorchJob → outputs. It lives in a
+add-ons, the GPU lease (autoscaler), the run's S3 access (no FSx) and image → the PyTorchJob →
+outputs. It lives in a
 function (called by the root `__main__.py`) so that tests and the offline plan can evaluate
 it repeatedly under the mock runtime. The config is loaded and validated first: a bad stack
 file raises before any resource is registered.
@@ -15,12 +16,14 @@ import pulumi_aws as aws
 from infra.addons import Addons, AddonsArgs
 from infra.autoscaler import SYSTEM_NODE_SELECTOR, ClusterAutoscaler, ClusterAutoscalerArgs
 from infra.capacity_block import check_capacity_block
+from infra.checkpoint_access import CheckpointAccess, CheckpointAccessArgs
 from infra.cluster import Cluster, ClusterArgs
 from infra.config import StackConfig, load_stack_config
 from infra.config.stack import PROJECT, cost_estimate, dns_name
 from infra.image import TrainerImage, TrainerImageArgs
 from infra.job import JobNamespace, JobNamespaceArgs, TrainingJob, TrainingJobArgs
-from infra.job_manifest import Placement
+from infra.job_args import s3_run_prefix
+from infra.job_manifest import Placement, S3Bucket
 from infra.network import Network, NetworkArgs
 from infra.semantic_checks import require_semantics
 from infra.storage import Storage, StorageArgs
@@ -116,6 +119,22 @@ def main() -> None:
             ),
         )
         leased.append(autoscaler.release)
+    # Without FSx the run lives in the bucket: its pods may touch only their run's prefix.
+    run_access = None
+    if storage.pvc_name is None:
+        run_access = CheckpointAccess(
+            "run-access",
+            CheckpointAccessArgs(
+                cluster_name=cluster.name,
+                namespace=namespace.name,
+                job_name=str(stack.job.name),
+                bucket_arn=storage.bucket_arn,
+                prefix=s3_run_prefix(stack),
+                k8s_provider=cluster.k8s_provider,
+                cluster_ready=cluster.ready,
+                tags=tags,
+            ),
+        )
     image = TrainerImage(
         "trainer-image",
         TrainerImageArgs(
@@ -136,7 +155,19 @@ def main() -> None:
             pvc_name=storage.pvc_name,
             mount_path=storage.mount_path,
             placement=Placement(cluster.gpu_node_selector, list(cluster.gpu_tolerations)),
-            depends_on=[*cluster.ready, *addons.ready, *storage.ready, *leased],
+            service_account_name=run_access.service_account_name if run_access else None,
+            bucket=(
+                S3Bucket(name=storage.bucket_name, region=aws.get_region_output().region)
+                if run_access
+                else None
+            ),
+            depends_on=[
+                *cluster.ready,
+                *addons.ready,
+                *storage.ready,
+                *leased,
+                *(run_access.ready if run_access else []),
+            ],
         ),
     )
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from infra.config.stack import StackConfigError
-from infra.job_args import trainer_argv
+from infra.job_args import RunPaths, trainer_argv
 from infra.job_manifest import (
     CONTAINER_NAME,
     HF_HOME,
@@ -340,17 +340,28 @@ def _input_problem(key: str, value: str, mounts: list[tuple[str, dict[str, Any]]
 
 
 def _output_problem(
-    flag: str, value: str, config: StackConfig, mounts: list[tuple[str, dict[str, Any]]]
+    flag: str,
+    value: str,
+    config: StackConfig,
+    mounts: list[tuple[str, dict[str, Any]]],
+    paths: RunPaths,
 ) -> str | None:
-    path = _resolve(value)
-    writable = [mount for mount, volume in mounts if _is_writable(volume)]
-    if any(_under(path, mount) for mount in writable):
-        return None
     key = (
         f"training.extraArgs.{flag}"
         if flag in config.training.extra_args
         else "storage.fsx.mountPath"
     )
+    if value.startswith("s3://"):
+        # Without FSx the run writes to S3, where its pods' role reaches its own prefix only
+        # (infra.checkpoint_access); with FSx its pods have no S3 role at all.
+        if paths.in_s3 and _under(value, paths.run_dir):
+            return None
+        allowed = f"a path under {paths.run_dir}" if paths.in_s3 else "a path on the FSx mount"
+        return f"{key} {value!r}: the job's pods may not write there; allowed: {allowed}"
+    path = _resolve(value)
+    writable = [mount for mount, volume in mounts if _is_writable(volume)]
+    if any(_under(path, mount) for mount in writable):
+        return None
     return (
         f"{key} {value!r}: --{flag} would write outside every writable volume the pod mounts "
         f"(lost with the container, or refused); allowed: a path under {', '.join(writable)}"
@@ -371,7 +382,7 @@ def path_problems(config: StackConfig) -> list[str]:
             problems.extend([problem] if problem else [])
     for flag in OUTPUT_FLAGS:
         if flag in flags:
-            problem = _output_problem(flag, flags[flag], config, mounts)
+            problem = _output_problem(flag, flags[flag], config, mounts, manifest.paths)
             problems.extend([problem] if problem else [])
     return problems
 

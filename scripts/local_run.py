@@ -6,11 +6,11 @@
 It reads the stack file with the same config model (and so the same checks) the Pulumi program
 and the offline plan use, renders the exact `torchrun ... -m trainer <args>` the PyTorchJob
 would run, and rehearses the job's topology in miniature: one torchrun agent per node (at most
-two), joined through the c10d rendezvous settings the job renders, each agent with its own
-directory where the stack has a pod-local checkpoint volume and all of them with one directory
-where it mounts FSx. The trainer is scaled to this machine: the `tiny` model preset, a small
-corpus and tokenizer generated here (no network), a short context, CPU processes with gloo (or
-this machine's GPUs), a few hundred steps. The run is interrupted on purpose half way
+two), joined through the c10d rendezvous settings the job renders, all of them with one
+directory playing where the job keeps the run (FSx, or its prefix in S3). The trainer is
+scaled to this machine: the `tiny` model preset, a small corpus and tokenizer generated here
+(no network), a short context, CPU processes with gloo (or this machine's GPUs), a few hundred
+steps. The run is interrupted on purpose half way
 (`--fail_at_step`) and started again with the *same* commands, which resume from the latest
 checkpoint, as restarted pods do on the cluster. At the end it prints loss and throughput and
 writes a loss plot (PNG).
@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         latest = find_latest(plan.run_dir)
         print(
             f"\nFirst launch stopped at step {plan.fail_at_step} as planned (exit {code}); the "
-            f"latest checkpoint is {latest.name if latest else 'none'}. Starting the same "
+            f"latest checkpoint is {Path(latest).name if latest else 'none'}. Starting the same "
             "commands again, as the operator restarts failed pods.\n"
         )
         code = run_agents(plan, quiet=args.quiet)

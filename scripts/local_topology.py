@@ -1,10 +1,10 @@
 """The job's topology in miniature: what the local rehearsal runs for a stack, and how.
 
 The PyTorchJob runs one torchrun agent per GPU node, each in its own pod, found through c10d
-rendezvous (`infra.job_manifest.elastic_policy`), with its checkpoints on the volume the job
-mounts: FSx that every pod shares, or a pod-local emptyDir. `plan_local_run` maps that onto
-this machine: one agent per node (at most MAX_LOCAL_NODES), the same rendezvous settings as the
-operator hands them to torchrun, one directory per pod-local volume and one for FSx, and the
+rendezvous (`infra.job_manifest.elastic_policy`), with its checkpoints where every pod sees
+them: FSx, or the run's prefix in the stack's bucket. `plan_local_run` maps that onto this
+machine: one agent per node (at most MAX_LOCAL_NODES), the same rendezvous settings as the
+operator hands them to torchrun, one directory playing FSx or S3 for all agents, and the
 stack's trainer flags scaled to the `tiny` preset. Pure: nothing is started here
 (`scripts/local_run.py` launches it), so tests can check the topology in milliseconds.
 """
@@ -68,8 +68,7 @@ class LocalAgent:
     """Which pod it plays: `<job>-worker-<index>`; agent 0 hosts the rendezvous store."""
     nproc: int
     volume_dir: Path
-    """The directory that plays the pod's checkpoint volume: the one shared directory where
-    the stack mounts FSx, this agent's own `node-<index>/scratch` where it has a pod-local one."""
+    """The directory that plays where the job keeps the run (FSx, or the bucket): one for all."""
     run_dir: Path
     """The run's checkpoint directory inside `volume_dir`, at the path the job uses."""
     args: list[str]
@@ -86,6 +85,7 @@ class LocalPlan:
     cluster_command: list[str]
     cluster_nodes: int
     shared_storage: bool
+    """Whether the stack mounts FSx (otherwise the run lives in S3)."""
     agents: tuple[LocalAgent, ...]
     rendezvous: dict[str, Any]
     """The job's `elasticPolicy`, rendered for the local number of agents."""
@@ -117,21 +117,24 @@ def local_agent_count(nodes: int, processes: int) -> int:
     return max(1, min(nodes, MAX_LOCAL_NODES, processes))
 
 
-def volume_dirs(out_dir: Path, *, shared: bool, agents: int) -> list[Path]:
-    """The directory each agent sees at the job's checkpoint mount.
+def volume_dirs(out_dir: Path, *, agents: int) -> list[Path]:
+    """The directory each agent sees where the job keeps the run: one for all.
 
-    FSx (or an existing claim) is one file system every pod mounts: one directory for all.
-    Without it the job gives each pod an emptyDir (`infra.job_manifest._volumes`), a directory
-    on that pod's node that no other pod sees: one directory per agent.
+    FSx (or an existing claim) is one file system every pod mounts, and the bucket of a run
+    without FSx is one store every pod reaches; a directory here plays either. (A pod-local
+    volume would be one directory per node, and a multi-node run on it would die at its first
+    save: DCP writes each rank's shards where that rank writes.)
     """
-    if shared:
-        return [out_dir / "shared"] * agents
-    return [out_dir / f"node-{index}" / "scratch" for index in range(agents)]
+    return [out_dir / "shared"] * agents
 
 
 def local_run_dir(volume: Path, paths: RunPaths) -> Path:
-    """The cluster's run directory (`<mount>/checkpoints/<run id>`) inside a local volume."""
-    inside = PurePosixPath(paths.run_dir).relative_to(paths.mount_path)
+    """The cluster's run directory (`<mount>/checkpoints/<run id>`, or its S3 URI) inside a
+    local directory playing the volume or the bucket."""
+    if paths.in_s3:
+        inside = PurePosixPath(paths.run_dir.removeprefix("s3://").partition("/")[2])
+    else:
+        inside = PurePosixPath(paths.run_dir).relative_to(paths.mount_path)
     return volume.joinpath(*inside.parts)
 
 
@@ -191,7 +194,7 @@ def plan_local_run(
         "hsdp_shard_size": per_agent if config.training.sharding_strategy == "hybrid" else None,
     }
     agents = []
-    for index, volume in enumerate(volume_dirs(run_root, shared=paths.shared, agents=agent_count)):
+    for index, volume in enumerate(volume_dirs(run_root, agents=agent_count)):
         run_dir = local_run_dir(volume, paths)
         args = format_args(
             {**flags, "checkpoint_dir": str(run_dir), "resume_from_checkpoint": str(run_dir)}
@@ -280,12 +283,8 @@ def describe_topology(plan: LocalPlan) -> str:
     """What the rehearsal runs, in the words of the cluster it stands for."""
     agents = len(plan.agents)
     scaled = "" if agents == plan.cluster_nodes else f" (the stack's {plan.cluster_nodes})"
-    if plan.shared_storage:
-        storage = f"one shared directory for all, as FSx: {plan.agents[0].volume_dir}"
-    else:
-        storage = "each its own pod-local volume: " + ", ".join(
-            str(a.volume_dir) for a in plan.agents
-        )
+    playing = "FSx" if plan.shared_storage else "the run's prefix in S3"
+    storage = f"one shared directory for all, as {playing}: {plan.agents[0].volume_dir}"
     conf = operator_env(plan.rendezvous, endpoint="127.0.0.1:<port>")
     rendezvous = " ".join(f"{k}={v}" for k, v in sorted(conf.items()))
     return (

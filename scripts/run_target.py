@@ -135,6 +135,8 @@ def checkpoint_uri_from_stack(stack: str, outputs: Mapping[str, Any]) -> str | N
     """The S3 location of the run's checkpoints from `checkpointPath` + `bucketName` outputs and
     the stack file's FSx settings; None when the outputs do not say."""
     path, bucket = outputs.get("checkpointPath"), outputs.get("bucketName")
+    if isinstance(path, str) and path.startswith("s3://"):
+        return path  # no FSx: the trainer writes the run into the bucket itself
     if not isinstance(path, str) or not isinstance(bucket, str):
         return None
     from infra.config import load_stack_file  # the stack model: pydantic, no pulumi
@@ -142,9 +144,8 @@ def checkpoint_uri_from_stack(stack: str, outputs: Mapping[str, Any]) -> str | N
     fsx = load_stack_file(stack).storage.fsx
     if not fsx.enabled or not fsx.auto_export:
         raise TargetError(
-            f"stack {stack!r} keeps checkpoints on "
-            + ("a pod-local volume (storage.fsx.enabled: false)" if not fsx.enabled else "FSx")
-            + " without exporting them to S3 (storage.fsx.autoExport); there is nothing to list"
+            f"stack {stack!r} keeps checkpoints on FSx without exporting them to S3 "
+            "(storage.fsx.autoExport); there is nothing to list"
         )
     return export_uri(
         path,

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from infra.config import StackConfig, StackConfigError, load_stack_file
+from infra.job_args import run_id
 from infra.job_manifest import render_job
 from scripts import local_run, local_topology
 from trainer.config import parse_args
@@ -93,8 +94,8 @@ def test_local_run_trains_is_interrupted_resumes_and_plots(tmp_path: Path) -> No
     assert summary.resumed, steps  # the restart replayed steps after the last checkpoint
     assert summary.last_loss < summary.first_loss
     assert (run / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    # One node without FSx: its own pod-local volume, at the job's path under the mount.
-    (run_dir,) = run.glob("node-0/scratch/checkpoints/dev-*")
+    # No FSx: one directory plays the run's prefix in the bucket, at the same key path.
+    (run_dir,) = run.glob("shared/checkpoints/dev-*")
     assert sorted(p.name for p in run_dir.glob("step-*")) == ["step-10", "step-12"]
 
 
@@ -118,12 +119,11 @@ def _plan(
     )
 
 
-def _without_fsx_on_two_nodes() -> StackConfig:
-    """The shape of issue 9 item 8 (llama32-1b-g5 as shipped): several nodes, no FSx. Built with
-    model_copy, which skips validation, because every loader refuses it."""
+def _past_its_deadline() -> StackConfig:
+    """The dev stack with a deadline its steps cannot meet. Built with model_copy, which skips
+    validation, because every loader refuses it."""
     dev = load_stack_file("dev")
-    assert not dev.storage.fsx.enabled
-    return dev.model_copy(update={"gpu_nodes": dev.gpu_nodes.model_copy(update={"count": 2})})
+    return dev.model_copy(update={"job": dev.job.model_copy(update={"max_run_hours": 0.01})})
 
 
 def test_a_multi_node_fsx_stack_is_rehearsed_as_agents_sharing_one_directory(
@@ -192,37 +192,43 @@ def test_operator_env_follows_the_operators_generator() -> None:
     }
 
 
-def test_node_local_storage_gives_every_agent_its_own_directory(tmp_path: Path) -> None:
+def test_a_stack_without_fsx_is_rehearsed_with_one_directory_playing_its_s3_prefix(
+    tmp_path: Path,
+) -> None:
+    """No FSx: the job keeps the run under its prefix in the stack's bucket, one store every
+    pod reaches, so the rehearsal gives every agent the same directory, at the key path."""
     dev = _plan(load_stack_file("dev"), "dev", tmp_path)
-    # The default run: one node, as today's single torchrun with both processes.
-    assert [(a.nproc, a.volume_dir) for a in dev.agents] == [
-        (2, tmp_path / "dev" / "node-0" / "scratch")
-    ]
     assert not dev.shared_storage
-    two = _plan(_without_fsx_on_two_nodes(), "dev2", tmp_path, check_config=False)
-    volumes = [a.volume_dir for a in two.agents]
-    assert volumes == [tmp_path / "dev2" / f"node-{i}" / "scratch" for i in (0, 1)]
-    assert two.agents[0].args != two.agents[1].args  # each its own --checkpoint_dir
+    (agent,) = dev.agents  # one node, as a single torchrun with both processes
+    assert agent.nproc == 2 and agent.volume_dir == tmp_path / "dev" / "shared"
+    run = run_id(load_stack_file("dev"))
+    assert agent.run_dir == agent.volume_dir / "checkpoints" / run
+    assert "as the run's prefix in S3" in local_topology.describe_topology(dev)
+
+    one = load_stack_file("dev")
+    two_nodes = one.model_copy(update={"gpu_nodes": one.gpu_nodes.model_copy(update={"count": 2})})
+    two = _plan(two_nodes, "dev2", tmp_path)
+    assert [a.volume_dir for a in two.agents] == [tmp_path / "dev2" / "shared"] * 2
+    assert two.agents[0].args == two.agents[1].args  # one --checkpoint_dir for both
 
 
 def test_the_rehearsal_runs_the_plans_checks_before_anything_starts(tmp_path: Path) -> None:
     with pytest.raises(StackConfigError) as caught:
-        _plan(_without_fsx_on_two_nodes(), "dev2", tmp_path)
-    (problem,) = caught.value.problems
-    assert problem.startswith("gpuNodes.count 2 with storage.fsx.enabled false")
-    assert not (tmp_path / "dev2").exists()
+        _plan(_past_its_deadline(), "dev-late", tmp_path)
+    assert any("job.maxRunHours" in problem for problem in caught.value.problems)
+    assert not (tmp_path / "dev-late").exists()
 
 
-def test_a_stack_without_shared_storage_fails_locally_with_the_plans_message(
+def test_a_stack_the_plan_refuses_fails_locally_with_the_plans_message(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """llama32-1b-g5 as it shipped (4 nodes, FSx off): the local run prints exactly what
+    """llama32-1b-g5 with a deadline its steps cannot meet: the local run prints exactly what
     scripts/plan.py prints for it, and starts nothing."""
     from scripts import plan as offline_plan
 
     shipped = yaml.safe_load((REPO_ROOT / "stacks" / "Pulumi.llama32-1b-g5.yaml").read_text())
-    shipped["config"]["fsdp-eks:storage"] = {"fsx": {"enabled": False}}
-    stack_file = tmp_path / "Pulumi.g5-no-fsx.yaml"
+    shipped["config"]["fsdp-eks:job"]["maxRunHours"] = 0.05
+    stack_file = tmp_path / "Pulumi.g5-late.yaml"
     stack_file.write_text(yaml.safe_dump(shipped))
 
     assert offline_plan.main([str(stack_file)]) == 1
@@ -230,8 +236,8 @@ def test_a_stack_without_shared_storage_fails_locally_with_the_plans_message(
     assert local_run.main([str(stack_file), "--out", str(tmp_path / "out"), "--quiet"]) == 1
     local_error = capsys.readouterr().err
     assert local_error == plan_error
-    assert "gpuNodes.count 4 with storage.fsx.enabled false" in local_error
-    assert not (tmp_path / "out" / "g5-no-fsx").exists()
+    assert "job.maxRunHours 0.05" in local_error
+    assert not (tmp_path / "out" / "g5-late").exists()
 
 
 def test_an_unknown_stack_is_one_line_naming_the_stacks(
@@ -264,26 +270,3 @@ def test_two_agents_train_resume_and_checkpoint_into_one_shared_directory(
         "rank-00000.pt",
         "rank-00001.pt",
     ]
-    assert not list(run.glob("node-*/scratch"))  # no node-local checkpoint volume
-
-
-@pytest.mark.slow
-def test_without_the_check_two_nodes_on_their_own_scratch_die_at_the_first_save(
-    tmp_path: Path,
-) -> None:
-    """Why the config rule exists, run for real: the trainer's DCP save puts each agent's
-    shards in its own scratch (torch `_FileSystemWriter.write_data`), `.metadata` only where
-    rank 0 is (`finish`), and rank 0 cannot publish the checkpoint."""
-    plan = _plan(_without_fsx_on_two_nodes(), "dev2", tmp_path, check_config=False)
-    assert local_run.run_agents(plan, quiet=True) != 0
-    logs = "".join(local_run.agent_log(plan, a).read_text() for a in plan.agents)
-    assert "train_state files missing" in logs
-    assert "on a filesystem every node mounts (e.g. FSx)?" in logs
-    first_save = f".tmp-step-{parse_args(plan.local_args).checkpoint.checkpoint_freq}"
-    temps = [agent.run_dir / first_save for agent in plan.agents]
-    assert [sorted(p.name for p in t.glob("__*.distcp")) for t in temps] in (
-        [["__0_0.distcp"], ["__1_0.distcp"]],
-        [["__1_0.distcp"], ["__0_0.distcp"]],
-    )
-    assert [(t / ".metadata").exists() for t in temps].count(True) == 1
-    assert not [p for a in plan.agents for p in a.run_dir.glob("step-*")]

@@ -19,10 +19,10 @@ from typing import Any
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 from scripts import checkpoints, logs, plot_loss, status
 from scripts.run_target import RunTarget, TargetError, export_uri, resolve, split_s3_uri
+from tests.s3_server import moto_s3_endpoint
 
 JOB_NAME = "llama3-8b-p5"
 NAMESPACE = "training"
@@ -303,13 +303,8 @@ def test_logs_follow_rank0_and_filter_loss_lines(
 
 @pytest.fixture(scope="module")
 def s3_endpoint() -> Iterator[str]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
+    with moto_s3_endpoint() as endpoint:
+        yield endpoint
 
 
 @pytest.fixture
@@ -515,7 +510,7 @@ def test_export_uri_follows_the_data_repository_association() -> None:
 def test_checkpoint_uri_is_derived_from_the_stack_outputs_and_fsx_settings(
     fake_cli: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """llama2-7b-p4d keeps checkpoints on FSx (exported); dev has no FSx."""
+    """llama2-7b-p4d keeps checkpoints on FSx (exported); dev (no FSx) in S3 itself."""
     answers = fake_cli / "answers.json"
     data = json.loads(answers.read_text())
     del data["outputs"]["checkpointS3Uri"]
@@ -529,9 +524,11 @@ def test_checkpoint_uri_is_derived_from_the_stack_outputs_and_fsx_settings(
         )
     )
     assert target.require_checkpoint_uri() == "s3://exp-data/checkpoints/llama2-1a2b"
+    # dev has no FSx: the trainer writes the run into the bucket, and the output says where.
+    data["outputs"]["checkpointPath"] = "s3://exp-data/checkpoints/dev-1a2b"
+    answers.write_text(json.dumps(data))
     no_fsx = resolve(
         argparse.Namespace(stack="dev", job=None, namespace=None, s3_uri=None, context=None)
     )
-    assert no_fsx.require_job() == JOB_NAME  # status and logs still work
-    with pytest.raises(TargetError, match=r"pod-local volume \(storage.fsx.enabled: false\)"):
-        no_fsx.require_checkpoint_uri()
+    assert no_fsx.require_job() == JOB_NAME
+    assert no_fsx.require_checkpoint_uri() == "s3://exp-data/checkpoints/dev-1a2b"

@@ -1,35 +1,37 @@
-"""Crash-safe, resumable checkpoints with torch.distributed.checkpoint (DCP).
+"""Crash-safe, resumable, optionally asynchronous checkpoints with torch.distributed.checkpoint.
 
-Layout of ``checkpoint_dir`` (a shared filesystem such as FSx for Lustre when multi-node)::
+Where and how a checkpoint becomes complete is the store's business (trainer.checkpoint_store:
+a directory every rank mounts, such as FSx for Lustre, or an ``s3://`` prefix); this module is
+the collective protocol around it. Why the protocol: a job can die at any instant (spot reclaim,
+OOM, a node failure), and resume must never pick a checkpoint a crash cut short. So every rank
+writes its part, DCP's coordinator gathers all ranks' writes, and only then does rank 0 publish
+the checkpoint (the ``COMPLETE`` marker, written last). ``latest()`` lists only published ones.
 
-    step-100/                 a complete checkpoint: the only kind ``latest()`` returns
-        .metadata, __0_0.distcp, ...       DCP: model, optimizer, LR scheduler (sharded)
-        train_state/rank-00000.pt ...      per-rank state (data position, RNG), one file per rank
-        COMPLETE                           JSON {step, world_size, ...}, written last
-    .tmp-step-200/            a save in progress, or one a crash interrupted: never resumed from
-    .deleting-step-50/        an old checkpoint being pruned
+**Asynchronous saves** (``async_save=True``): the state is copied to host memory (DCP's staging,
+the only part the step waits for) and written by a background thread while training goes on;
+rank 0 publishes it from a thread of its own as soon as the upload is whole, so a crash after
+that resumes from it. The next save, a stop, a rollback and the end of the run first wait for
+the one in flight (``wait()``): at most one save is ever in flight, so host memory holds at most
+one staged copy. Background collectives run on a gloo group of their own: DCP's async save needs
+a CPU backend (torch ``state_dict_saver.async_save`` asserts one), and the main thread keeps the
+default group.
 
-Why this protocol: a job can die at any instant (spot reclaim, OOM, a node failure). Every rank
-writes into a hidden temp dir; once DCP has gathered all ranks' writes, rank 0 writes the marker
-and renames the dir to ``step-N`` in one atomic ``rename``. So a ``step-N`` dir is either absent or
-whole, and the marker guards against dirs made by other means (a partial copy, an ``aws s3 sync``).
-No symlinks ("latest" is found by listing), which FSx/S3 data repositories handle poorly.
-
-All ranks call ``save`` and ``load`` (they are collective). Works without a process group too
-(a single-process run, or a test).
+All ranks call ``save``, ``load`` and ``wait`` (they are collective). Works without a process
+group too (a single-process run, or a test).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import random
-import re
-import shutil
+import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint import StorageWriter
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_state_dict,
@@ -46,16 +49,23 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
+from trainer.checkpoint_store import (
+    COMPLETE_MARKER,
+    CheckpointStore,
+    open_store,
+    split_location,
+    step_of,
+)
+from trainer.distributed import DEFAULT_TIMEOUT
 from trainer.log import get_logger
 from trainer.optim import load_schedule_position
 
 logger = get_logger("checkpoint")
 
-COMPLETE_MARKER = "COMPLETE"
-TRAIN_STATE_DIR = "train_state"
-_STEP_DIR = re.compile(r"^step-(\d+)$")
-_TEMP_PREFIX = ".tmp-step-"
-_DELETING_PREFIX = ".deleting-step-"
+__all__ = ["COMPLETE_MARKER", "CheckpointError", "CheckpointManager", "find_latest"]
+
+CRASH_IN_SAVE_EXIT_CODE = 17
+"""Exit code of ``--crash_in_save_at_step`` (the same as ``--fail_at_step``'s)."""
 
 
 class CheckpointError(RuntimeError):
@@ -107,91 +117,37 @@ def run_on_rank0(action: Callable[[], None], what: str) -> None:
         raise CheckpointError(f"{what} failed on rank 0: {error}") from cause
 
 
-# --- directory protocol
+def _die_in_write(writer: StorageWriter) -> None:
+    """Make ``writer`` end this process when DCP asks it for this rank's shards."""
+
+    def die(*_args: Any, **_kwargs: Any) -> Any:
+        logger.warning("--crash_in_save_at_step: dying inside this rank's checkpoint write")
+        sys.stderr.flush()
+        os._exit(CRASH_IN_SAVE_EXIT_CODE)
+
+    writer.write_data = die  # type: ignore[method-assign]
 
 
-def step_dir_name(step: int) -> str:
-    return f"step-{step}"
+# --- locations
 
 
-def is_complete(path: Path) -> bool:
-    """A checkpoint is complete when its dir has the final name and the marker inside it."""
-    return _STEP_DIR.match(path.name) is not None and (path / COMPLETE_MARKER).is_file()
+def is_complete(path: str | Path) -> bool:
+    """A checkpoint is complete when it has the final ``step-N`` name and the marker."""
+    store, location = split_location(path)
+    return store.is_complete(location)
 
 
-def complete_checkpoints(
-    checkpoint_dir: Path, *, warn_incomplete: bool = False
-) -> list[tuple[int, Path]]:
-    """Complete ``step-N`` dirs, oldest first. Incomplete ones are skipped (and left alone by
-    pruning: they were not written by this protocol, so they are not ours to delete)."""
-    if not checkpoint_dir.is_dir():
-        return []
-    found: list[tuple[int, Path]] = []
-    for entry in checkpoint_dir.iterdir():
-        match = _STEP_DIR.match(entry.name)
-        if match is None or not entry.is_dir():
-            continue
-        if is_complete(entry):
-            found.append((int(match.group(1)), entry))
-        elif warn_incomplete:
-            logger.warning("checkpoint: ignoring %s: no %s marker", entry, COMPLETE_MARKER)
-    return sorted(found)
-
-
-def find_latest(path: str | Path) -> Path | None:
+def find_latest(path: str | Path) -> str | None:
     """The checkpoint to resume from, for ``--resume_from_checkpoint``: ``path`` itself when it
-    is a complete ``step-N`` dir, else the newest complete ``step-N`` dir inside it, else None."""
-    path = Path(path)
-    if is_complete(path):
-        return path
-    found = complete_checkpoints(path, warn_incomplete=True)
+    is a complete ``step-N`` checkpoint, else the newest complete one inside it, else None.
+    ``path`` is a directory or an ``s3://`` URI."""
+    if step_of(str(path)) is not None and is_complete(path):
+        return str(path).rstrip("/")
+    found = open_store(path).complete_steps(warn_incomplete=True)
     return found[-1][1] if found else None
 
 
-def _fsync_dir(path: Path) -> None:
-    # Makes a rename durable on local disks; harmless (and cheap) on network filesystems.
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_marker(directory: Path, record: dict[str, Any]) -> None:
-    marker = directory / COMPLETE_MARKER
-    with marker.open("w", encoding="utf-8") as f:
-        json.dump(record, f, indent=2, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def read_marker(path: Path) -> dict[str, Any]:
-    record: dict[str, Any] = json.loads((path / COMPLETE_MARKER).read_text(encoding="utf-8"))
-    return record
-
-
-def _remove_tree(path: Path) -> None:
-    """Delete a dir by first renaming it out of the ``step-N`` namespace, so a crash in the
-    middle of a long ``rmtree`` can never leave a half-deleted dir that looks complete."""
-    doomed = path.with_name(f"{_DELETING_PREFIX}{path.name}-{time.time_ns()}")
-    path.rename(doomed)
-    shutil.rmtree(doomed)
-
-
 # --- per-rank train state
-
-
-def _train_state_file(directory: Path, rank: int) -> Path:
-    return directory / TRAIN_STATE_DIR / f"rank-{rank:05d}.pt"
-
-
-def _write_train_state(directory: Path, rank: int, train_state: dict[str, Any]) -> None:
-    target = _train_state_file(directory, rank)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with target.open("wb") as f:
-        torch.save(train_state, f)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def capture_rng_state() -> dict[str, Any]:
@@ -220,22 +176,42 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 # --- the manager
 
 
-class CheckpointManager:
-    """Saves ``step-N`` checkpoints into ``checkpoint_dir`` and keeps the newest ``keep_last``.
+@dataclass
+class _InFlight:
+    """An asynchronous save whose upload (or, on rank 0, whose publishing) may still run."""
 
-    ``keep_last=0`` keeps every checkpoint. The newest complete checkpoint is never deleted.
+    step: int
+    location: str
+    started: float
+    upload: Future[Any]
+    publisher: threading.Thread | None = None
+    errors: list[str] = field(default_factory=list)
+
+
+class CheckpointManager:
+    """Saves ``step-N`` checkpoints into ``checkpoint_dir`` (a directory or an ``s3://`` URI)
+    and keeps the newest ``keep_last`` (0 keeps all; the newest complete one is never deleted).
     """
 
-    def __init__(self, checkpoint_dir: str | Path, *, keep_last: int) -> None:
+    def __init__(
+        self, checkpoint_dir: str | Path, *, keep_last: int, async_save: bool = False
+    ) -> None:
         if keep_last < 0:
             raise ValueError(f"keep_last must be >= 0 (0 keeps all), got {keep_last}")
-        self.checkpoint_dir = Path(checkpoint_dir)
+        self.store: CheckpointStore = open_store(checkpoint_dir)
+        self.checkpoint_dir = self.store.root
         self.keep_last = keep_last
+        self.async_save = async_save
+        self._in_flight: _InFlight | None = None
+        self._background_group: dist.ProcessGroup | None = None
+        if async_save and _distributed():
+            # Collective: every rank builds its manager at the same point of start-up.
+            self._background_group = dist.new_group(backend="gloo", timeout=DEFAULT_TIMEOUT)
 
-    def latest(self) -> Path | None:
-        """Newest complete checkpoint in ``checkpoint_dir``, or None. Not collective; the dir
-        must be on a filesystem every rank sees, so all ranks get the same answer."""
-        found = complete_checkpoints(self.checkpoint_dir, warn_incomplete=True)
+    def latest(self) -> str | None:
+        """Newest complete checkpoint, or None. Not collective: every rank sees the same store
+        (a shared filesystem or S3), so all get the same answer once no save is in flight."""
+        found = self.store.complete_steps(warn_incomplete=True)
         return found[-1][1] if found else None
 
     def save(
@@ -246,73 +222,134 @@ class CheckpointManager:
         optimizer: torch.optim.Optimizer | None,
         lr_scheduler: LRScheduler | None,
         train_state: dict[str, Any],
-    ) -> Path:
+        blocking: bool = False,
+        crash_in_write: bool = False,
+    ) -> str:
         """Write checkpoint ``step-{step}``; collective, every rank calls it.
 
-        ``train_state`` is this rank's own small state (data loader position, RNG states from
+        Asynchronous when the manager is and ``blocking`` is not: it returns once the state is
+        staged, and the checkpoint is complete only after rank 0 publishes it. ``train_state``
+        is this rank's own small state (data position, RNG states from
         :func:`capture_rng_state`); ``load`` gives each rank back what that rank saved.
+        ``crash_in_write`` is fault injection for tests: this rank dies where a node lost
+        mid-save would, after its train_state and before its shards.
         """
         if step < 0:
             raise ValueError(f"step must be >= 0, got {step}")
+        self.wait()
         started = time.perf_counter()
-        rank, world_size = _rank(), _world_size()
-        final = self.checkpoint_dir / step_dir_name(step)
-        temp = self.checkpoint_dir / f"{_TEMP_PREFIX}{step}"
-
-        def prepare() -> None:
-            # A crash during an earlier save of this step may have left files from another
-            # world size behind; they must not mix with this save's.
-            if temp.exists():
-                shutil.rmtree(temp)
-            temp.mkdir(parents=True)
-
-        run_on_rank0(prepare, f"creating {temp}")
-        _write_train_state(temp, rank, train_state)
+        location = self.store.save_location(step)
+        run_on_rank0(lambda: self.store.begin(step), f"preparing {location}")
+        self.store.write_train_state(location, _rank(), train_state)
+        state = self._state(model, optimizer, lr_scheduler)
+        writer = self.store.writer(location)
+        if crash_in_write:
+            _die_in_write(writer)
+        if not self.async_save or blocking:
+            with _quiet_single_process_dcp():
+                dcp.save(state, storage_writer=writer, no_dist=not _distributed())
+            run_on_rank0(lambda: self._publish(step, location), f"publishing {location}")
+            final = self.store.final_location(step)
+            logger.info("checkpoint: saved %s in %.1fs", final, time.perf_counter() - started)
+            return final
         with _quiet_single_process_dcp():
-            dcp.save(
-                self._state(model, optimizer, lr_scheduler),
-                checkpoint_id=temp,
+            upload = dcp.async_save(
+                state,
+                storage_writer=writer,
+                process_group=self._background_group,
                 no_dist=not _distributed(),
             )
-
-        def publish() -> None:
-            # DCP's rank 0 returns only after every rank's writes (and so every rank's
-            # train_state file, written before them) have landed.
-            missing = [r for r in range(world_size) if not _train_state_file(temp, r).is_file()]
-            if missing:
-                raise CheckpointError(
-                    f"train_state files missing in {temp} for ranks {missing}: is "
-                    f"{self.checkpoint_dir} on a filesystem every node mounts (e.g. FSx)?"
-                )
-            _write_marker(
-                temp,
-                {
-                    "step": step,
-                    "world_size": world_size,
-                    "saved_at_unix": time.time(),
-                    "torch_version": torch.__version__,
-                },
+        if not isinstance(upload, Future):  # AsyncSaveResponse: only with a caller's stager
+            upload = upload.upload_completion
+        flight = _InFlight(step=step, location=location, started=started, upload=upload)
+        if _rank() == 0:
+            flight.publisher = threading.Thread(
+                target=self._publish_when_uploaded, args=(flight,), name="checkpoint-publish"
             )
-            if final.exists():  # saving the same step twice: the newer save wins
-                _remove_tree(final)
-            temp.rename(final)
-            _fsync_dir(self.checkpoint_dir)
+            flight.publisher.start()
+        self._in_flight = flight
+        logger.info(
+            "checkpoint: staged step %d in %.2fs; writing %s in the background",
+            step,
+            time.perf_counter() - started,
+            location,
+        )
+        return self.store.final_location(step)
 
-        run_on_rank0(publish, f"publishing {final}")
-        if rank == 0:
-            newer = [s for s, _ in complete_checkpoints(self.checkpoint_dir) if s > step]
-            if newer:
-                logger.warning(
-                    "checkpoint: %s also holds later steps %s (from an earlier run?); a resume "
-                    "from this directory will pick step %d, not %d",
-                    self.checkpoint_dir,
-                    newer,
-                    newer[-1],
-                    step,
-                )
-            self._prune()
-        logger.info("checkpoint: saved %s in %.1fs", final, time.perf_counter() - started)
-        return final
+    def wait(self) -> None:
+        """Block until the save in flight (if any) is complete and published; collective.
+
+        An upload that failed on any rank fails on every rank (DCP gathers the writes' results
+        to the coordinator and broadcasts the outcome), and a failed publish on rank 0 is
+        broadcast, so all ranks raise the same error together.
+        """
+        flight, self._in_flight = self._in_flight, None
+        if flight is None:
+            return
+        try:
+            flight.upload.result()
+        except Exception as exc:
+            raise CheckpointError(f"writing {flight.location} failed: {exc}") from exc
+        if flight.publisher is not None:
+            flight.publisher.join()
+
+        def published() -> None:
+            if flight.errors:
+                raise CheckpointError(flight.errors[0])
+
+        run_on_rank0(published, f"publishing {flight.location}")
+
+    def _publish_when_uploaded(self, flight: _InFlight) -> None:
+        """Rank 0's publisher thread: the marker goes in as soon as every rank's writes are."""
+        try:
+            flight.upload.result()
+            self._publish(flight.step, flight.location)
+        except Exception as exc:  # reported by wait(), on every rank
+            flight.errors.append(f"{type(exc).__name__}: {exc}")
+            logger.error("checkpoint: step %d not published: %s", flight.step, exc)
+            return
+        logger.info(
+            "checkpoint: saved %s in %.1fs (in the background)",
+            self.store.final_location(flight.step),
+            time.perf_counter() - flight.started,
+        )
+
+    def _publish(self, step: int, location: str) -> None:
+        """Rank 0, after DCP's coordinator has written ``.metadata``: that happens only once
+        every rank's writes (and so every rank's train_state, written before them) landed."""
+        world_size = _world_size()
+        missing = self.store.missing_train_states(location, world_size)
+        if missing:
+            raise CheckpointError(
+                f"train_state missing in {location} for ranks {missing}: is "
+                f"{self.checkpoint_dir} storage every node sees (FSx or S3)?"
+            )
+        final = self.store.publish(
+            step,
+            location,
+            {
+                "step": step,
+                "world_size": world_size,
+                "saved_at_unix": time.time(),
+                "torch_version": torch.__version__,
+            },
+        )
+        newer = [s for s, _ in self.store.complete_steps() if s > step]
+        if newer:
+            logger.warning(
+                "checkpoint: %s also holds later steps %s (from an earlier run?); a resume "
+                "from it will pick step %d, not %d",
+                self.checkpoint_dir,
+                newer,
+                newer[-1],
+                step,
+            )
+        try:
+            self.store.prune(self.keep_last)
+        except Exception:  # a full disk must not kill a run whose checkpoint just landed
+            logger.exception(
+                "checkpoint: pruning %s failed after saving %s", self.store.root, final
+            )
 
     def load(
         self,
@@ -331,21 +368,21 @@ class CheckpointManager:
         a different world size is an error unless ``allow_world_size_change``, which returns an
         empty train_state (the data then starts from its beginning).
         """
-        path = Path(path)
-        if not is_complete(path):
+        store, location = split_location(path)
+        if step_of(location) is None or not store.is_complete(location):
             raise CheckpointError(
-                f"{path} is not a complete checkpoint (expected a step-N dir with a "
+                f"{location} is not a complete checkpoint (expected a step-N dir with a "
                 f"{COMPLETE_MARKER} marker); use find_latest() to pick one"
             )
         started = time.perf_counter()
-        record = read_marker(path)
+        record = store.read_marker(location)
         step, saved_world_size = int(record["step"]), int(record["world_size"])
         # Checked before anything is loaded, so a refused resume leaves the model untouched.
-        same_world = self._check_world_size(path, saved_world_size, allow_world_size_change)
+        same_world = self._check_world_size(location, saved_world_size, allow_world_size_change)
         # The current (sharded) state dicts are the templates DCP loads into, in place.
         state = self._state(model, optimizer, lr_scheduler)
         with _quiet_single_process_dcp():
-            dcp.load(state, checkpoint_id=path, no_dist=not _distributed())
+            dcp.load(state, storage_reader=store.reader(location), no_dist=not _distributed())
         if optimizer is not None:
             # Hyperparameters (weight decay, betas, lr) come from this run's flags; only the
             # moments and step counts come from the checkpoint. Loading would restore the
@@ -368,24 +405,22 @@ class CheckpointManager:
             load_schedule_position(lr_scheduler, state["lr_scheduler"])
         elif lr_scheduler is not None:
             lr_scheduler.load_state_dict(state["lr_scheduler"])
-        train_state: dict[str, Any] = {}
-        if same_world:
-            # Written by this project's own save(); it may hold numpy RNG arrays, which the
-            # weights_only unpickler rejects.
-            with _train_state_file(path, _rank()).open("rb") as f:
-                train_state = torch.load(f, map_location="cpu", weights_only=False)
+        train_state = store.read_train_state(location, _rank()) if same_world else {}
         logger.info(
-            "checkpoint: loaded %s (step %d) in %.1fs", path, step, time.perf_counter() - started
+            "checkpoint: loaded %s (step %d) in %.1fs",
+            location,
+            step,
+            time.perf_counter() - started,
         )
         return step, train_state
 
     @staticmethod
-    def _check_world_size(path: Path, saved_world_size: int, allow_change: bool) -> bool:
+    def _check_world_size(location: str, saved_world_size: int, allow_change: bool) -> bool:
         world_size = _world_size()
         if saved_world_size == world_size:
             return True
         message = (
-            f"checkpoint {path} was written by {saved_world_size} ranks but this run has "
+            f"checkpoint {location} was written by {saved_world_size} ranks but this run has "
             f"{world_size}: the per-rank data position and RNG state cannot be mapped"
         )
         if not allow_change:
@@ -412,24 +447,3 @@ class CheckpointManager:
         if lr_scheduler is not None:
             state["lr_scheduler"] = lr_scheduler.state_dict()
         return state
-
-    def _prune(self) -> None:
-        """Delete all but the newest ``keep_last`` complete checkpoints, and stray temp dirs.
-
-        Runs on rank 0 after a save has been published, when no other save can be in flight, so
-        any temp dir left is a crashed save's. Failures are logged, not raised: a full disk
-        should not kill a run whose checkpoint has just been written.
-        """
-        try:
-            for entry in self.checkpoint_dir.iterdir():
-                if entry.name.startswith((_TEMP_PREFIX, _DELETING_PREFIX)) and entry.is_dir():
-                    logger.info("checkpoint: removing stray %s", entry)
-                    shutil.rmtree(entry)
-            if self.keep_last == 0:
-                return
-            complete = complete_checkpoints(self.checkpoint_dir)
-            for _step, entry in complete[: -self.keep_last]:
-                logger.info("checkpoint: pruning %s (keep_last=%d)", entry, self.keep_last)
-                _remove_tree(entry)
-        except OSError:
-            logger.exception("checkpoint: pruning %s failed", self.checkpoint_dir)

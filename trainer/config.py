@@ -285,7 +285,8 @@ class CheckpointConfig:
     """Saving, resuming and exporting."""
 
     checkpoint_dir: str | None = _flag(
-        None, "Directory for step-N checkpoints (DCP); default: no checkpoints."
+        None,
+        "Directory, or s3://bucket/prefix, for step-N checkpoints (DCP); default: none.",
     )
     resume_from_checkpoint: str | None = _flag(
         None,
@@ -299,6 +300,11 @@ class CheckpointConfig:
         "starts again from its beginning.",
     )
     checkpoint_freq: int = _flag(1000, "Save every N steps (0: only the final save).")
+    async_checkpoint: bool = _flag(
+        True,
+        "Write periodic checkpoints in the background: a step waits only while the state is "
+        "copied to host memory (the final and the stop-signal saves are always synchronous).",
+    )
     keep_last_checkpoints: int = _flag(
         3, "Keep the newest K checkpoints and delete older ones (0: keep all)."
     )
@@ -311,9 +317,19 @@ class CheckpointConfig:
         "Debugging: exit abruptly (code 17) right after step N, unless this run resumed from "
         "a checkpoint, so that rerunning the same command resumes and finishes (0: off).",
     )
+    staging_dir: str | None = _flag(
+        None,
+        "Local directory where rank 0 writes the outputs given as s3:// URIs (metrics file, "
+        "TensorBoard events, export) before copying them to S3; default: under the temp dir.",
+    )
+    crash_in_save_at_step: int = _flag(
+        0,
+        "Testing: the last rank dies (code 17) inside its write of the step-N checkpoint, after "
+        "its train_state and before its shards, unless this run resumed (0: off).",
+    )
 
     def __post_init__(self) -> None:
-        for name in ("checkpoint_freq", "fail_at_step"):
+        for name in ("checkpoint_freq", "fail_at_step", "crash_in_save_at_step"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name} must be >= 0, got {getattr(self, name)}")
         if self.keep_last_checkpoints < 0:

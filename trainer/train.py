@@ -47,6 +47,7 @@ from trainer.metrics import (
 from trainer.models import build_model, hf_config_from, load_pretrained, materialize
 from trainer.models import pretrained_config as load_pretrained_config
 from trainer.optim import build_lr_scheduler, build_optimizer, step_unless_non_finite
+from trainer.output_mirror import OutputMirror, default_staging_dir
 from trainer.parallelize import (
     ParallelPlan,
     check_replicas_identical,
@@ -265,27 +266,36 @@ class Trainer:
 
         # Checkpoints: resume from the newest complete one, if any.
         self.step = 0
-        self.resumed_from: Path | None = None
+        self.resumed_from: str | None = None
         self.checkpoints: CheckpointManager | None = None
         if cfg.checkpoint.checkpoint_dir is not None:
             self.checkpoints = CheckpointManager(
-                cfg.checkpoint.checkpoint_dir, keep_last=cfg.checkpoint.keep_last_checkpoints
+                cfg.checkpoint.checkpoint_dir,
+                keep_last=cfg.checkpoint.keep_last_checkpoints,
+                async_save=cfg.checkpoint.async_checkpoint,
             )
         self._last_saved_step = -1
         if cfg.checkpoint.resume_from_checkpoint:
             self._resume(cfg.checkpoint.resume_from_checkpoint)
 
-        # Metrics: sinks on rank 0, and what one step processes.
+        # Metrics: sinks on rank 0, and what one step processes. Outputs bound for S3 are
+        # written locally and mirrored (trainer.output_mirror).
         metrics_file = cfg.logging.metrics_file
         if metrics_file is None and cfg.checkpoint.checkpoint_dir is not None:
-            metrics_file = str(Path(cfg.checkpoint.checkpoint_dir) / "metrics.jsonl")
+            metrics_file = f"{cfg.checkpoint.checkpoint_dir.rstrip('/')}/metrics.jsonl"
+        self.outputs = OutputMirror(cfg.checkpoint.staging_dir or default_staging_dir())
+        metrics_local = self.outputs.local_path(metrics_file, "metrics.jsonl")
+        tensorboard_local = self.outputs.local_path(cfg.logging.tensorboard_dir, "tensorboard")
+        self.export_dir = self.outputs.local_path(cfg.checkpoint.export_dir, "export")
+        if self.dist.is_main:
+            self.outputs.restore_file(metrics_file)
         # What this start cost (read before this start appends to the file).
-        earlier = read_records(metrics_file) if self.dist.is_main else []
+        earlier = read_records(metrics_local) if self.dist.is_main else []
         self.start = account_start(earlier, resumed_step=self.step, now=time.time())
         self.sinks = build_sinks(
             is_main=self.dist.is_main,
-            metrics_file=metrics_file,
-            tensorboard_dir=cfg.logging.tensorboard_dir,
+            metrics_file=metrics_local,
+            tensorboard_dir=tensorboard_local,
         )
         accumulation = cfg.optim.gradient_accumulation_steps
         self.throughput = ThroughputModel(
@@ -326,7 +336,7 @@ class Trainer:
             return
         self._load(latest, location)
 
-    def _load(self, latest: Path, location: str) -> None:
+    def _load(self, latest: str, location: str) -> None:
         """Every rank: weights, optimizer, schedule, data position and RNG of `latest`."""
         manager = self.checkpoints or CheckpointManager(
             location, keep_last=self.cfg.checkpoint.keep_last_checkpoints
@@ -379,7 +389,7 @@ class Trainer:
                 "world_size": self.dist.world_size,
                 "parameters": total_params,
                 "flops_per_token": self.throughput.flops_per_token,
-                "resumed_from": None if self.resumed_from is None else str(self.resumed_from),
+                "resumed_from": self.resumed_from,
                 "start": self.start.as_dict(),
                 "config": cfg.to_dict(),
             }
@@ -433,9 +443,13 @@ class Trainer:
         if self.watchdog is not None:
             self.watchdog.close()
         if self.checkpoints is not None and self._last_saved_step != self.step:
-            self.save(self.step)
-        if cfg.checkpoint.export_dir is not None:
-            self.export(Path(cfg.checkpoint.export_dir))
+            self.save(self.step, blocking=True)
+        if self.checkpoints is not None:
+            self.checkpoints.wait()
+        if self.export_dir is not None:
+            self.export(Path(self.export_dir))
+        if self.dist.is_main:
+            self.outputs.sync()
 
     def _on_hang(self, reason: str) -> None:
         """On the watchdog's thread: record the hang for the next start, then exit."""
@@ -451,13 +465,15 @@ class Trainer:
 
     def _roll_back(self, step: int, reason: str) -> None:
         """Every rank: back to the last complete checkpoint, past the data since it."""
+        if self.checkpoints is not None:
+            self.checkpoints.wait()  # a save in flight is the newest good state
         latest = self.checkpoints.latest() if self.checkpoints is not None else None
         if latest is None or self.rollbacks >= self.cfg.faults.max_rollbacks:
             why = "no checkpoint to roll back to" if latest is None else "too many rollbacks"
             raise RuntimeError(f"step {step}: {reason}, and {why}: stopping the run")
         self.rollbacks += 1
         assert self.checkpoints is not None
-        self._load(latest, str(self.checkpoints.checkpoint_dir))
+        self._load(latest, self.checkpoints.checkpoint_dir)
         # The batches from the checkpoint to the bad step are the likely cause: skip them.
         window = (step - self.step) * self.cfg.optim.gradient_accumulation_steps
         self._train_iter = None
@@ -504,7 +520,9 @@ class Trainer:
         stop = self.stops.stop(step)
         saved = self.checkpoints is not None
         if saved and self._last_saved_step != step:
-            self.save(step)
+            self.save(step, blocking=True)
+        if self.checkpoints is not None:
+            self.checkpoints.wait()
         self.sinks.write({"kind": "stop", "step": step, "signal": stop.signal_name, "saved": saved})
         logger.warning(
             "%s: stopped after step %d%s", stop.signal_name, step, ", checkpoint saved" * saved
@@ -642,14 +660,17 @@ class Trainer:
         )
         logger.info(record.log_line())
         self.sinks.write(record.to_json())
+        if self.dist.is_main:
+            self.outputs.sync_if_due()
         return mean_loss
 
     def _checkpoint_due(self, step: int) -> bool:
         freq = self.cfg.checkpoint.checkpoint_freq
         return self.checkpoints is not None and freq > 0 and step % freq == 0
 
-    def save(self, step: int) -> None:
-        """Collective: model, optimizer, schedule, and this rank's data position and RNG."""
+    def save(self, step: int, *, blocking: bool = False) -> None:
+        """Collective: model, optimizer, schedule, and this rank's data position and RNG.
+        In the background (--async_checkpoint) unless `blocking`."""
         assert self.checkpoints is not None
         train_state: dict[str, Any] = {
             "data": self.train_loader.state_dict(),
@@ -662,8 +683,20 @@ class Trainer:
             optimizer=self.optimizer,
             lr_scheduler=self.lr_scheduler,
             train_state=train_state,
+            blocking=blocking,
+            crash_in_write=self._crashes_in_save(step),
         )
         self._last_saved_step = step
+        if self.dist.is_main:
+            self.outputs.sync()
+
+    def _crashes_in_save(self, step: int) -> bool:
+        """`--crash_in_save_at_step`: the last rank dies inside this save's write."""
+        return (
+            step == self.cfg.checkpoint.crash_in_save_at_step
+            and self.resumed_from is None
+            and self.dist.rank == self.dist.world_size - 1
+        )
 
     def export(self, out_dir: Path) -> None:
         """Collective: a Hugging Face safetensors model that `transformers` loads back."""
@@ -705,4 +738,6 @@ class Trainer:
             self.watchdog.close()
         self.stops.close()
         self.sinks.close()
+        if self.dist.is_main:
+            self.outputs.sync()  # the records of a run that ends in an error, too
         shutdown()

@@ -51,9 +51,9 @@ RENDERED_TRAINER_FLAGS = frozenset(
         "warmup", "lr_decay_style", "weight_decay", "beta1", "beta2", "grad_clip",
         "gradient_accumulation_steps", "seed", "checkpoint_freq", "keep_last_checkpoints",
         "logging_freq", "validation_freq", "validation_batches", "checkpoint_dir",
-        "resume_from_checkpoint", "export_dir", "tensorboard_dir", "watchdog_floor_s",
-        "preflight", "expect_gpu", "expect_gpu_memory_gib", "expect_efa_devices",
-        "allreduce_floor_gbps",
+        "resume_from_checkpoint", "export_dir", "tensorboard_dir", "staging_dir",
+        "watchdog_floor_s", "preflight", "expect_gpu", "expect_gpu_memory_gib",
+        "expect_efa_devices", "allreduce_floor_gbps",
     }
 )  # fmt: skip
 """Trainer flags rendered from stack keys (infra/job_args.py); `training.extraArgs` may not

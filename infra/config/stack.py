@@ -309,7 +309,6 @@ def cross_section_problems(config: StackConfig) -> list[str]:
         problems.extend(memory)
         if not memory:  # a run that cannot start has no duration worth showing
             problems.extend(_duration_problems(config))
-    problems.extend(_shared_storage_problems(config))
     problems.extend(_cost_problems(config))
     return problems
 
@@ -350,28 +349,6 @@ def _duration_warnings(config: StackConfig) -> list[str]:
         f"duration: at the low end of the assumed MFU the run takes ~{estimate.high_hours:.1f} h, "
         f"beyond job.maxRunHours {deadline:g}: it may stop before training.maxSteps "
         f"{config.training.max_steps} (its last checkpoint is kept; resume from it)"
-    ]
-
-
-def _shared_storage_problems(config: StackConfig) -> list[str]:
-    """Several nodes need one checkpoint directory they all see, or the first save fails.
-
-    Without FSx each pod keeps its checkpoints on its own pod-local volume. A DCP save writes
-    every rank's shards into the directory each rank sees and only the coordinator (rank 0)
-    writes `.metadata` (torch `distributed/checkpoint/filesystem.py`, `_FileSystemWriter.
-    write_data` / `finish`); rank 0 then publishes `step-N` only when every rank's files are in
-    *its* directory (trainer.checkpoint `CheckpointManager.save`), so the other nodes' shards
-    are missing and the run dies at its first save. `local_run.py` rehearses exactly this.
-    """
-    nodes = config.gpu_nodes
-    if nodes.count <= 1 or config.storage.fsx.enabled:
-        return []
-    return [
-        f"gpuNodes.count {nodes.count} with storage.fsx.enabled false: each node would keep "
-        "its checkpoints on its own pod-local volume, and the run fails at its first "
-        "checkpoint (rank 0 cannot see the other nodes' shards); allowed: storage.fsx.enabled: "
-        "true (a volume every node mounts: a new FSx file system, or existingClaimName) or "
-        "gpuNodes.count: 1"
     ]
 
 

@@ -17,6 +17,7 @@ from pydantic import BaseModel
 
 from infra.config import PROJECT, StackConfig, StackConfigError, parse_stack_config
 from infra.config.stack import _model_at, config_keys, dns_name
+from infra.job_args import run_id, run_paths
 from infra.offline import evaluate, runtime
 from infra.program import main as program
 
@@ -273,12 +274,6 @@ BAD_CONFIGS: list[tuple[str, dict[str, Any], str]] = [
         "storage.bucket.name is required when storage.bucket.create is false",
     ),
     (
-        "several nodes without a volume they all share",
-        with_(storage={"fsx": {"enabled": False}}),
-        "gpuNodes.count 4 with storage.fsx.enabled false: each node would keep its checkpoints "
-        "on its own pod-local volume, and the run fails at its first checkpoint",
-    ),
-    (
         "EFA plugin too old for P6",
         with_(addons={"efaDevicePlugin": {"version": "v0.5.2"}}),
         "addons.efaDevicePlugin.version 'v0.5.2' is too old",
@@ -463,36 +458,30 @@ def test_namespace_is_created_by_default_only_on_the_stacks_own_cluster(
 
 
 @pytest.mark.parametrize(
-    ("count", "fsx", "accepted"),
+    ("count", "fsx", "in_s3"),
     [
-        (4, {"enabled": False}, False),  # item 8 of issue 9: each pod's own /scratch
-        (2, {"enabled": False}, False),
-        (1, {"enabled": False}, True),  # one node: its pod-local volume is every rank's
-        (4, {}, True),  # a new FSx file system every node mounts
-        (4, {"existingClaimName": "team-lustre"}, True),  # a claim every node mounts
+        (4, {"enabled": False}, True),  # issue 12 item 5: no FSx, so the run lives in S3
+        (1, {"enabled": False}, True),
+        (4, {}, False),  # a new FSx file system every node mounts
+        (4, {"existingClaimName": "team-lustre"}, False),  # a claim every node mounts
     ],
 )
-def test_several_nodes_need_storage_they_all_share(
-    count: int, fsx: dict[str, Any], accepted: bool
-) -> None:
-    """Multi-node training with checkpoints on node-local volumes dies at its first save:
-    torch DCP's FileSystemWriter writes each rank's shards into the directory *that rank* sees
+def test_every_node_sees_the_runs_checkpoints(count: int, fsx: dict[str, Any], in_s3: bool) -> None:
+    """Checkpoints on node-local volumes would kill a multi-node run at its first save: DCP's
+    FileSystemWriter writes each rank's shards where *that rank* writes
     (`torch/distributed/checkpoint/filesystem.py` `_FileSystemWriter.write_data`) and only the
-    coordinator writes `.metadata` (`finish`), so no node holds a whole checkpoint and the
-    trainer's rank 0 cannot publish it (tests/test_local_run.py runs that crash). The plan, the
-    program and the local run all parse through parse_stack_config, so all three refuse it."""
+    coordinator writes `.metadata` (`finish`), so no node would hold a whole checkpoint. So a
+    run keeps them on FSx, or, without it, under its own prefix of the stack's bucket, which
+    every node reaches (trainer.checkpoint_store); never on a pod-local volume."""
     values = with_(gpuNodes={"instanceType": "p5.48xlarge", "count": count}, storage={"fsx": fsx})
-    if accepted:
-        assert parse_stack_config(values, stack_name="exp").gpu_nodes.count == count
-        return
-    with pytest.raises(StackConfigError) as caught:
-        parse_stack_config(values, stack_name="exp")
-    (problem,) = caught.value.problems
-    assert problem.startswith(f"gpuNodes.count {count} with storage.fsx.enabled false: ")
-    assert problem.endswith(
-        "allowed: storage.fsx.enabled: true (a volume every node mounts: a new FSx file "
-        "system, or existingClaimName) or gpuNodes.count: 1"
-    )
+    config = parse_stack_config(values, stack_name="exp")
+    paths = run_paths(config)
+    assert paths.in_s3 is in_s3
+    if in_s3:
+        assert paths.run_dir == f"s3://$(CHECKPOINT_BUCKET)/checkpoints/{run_id(config)}"
+        assert paths.staging_dir == "/scratch/outputs"
+    else:
+        assert paths.run_dir.startswith(f"{config.storage.fsx.mount_path}/checkpoints/")
 
 
 @pytest.mark.parametrize(

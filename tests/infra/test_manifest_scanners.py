@@ -98,9 +98,12 @@ ALLOWED: dict[str, Allowed] = {
         "`@sha256:` pin, with which this check passes.",
     ),
     "CKV_K8S_38": Allowed(
-        r"^Deployment\.kubeflow\.training-operator$",
+        r"^(Deployment\.kubeflow\.training-operator|Pod\.training\.dev-worker-0)$",
         "The operator is a controller: it calls the Kubernetes API, so its pod needs its "
-        "service-account token (the trainer pods get none).",
+        "service-account token. A trainer pod mounts one only when the run lives in S3 (no "
+        "FSx, the dev stack): it is the identity EKS Pod Identity exchanges for the run's "
+        "role, and Pod Identity credentials need the token mounted (infra/checkpoint_access.py; "
+        "the account itself is granted nothing in Kubernetes).",
     ),
     "CKV_K8S_155": Allowed(
         r"^ClusterRole\.default\.training-operator$",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import yaml
 
 from infra.config import StackConfig, StackConfigError, load_stack_file, read_stack_file
 from infra.duration import estimate_duration
+from infra.job_args import s3_run_prefix
 from infra.job_manifest import EFA_RESOURCE, GPU_RESOURCE
 from infra.offline import Evaluation, FakeCloud, RecordedResource, evaluate
 from infra.program import main as program
@@ -126,7 +128,11 @@ def test_stack_job_matches_its_config(name: str) -> None:
     batch = parsed.data.train_batch_size * world * parsed.optim.gradient_accumulation_steps
     assert batch == config.global_batch_size
     assert parsed.checkpoint.checkpoint_dir == parsed.checkpoint.resume_from_checkpoint
-    assert parsed.checkpoint.checkpoint_dir == result.stack_outputs["checkpointPath"]
+    # The output names the real bucket where the pod's argument has `$(CHECKPOINT_BUCKET)`.
+    bucket = f"s3://{result.stack_outputs['bucketName']}/"
+    assert parsed.checkpoint.checkpoint_dir == result.stack_outputs["checkpointPath"].replace(
+        bucket, "s3://$(CHECKPOINT_BUCKET)/"
+    )
 
 
 @pytest.mark.parametrize("name", STACKS)
@@ -327,15 +333,41 @@ def test_the_offline_reader_warns_about_the_missing_token_and_plans_as_if_set() 
 
 
 @pytest.mark.parametrize("name", STACKS)
-def test_every_node_of_a_multi_node_stack_checkpoints_to_one_shared_claim(name: str) -> None:
+def test_every_node_of_every_stack_sees_the_runs_checkpoints(name: str) -> None:
     """Issue 9 item 8: llama32-1b-g5 ran 4 nodes on pod-local emptyDir volumes, so each node's
-    ranks wrote their DCP shards where no other node could see them and the run died at its first
-    save (tests/test_local_run.py rehearses that crash). Every multi-node job mounts one claim."""
+    ranks wrote their DCP shards where no other node could see them and the run died at its
+    first save. Now a job checkpoints onto the one claim every node mounts, or (issue 12 item
+    5, no FSx) under its run's prefix in the stack's bucket, through a service account whose
+    Pod Identity role reaches that prefix and no other, created before the job."""
     config, result = stack(name)
     job = job_of(result)
-    volumes = {v["name"]: v for v in pod_of(job)["volumes"]}
+    pod, container = pod_of(job), container_of(job)
+    volumes = {v["name"]: v for v in pod["volumes"]}
     checkpoint_dir = trainer_config(job).checkpoint.checkpoint_dir
-    mount = next(m for m in container_of(job)["volumeMounts"] if m["name"] == "shared")
-    assert checkpoint_dir is not None and checkpoint_dir.startswith(f"{mount['mountPath']}/")
-    if config.gpu_nodes.count > 1:
+    assert checkpoint_dir is not None
+    if config.storage.fsx.enabled:
+        mount = next(m for m in container["volumeMounts"] if m["name"] == "shared")
+        assert checkpoint_dir.startswith(f"{mount['mountPath']}/")
         assert "persistentVolumeClaim" in volumes["shared"], (name, volumes["shared"])
+        assert "serviceAccountName" not in pod
+        return
+    prefix = s3_run_prefix(config)
+    assert checkpoint_dir == f"s3://$(CHECKPOINT_BUCKET)/{prefix}"
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    bucket = result.stack_outputs["bucketName"]
+    assert env["CHECKPOINT_BUCKET"] == bucket  # what the kubelet puts in place of $(...)
+    assert env["AWS_REGION"]
+    assert result.stack_outputs["checkpointPath"] == f"s3://{bucket}/{prefix}"
+    account = result.one("kubernetes:core/v1:ServiceAccount", "run-access-service-account")
+    assert pod["serviceAccountName"] == account.inputs["metadata"]["name"]
+    assert pod["automountServiceAccountToken"] is True  # Pod Identity reads the projected token
+    association = result.one(
+        "aws:eks/podIdentityAssociation:PodIdentityAssociation", "run-access-identity"
+    )
+    assert association.inputs["serviceAccount"] == account.inputs["metadata"]["name"]
+    policy = json.loads(
+        result.one("aws:iam/rolePolicy:RolePolicy", "run-access-policy").inputs["policy"]
+    )
+    objects = next(st for st in policy["Statement"] if st["Sid"] == "ThisRunsObjects")
+    assert objects["Resource"].endswith(f":::{bucket}/{prefix}/*")
+    assert result.depends_on(job, association)  # credentials reach only pods made after it

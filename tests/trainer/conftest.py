@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
+import torch.distributed as dist
 
 from trainer.tiny_assets import TinyAssets, ensure_tiny_assets
 
@@ -18,3 +22,15 @@ def hf_datasets_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A private ``datasets`` cache: pass as ``cache_dir=`` (or ``HF_DATASETS_CACHE`` to a
     subprocess) so tests never write Arrow copies into the user's ``~/.cache``."""
     return str(tmp_path_factory.mktemp("hf_datasets_cache"))
+
+
+@pytest.fixture
+def gloo_world_of_one(tmp_path: Path) -> Iterator[None]:
+    """A one-rank gloo process group for the test (FSDP2 and DCP's collective paths)."""
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'pg-store'}", rank=0, world_size=1
+    )
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

@@ -12,12 +12,15 @@ import math
 import pickle
 import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
 import torch
 
+from tests.s3_server import moto_s3_endpoint, s3_environment
 from tests.trainer.torchrun_util import RunResult, run_trainer, tiny_args
 from trainer.tiny_assets import TinyAssets
 
@@ -27,6 +30,7 @@ MAX_STEPS = 20
 CHECKPOINT_FREQ = 10
 FAIL_AT_STEP = 13
 SEQ_LEN = 64
+S3_BUCKET = "fsdp-eks-torchrun-test"
 
 
 def reference_args(assets: TinyAssets, checkpoint_dir: Path, **extra: Any) -> list[str]:
@@ -154,6 +158,94 @@ def test_crash_and_restart_resumes_and_reproduces_the_losses(
     for step in range(11, FAIL_AT_STEP + 1):
         assert crashed.losses()[step] == pytest.approx(expected[step], rel=1e-5)
     assert (checkpoint_dir / "step-20" / "COMPLETE").exists()
+
+
+@pytest.fixture(scope="module")
+def s3_env() -> Iterator[dict[str, str]]:
+    """moto's S3 server and the environment that points a trainer process at it."""
+    with moto_s3_endpoint() as endpoint:
+        env = s3_environment(endpoint)
+        boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            region_name=env["AWS_REGION"],
+            aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        ).create_bucket(Bucket=S3_BUCKET)
+        yield env
+
+
+def _s3_objects(env: dict[str, str], prefix: str) -> dict[str, bytes]:
+    client = boto3.client(
+        "s3",
+        endpoint_url=env["AWS_ENDPOINT_URL"],
+        region_name=env["AWS_REGION"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+    )
+    listing = client.list_objects_v2(Bucket=S3_BUCKET, Prefix=prefix).get("Contents", [])
+    return {
+        item["Key"].removeprefix(prefix): client.get_object(Bucket=S3_BUCKET, Key=item["Key"])[
+            "Body"
+        ].read()
+        for item in listing
+    }
+
+
+def test_s3_checkpoints_survive_a_rank_lost_mid_save_and_resume_exactly(
+    reference_run: Any, tiny_assets: TinyAssets, tmp_path: Path, s3_env: dict[str, str]
+) -> None:
+    """No FSx: checkpoints, metrics, TensorBoard events and the export go to S3 (moto's server,
+    through s3torchconnector). The last rank dies inside its write of the step-20 checkpoint,
+    an asynchronous save, after its train_state and before its shards. The restart resumes
+    from step 10 and reproduces the uninterrupted losses; the metrics file in S3 holds both
+    starts."""
+    _, reference = reference_run
+    run = "checkpoints/run-s3"
+    uri = f"s3://{S3_BUCKET}/{run}"
+    args = tiny_args(
+        tiny_assets,
+        max_steps=MAX_STEPS,
+        max_context_width=SEQ_LEN,
+        checkpoint_dir=uri,
+        resume_from_checkpoint=uri,
+        checkpoint_freq=CHECKPOINT_FREQ,
+        validation_freq=CHECKPOINT_FREQ,
+        validation_batches=2,
+        val_batch_size=2,
+        tensorboard_dir=f"{uri}/tensorboard",
+        export_dir=f"{uri}/export",
+        staging_dir=tmp_path / "staging",
+        crash_in_save_at_step=MAX_STEPS,
+    )
+    metrics = tmp_path / "metrics.jsonl"
+    crashed = run_trainer(args, metrics_file=metrics, env=s3_env, pass_metrics_file=False)
+    assert crashed.returncode != 0
+    assert "dying inside this rank's checkpoint write" in crashed.output
+    objects = _s3_objects(s3_env, f"{run}/")
+    assert "step-10/COMPLETE" in objects
+    assert "step-20/train_state/rank-00001.pt" in objects  # the lost save began...
+    assert "step-20/COMPLETE" not in objects  # ...and was never published
+
+    resumed = run_trainer(args, metrics_file=metrics, env=s3_env, pass_metrics_file=False)
+    assert resumed.returncode == 0, resumed.output[-4000:]
+    assert f"resumed from {uri}/step-10 at step 10" in resumed.output
+    objects = _s3_objects(s3_env, f"{run}/")
+    assert json.loads(objects["step-20/COMPLETE"])["world_size"] == 2
+    assert sorted(k for k in objects if k.endswith("/COMPLETE")) == [
+        "step-10/COMPLETE",
+        "step-20/COMPLETE",
+    ]
+    records = [json.loads(line) for line in objects["metrics.jsonl"].decode().splitlines()]
+    starts = [r["start"] for r in records if r["kind"] == "run"]
+    assert [(s["attempt"], s["resumed_step"]) for s in starts] == [(1, 0), (2, 10)]
+    losses = {r["step"]: r["loss"] for r in records if r["kind"] == "train"}
+    assert sorted(losses) == list(range(1, MAX_STEPS + 1))
+    expected = reference.losses()
+    for step, loss in losses.items():
+        assert loss == pytest.approx(expected[step], rel=1e-5), step
+    assert any(k.startswith("tensorboard/events.out.tfevents") for k in objects)
+    assert {"export/config.json", "export/model.safetensors"} <= set(objects)
 
 
 def test_sigterm_on_one_rank_saves_the_next_step_and_the_restart_matches(

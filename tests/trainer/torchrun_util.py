@@ -70,10 +70,14 @@ def run_trainer(
     *,
     metrics_file: Path,
     nproc: int = 2,
+    pass_metrics_file: bool = True,
     env: dict[str, str] | None = None,
     timeout: float = 180,
 ) -> RunResult:
-    """Run `torchrun --nproc_per_node=nproc -m trainer ARGS`; reads back the JSONL metrics."""
+    """Run `torchrun --nproc_per_node=nproc -m trainer ARGS`; reads back the JSONL metrics.
+
+    `pass_metrics_file=False` leaves the metrics where the trainer puts them by default (the
+    caller reads them); `metrics_file`'s directory still holds the datasets cache."""
     command = [
         sys.executable,
         "-m",
@@ -84,8 +88,7 @@ def run_trainer(
         "-m",
         "trainer",
         *args,
-        "--metrics_file",
-        str(metrics_file),
+        *(["--metrics_file", str(metrics_file)] if pass_metrics_file else []),
     ]
     full_env = {
         **os.environ,

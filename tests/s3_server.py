@@ -1,0 +1,34 @@
+"""moto's S3 as a real HTTP server on loopback, for code that talks to S3 (boto3 and AWS's own
+CRT-based ``s3torchconnector`` alike): the same wire protocol as S3, not a mock object."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from moto.server import ThreadedMotoServer
+
+REGION = "us-east-1"
+
+
+@contextmanager
+def moto_s3_endpoint() -> Iterator[str]:
+    """The endpoint URL of a moto server that lives as long as the context."""
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+def s3_environment(endpoint: str) -> dict[str, str]:
+    """What a process needs to reach the server: endpoint, dummy keys, region."""
+    return {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_REGION": REGION,
+        "AWS_DEFAULT_REGION": REGION,
+    }
