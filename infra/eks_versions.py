@@ -1,4 +1,5 @@
-"""Kubernetes versions a created cluster may run, and until when EKS supports each at no premium.
+"""Kubernetes (and add-on) versions a created cluster may run, and until when EKS supports each
+at no premium.
 
 EKS bills a cluster whose version is past the end of *standard* support for extended support
 (an extra per-cluster-hour charge) unless its upgrade policy says `STANDARD`, in which case
@@ -25,6 +26,7 @@ Sources (read on `CHECKED_ON`):
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import date
 
@@ -84,4 +86,37 @@ def check_kubernetes_version(version: str) -> str:
     raise ValueError(
         f"cluster.kubernetesVersion {version!r} {reason}; allowed: {', '.join(allowed)} "
         "(infra/eks_versions.py lists them with their support dates)"
+    )
+
+
+FSX_CSI_DRIVER_RELEASES = ("v1.0.0", "v1.1.0", "v1.2.0", "v1.3.0", "v1.4.0", "v1.5.0", "v1.6.0",
+                           "v1.7.0", "v1.8.0", "v1.9.0")  # fmt: skip
+"""Releases of the FSx for Lustre CSI driver that an `aws-fsx-csi-driver` EKS add-on version
+can carry, from the driver's own compatibility matrix (kubernetes-sigs/aws-fsx-csi-driver
+`docs/README.md` at 5b22712, 2026-04-21; read on `CHECKED_ON`): every one of them supports
+Kubernetes 1.20 and later, so each runs on every version `EKS_VERSIONS` allows. An add-on
+version is the driver release plus EKS's build, `v1.9.0-eksbuild.1`; the build numbers are
+EKS's and not published outside its API: `aws eks describe-addon-versions --addon-name
+aws-fsx-csi-driver --kubernetes-version <version>` lists them, and EKS itself refuses an unknown
+build when it creates the add-on."""
+
+_ADDON_VERSION = re.compile(r"^(v\d+\.\d+\.\d+)-eksbuild\.\d+$")
+
+
+def check_fsx_csi_addon_version(version: str) -> str:
+    """`version` if it names an EKS build of a released FSx CSI driver; ValueError otherwise,
+    naming the key, the value and what is allowed."""
+    match = _ADDON_VERSION.match(version)
+    if match is not None and match.group(1) in FSX_CSI_DRIVER_RELEASES:
+        return version
+    why = (
+        f"carries driver {match.group(1)}, which is not a release of the FSx CSI driver"
+        if match is not None
+        else "is not an EKS add-on version (v<driver release>-eksbuild.<build>)"
+    )
+    raise ValueError(
+        f"storage.fsx.csiDriverVersion {version!r} {why}; allowed: "
+        f"{FSX_CSI_DRIVER_RELEASES[0]}..{FSX_CSI_DRIVER_RELEASES[-1]} with an EKS build, e.g. "
+        f"'{FSX_CSI_DRIVER_RELEASES[-1]}-eksbuild.1' (`aws eks describe-addon-versions "
+        "--addon-name aws-fsx-csi-driver` lists them), or unset for EKS's default"
     )

@@ -33,8 +33,10 @@ from infra.job_manifest import (
     HF_HOME,
     TRITON_CACHE_DIR,
     JobManifest,
+    S3Bucket,
     container_env,
     render_job,
+    s3_env,
 )
 from trainer.config import DEFAULT_TOKENIZER, parse_args
 
@@ -98,6 +100,9 @@ def extra_env_problems(config: StackConfig) -> list[str]:
         return []
     bare = config.model_copy(update={"job": config.job.model_copy(update={"extra_env": {}})})
     rendered = {e["name"]: e["value"] for e in container_env(bare, hf_secret_name="x")}
+    if not config.storage.fsx.enabled:  # the run in S3: its bucket and region (s3_env)
+        placeholder = S3Bucket(name="<the stack's bucket>", region="<aws:region>")
+        rendered.update({e["name"]: e["value"] for e in s3_env(placeholder)})
     problems = []
     for name, value in extra.items():
         if name in rendered:

@@ -40,7 +40,8 @@ from infra.config.stack import (  # noqa: E402
     cost_estimate,
     parse_stack_config,
 )
-from infra.duration import estimate_duration  # noqa: E402
+from infra.duration import checkpoint_seconds, estimate_duration  # noqa: E402
+from infra.job_args import run_paths  # noqa: E402
 from infra.memory_fit import memory_fit  # noqa: E402
 from infra.offline import Evaluation, RecordedResource, evaluate  # noqa: E402
 from infra.policy.offline import Violation, run_policies  # noqa: E402
@@ -200,6 +201,22 @@ def placement_line(config: StackConfig, evaluation: Evaluation | None = None) ->
     return f"Where:  {where}; cluster mode {config.cluster.mode}"
 
 
+def saves_line(config: StackConfig) -> str:
+    """Where the checkpoints go, how often, and what one save costs."""
+    paths = run_paths(config)
+    where = (
+        f"FSx ({paths.run_dir})"
+        if not paths.in_s3
+        else f"S3 ({paths.run_dir.replace('$(CHECKPOINT_BUCKET)', '<bucket>')}; no FSx)"
+    )
+    every = config.training.checkpoint_every
+    when = f"every {every} steps and at the end" if every else "at the end"
+    background = str(config.training.extra_args.get("async_checkpoint", 1)) not in ("0", "False")
+    return f"Saves:  {where}, {when}, ~{checkpoint_seconds(config):.0f} s of writing each" + (
+        " (in the background)" if background else ""
+    )
+
+
 def summary_lines(config: StackConfig, evaluation: Evaluation | None = None) -> list[str]:
     facts = config.instance
     shape = config.model_shape()
@@ -218,6 +235,7 @@ def summary_lines(config: StackConfig, evaluation: Evaluation | None = None) -> 
         f"{config.gradient_accumulation_steps} accumulation = {config.global_batch_size} "
         f"sequences ({config.tokens_per_step:,} tokens) per step, {training.max_steps} steps",
         f"Memory: {'fits' if fit.fits else 'DOES NOT FIT'}, {fit.summary()}",
+        saves_line(config),
         f"Time:   {estimate_duration(config).summary()}; deadline "
         + (f"{config.job.max_run_hours:g} h" if config.job.max_run_hours else "none"),
         f"Cost:   {cost_estimate(config).summary()}",

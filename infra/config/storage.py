@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from infra.config.base import ConfigSection
+from infra.eks_versions import check_fsx_csi_addon_version
 
 # S3's naming rules for general purpose buckets (3-63 chars, lowercase letters, digits, dots
 # and hyphens, starting and ending with a letter or digit).
@@ -143,10 +144,16 @@ class FsxConfig(ConfigSection):
     csi_driver_version: str | None = Field(
         default=None,
         description=(
-            "EKS add-on version of the FSx CSI driver (e.g. 'v1.5.0-eksbuild.1'); unset: the "
-            "default version EKS publishes for the cluster's Kubernetes version."
+            "EKS add-on version of the FSx CSI driver (e.g. 'v1.9.0-eksbuild.1': a released "
+            "driver, infra/eks_versions.py, plus EKS's build); unset: the default version EKS "
+            "publishes for the cluster's Kubernetes version."
         ),
     )
+
+    @field_validator("csi_driver_version")
+    @classmethod
+    def _offered_addon_version(cls, version: str | None) -> str | None:
+        return None if version is None else check_fsx_csi_addon_version(version)
 
     @field_validator("storage_capacity_gib")
     @classmethod

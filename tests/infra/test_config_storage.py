@@ -98,3 +98,25 @@ def test_claim_name_is_the_stack_convention_or_the_existing_claim():
     existing = StorageConfig.model_validate({"fsx": {"existingClaimName": "team-lustre"}})
     assert existing.claim_name("dev") == "team-lustre"
     assert StorageConfig.model_validate({"fsx": {"enabled": False}}).claim_name("dev") is None
+
+
+@pytest.mark.parametrize(
+    ("version", "message"),
+    [
+        ("1.9.0", "is not an EKS add-on version (v<driver release>-eksbuild.<build>)"),
+        ("v1.9.0", "is not an EKS add-on version"),
+        ("v1.50.0-eksbuild.1", "carries driver v1.50.0, which is not a release"),
+    ],
+)
+def test_the_csi_add_on_version_must_be_one_eks_can_offer(version, message):
+    """Issue 11: a mistyped add-on version fails at plan time, not when EKS refuses the add-on
+    after the cluster is up. The driver releases come from the driver's own matrix
+    (infra/eks_versions.py FSX_CSI_DRIVER_RELEASES)."""
+    with pytest.raises(ValidationError) as caught:
+        FsxConfig.model_validate({"csiDriverVersion": version})
+    text = str(caught.value)
+    assert f"storage.fsx.csiDriverVersion {version!r} {message}" in text
+    assert "allowed: v1.0.0..v1.9.0 with an EKS build, e.g. 'v1.9.0-eksbuild.1'" in text
+    accepted = FsxConfig.model_validate({"csiDriverVersion": "v1.9.0-eksbuild.1"})
+    assert accepted.csi_driver_version == "v1.9.0-eksbuild.1"
+    assert FsxConfig.model_validate({}).csi_driver_version is None

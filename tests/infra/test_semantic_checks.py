@@ -58,6 +58,27 @@ def test_extra_env_may_not_replace_what_the_stack_sets() -> None:
     assert problems(job={"extraEnv": {"NCCL_DEBUG_SUBSYS": "NET"}}) == []
 
 
+def test_a_run_in_s3_keeps_its_bucket_region_and_prefix() -> None:
+    """No FSx: the pods' `$(CHECKPOINT_BUCKET)` and AWS_REGION are the stack's, and the trainer
+    may write to S3 only under the run's own prefix (all its Pod Identity role reaches)."""
+    no_fsx = {"storage": {"fsx": {"enabled": False}}}
+    [bucket] = problems(job={"extraEnv": {"CHECKPOINT_BUCKET": "other"}}, **no_fsx)
+    assert "job.extraEnv.CHECKPOINT_BUCKET 'other' would replace" in bucket
+    [region] = problems(job={"extraEnv": {"AWS_REGION": "eu-west-1"}}, **no_fsx)
+    assert "job.extraEnv.AWS_REGION 'eu-west-1' would replace" in region
+    assert problems(job={"extraEnv": {"AWS_REGION": "eu-west-1"}}) == []  # FSx: not rendered
+    [elsewhere] = problems(
+        training={"extraArgs": {"metrics_file": "s3://another-bucket/m.jsonl"}}, **no_fsx
+    )
+    assert elsewhere.startswith(
+        "training.extraArgs.metrics_file 's3://another-bucket/m.jsonl': the job's pods may not "
+        "write there; allowed: a path under s3://$(CHECKPOINT_BUCKET)/checkpoints/exp-"
+    )
+    inside = "s3://$(CHECKPOINT_BUCKET)/checkpoints/"
+    [with_fsx] = problems(training={"extraArgs": {"metrics_file": f"{inside}x/m.jsonl"}})
+    assert with_fsx.endswith("allowed: a path on the FSx mount")
+
+
 @pytest.mark.parametrize(
     ("name", "value"),
     [

@@ -246,6 +246,8 @@ def test_s3_checkpoints_survive_a_rank_lost_mid_save_and_resume_exactly(
         assert loss == pytest.approx(expected[step], rel=1e-5), step
     assert any(k.startswith("tensorboard/events.out.tfevents") for k in objects)
     assert {"export/config.json", "export/model.safetensors"} <= set(objects)
+    # Nothing outside the run's prefix: all the pods' role may write (checkpoint_access).
+    assert all(key.startswith(f"{run}/") for key in _s3_objects(s3_env, ""))
 
 
 def test_sigterm_on_one_rank_saves_the_next_step_and_the_restart_matches(
