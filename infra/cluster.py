@@ -98,6 +98,8 @@ class Cluster(pulumi.ComponentResource):
     """The GPU node group the stack created (None on an existing cluster)."""
     ready: list[pulumi.Resource]
     """What a workload on the GPU nodes must wait for (node groups, Pod Identity agent)."""
+    auto_mode: pulumi.Output[bool]
+    """Whether EKS Auto Mode provisions the cluster's nodes (never on a cluster created here)."""
 
     def __init__(
         self, name: str, args: ClusterArgs, opts: pulumi.ResourceOptions | None = None
@@ -288,6 +290,7 @@ class Cluster(pulumi.ComponentResource):
             opts=child,
         )
         self.efa_interfaces_per_node = gpu.efa_interface_count
+        self.auto_mode = pulumi.Output.from_input(False)
         self.ready = [system_nodes, gpu.node_group]
         self.gpu_nodes = gpu
         if config.installs_pod_identity_agent:
@@ -403,6 +406,10 @@ class Cluster(pulumi.ComponentResource):
         )
         self.gpu_subnet_id = self._existing_gpu_subnet(config, found, platform)
         self.efa_interfaces_per_node = pulumi.Output.from_input(args.gpu_nodes.efa_interface_count)
+        # DescribeCluster `computeConfig.enabled`: Auto Mode's node pools provision the nodes.
+        self.auto_mode = found.compute_configs.apply(
+            lambda configs: any(c["enabled"] for c in configs or [])
+        )
         if config.installs_pod_identity_agent:
             self._install_pod_identity_agent(name, config.name, [], dict(args.tags))
 

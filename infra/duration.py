@@ -35,12 +35,6 @@ if TYPE_CHECKING:
     from infra.config import StackConfig
     from trainer.presets import ModelShape
 
-POD_START_BUDGET_S = 3600
-"""How long one worker may take from the job's creation to a running container: GPU nodes
-scaling up from zero (instance launch, EFA, device plugins) and a ~20 GB image pull. The one
-figure for that budget: the rendezvous timeouts (`infra.job_manifest`), `pulumi up`'s wait
-for the job (`infra.job`, `infra.job_wait`) and the top of the duration range derive from it."""
-
 
 @dataclass(frozen=True)
 class MfuAssumption:
@@ -99,7 +93,7 @@ MFU_BY_GPU: dict[str, MfuAssumption] = {
 STARTUP_HOURS = 0.5
 """Expected time that is not training steps at start: GPU nodes launched (or scaled from
 zero), the ~20 GB image pulled, rendezvous, model initialisation or checkpoint loading. The
-worst case is `infra.job_manifest.POD_START_BUDGET_S` (1 h), counted in the range's top."""
+worst case is the stack's `job.startTimeoutMinutes`, counted in the range's top."""
 
 S3_WRITE_BYTES_PER_S_PER_NODE = 1.25e9
 """A checkpoint written to S3 (no FSx) by s3torchconnector's CRT client: its default
@@ -140,6 +134,9 @@ class DurationEstimate:
     peak_flops_per_gpu: float
     mfu: MfuAssumption
     startup_hours: float
+    start_budget_hours: float
+    """The all-or-nothing start budget (`job.startTimeoutMinutes`): the slowest start that
+    still trains."""
     checkpoint_hours: float
     """Time the steps stand still while checkpoints are written (saves are synchronous)."""
 
@@ -165,7 +162,7 @@ class DurationEstimate:
     @property
     def high_hours(self) -> float:
         """At the low MFU, with the whole pod-start budget spent on start-up."""
-        start = max(self.startup_hours, POD_START_BUDGET_S / 3600)
+        start = max(self.startup_hours, self.start_budget_hours)
         return self.training_hours_at(self.mfu.low) + self.checkpoint_hours + start
 
     def summary(self) -> str:
@@ -226,6 +223,7 @@ def estimate_duration(
         peak_flops_per_gpu=peak,
         mfu=assumption,
         startup_hours=startup_hours,
+        start_budget_hours=config.job.start_timeout_seconds / 3600,
         checkpoint_hours=checkpoint_saves(config) * checkpoint_seconds(config) / 3600,
     )
 

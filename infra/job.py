@@ -50,11 +50,14 @@ from infra.job_manifest import (
     network_policy,
     render_job,
 )
-from infra.job_watch import WAIT_LIMIT_S, JobStartWatch
+from infra.job_watch import JobStartWatch, wait_limit_seconds
 
-CREATE_TIMEOUT = f"{-(-WAIT_LIMIT_S // 60)}m"
-"""The longest `up` waits for the job: as long as a worker may take to start (GPU nodes scaling
-up, a 20 GB image pull), plus the minute every worker must then run without a restart."""
+
+def create_timeout(start_timeout_s: int) -> str:
+    """The engine's timeout for the job's start watch (`pulumi.CustomTimeouts`): as long as
+    every worker may take to start (`job.startTimeoutMinutes`: GPU nodes scaling up, a 20 GB
+    image pull), plus the minute each must then run without a restart."""
+    return f"{-(-int(wait_limit_seconds(start_timeout_s)) // 60)}m"
 
 
 def _uid(metadata: Any) -> str | None:
@@ -221,6 +224,7 @@ class TrainingJob(pulumi.ComponentResource):
         # `sdk/python/lib/pulumi/runtime/rpc.py` `transfer_properties`); CustomResource
         # declares none of them for type checkers.
         job_metadata: pulumi.Output[Any] = job.metadata  # type: ignore[attr-defined]
+        wait_for = create_timeout(config.job.start_timeout_seconds)
         self.start = JobStartWatch(
             f"{name}-start",
             kubeconfig=args.kubeconfig,
@@ -229,10 +233,11 @@ class TrainingJob(pulumi.ComponentResource):
             job_uid=job_metadata.apply(_uid),
             workers=config.gpu_nodes.count,
             backoff_limit=config.job.backoff_limit,
+            start_timeout_seconds=config.job.start_timeout_seconds,
             opts=pulumi.ResourceOptions(
                 parent=self,
                 depends_on=[job],
-                custom_timeouts=pulumi.CustomTimeouts(create=CREATE_TIMEOUT, update=CREATE_TIMEOUT),
+                custom_timeouts=pulumi.CustomTimeouts(create=wait_for, update=wait_for),
             ),
         )
         # Derived from the job's id so that anything reading the name waits for the job.

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from infra.config.cluster import GPU_TAINT_KEY
-from infra.duration import POD_START_BUDGET_S, shutdown_grace_seconds
+from infra.duration import shutdown_grace_seconds
 from infra.instances import scheduling_labels
 from infra.job_args import CHECKPOINT_BUCKET_ENV, RunPaths, run_paths, torchrun_command
 
@@ -50,18 +50,6 @@ INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 TRITON_CACHE_DIR = "/tmp/triton_cache"
 RENDEZVOUS_PORT_NAME = "pytorchjob-port"  # the operator reads the rendezvous port by this name
 RENDEZVOUS_PORT = 23456  # the operator's default for that port
-RENDEZVOUS_JOIN_TIMEOUT_S = POD_START_BUDGET_S
-"""How long torchrun waits, once connected to worker 0's store, for every node to join (its
-default: 600 s). Workers start as their pods do; each early worker's timeout is a container
-restart that uses up runPolicy.backoffLimit, failing the job before it trained a step."""
-
-RENDEZVOUS_READ_TIMEOUT_S = POD_START_BUDGET_S
-"""How long a non-zero worker tries to reach worker 0's c10d store before it gives up (torch's
-default: 60 s). torch `elastic/rendezvous/c10d_rendezvous_backend.py` `_create_tcp_store`
-builds the store client with `TCPStore(..., timeout=read_timeout)` before the rendezvous
-handler (and so `join_timeout`) exists: when worker 0's pod starts a minute after the others
-(its node scaled up later, its image still pulling), every other worker exits with
-`RendezvousConnectionError` and the operator counts the restarts against backoffLimit."""
 TRAINER_USER_ID = 10001
 """uid:gid the trainer runs as: the project's image's `USER` (docker/Dockerfile), and set in the
 pod's securityContext so an `image.uri` base that runs as root (NGC, DLC) runs the job as this
@@ -450,7 +438,10 @@ def render_job(
         "runPolicy": run_policy,
         # Workers only (one per GPU node, one pod template), found through c10d rendezvous.
         "elasticPolicy": elastic_policy(
-            workers=config.gpu_nodes.count, max_restarts=job.backoff_limit, run_name=job.name
+            workers=config.gpu_nodes.count,
+            max_restarts=job.backoff_limit,
+            run_name=job.name,
+            start_timeout_s=job.start_timeout_seconds,
         ),
         "pytorchReplicaSpecs": {
             "Worker": {
@@ -480,7 +471,9 @@ def render_job(
     )
 
 
-def elastic_policy(*, workers: int, max_restarts: int, run_name: str) -> dict[str, Any]:
+def elastic_policy(
+    *, workers: int, max_restarts: int, run_name: str, start_timeout_s: int
+) -> dict[str, Any]:
     """c10d rendezvous on worker 0, for a PyTorchJob whose replicas are all Workers.
 
     Training operator v1.9 sets MASTER_ADDR / PET_NODE_RANK only when the job has a Master
@@ -489,8 +482,8 @@ def elastic_policy(*, workers: int, max_restarts: int, run_name: str) -> dict[st
     PET_NNODES. Elastic rendezvous also lets torchrun restart the whole worker group (up to
     `max_restarts` times) when one node's processes fail, so every node resumes together from
     the latest checkpoint. min = max = the node count: the job never runs on fewer nodes.
-    Long read and join timeouts (`rendezvous_conf`) let late pods join instead of restarting
-    the early ones.
+    Read and join timeouts as long as the start budget (`rendezvous_conf`) let late pods
+    join instead of restarting the early ones.
     """
     return {
         "rdzvBackend": "c10d",
@@ -499,27 +492,32 @@ def elastic_policy(*, workers: int, max_restarts: int, run_name: str) -> dict[st
         "maxReplicas": workers,
         "maxRestarts": max_restarts,
         # The operator passes these to torchrun as PET_RDZV_CONF (`--rdzv-conf`).
-        "rdzvConf": [{"key": key, "value": value} for key, value in rendezvous_conf().items()],
+        "rdzvConf": [
+            {"key": key, "value": value} for key, value in rendezvous_conf(start_timeout_s).items()
+        ],
     }
 
 
-def rendezvous_conf() -> dict[str, str]:
-    """torchrun's c10d rendezvous settings, the same for the cluster and a local run.
+def rendezvous_conf(start_timeout_s: int) -> dict[str, str]:
+    """torchrun's c10d rendezvous timeouts: both the job's start budget
+    (`job.startTimeoutMinutes`), so workers wait for each other as long as the job may take to
+    start, and give up (in the cluster, without `pulumi up` watching) once it is spent.
+
+    `read_timeout` is how long a non-zero worker tries to reach worker 0's c10d store (torch's
+    default: 60 s): torch `elastic/rendezvous/c10d_rendezvous_backend.py` `_create_tcp_store`
+    builds the store client with `TCPStore(..., timeout=read_timeout)` before the rendezvous
+    handler exists, so when worker 0's pod starts a minute after the others (its node scaled up
+    later, its image still pulling) every other worker would exit with
+    `RendezvousConnectionError`. `join_timeout` is how long torchrun waits, once connected, for
+    every node to join (default 600 s). Each early worker's timeout is a container restart that
+    uses up runPolicy.backoffLimit.
 
     The job carries them as `elasticPolicy.rdzvConf`; training operator v1.9 joins them into
     `PET_RDZV_CONF=key=value,...` (`pkg/controller.v1/pytorch/elastic.go`
     `generateEnvRDZVConf`), which torchrun reads as `--rdzv-conf` (`torch/distributed/run.py`,
-    `argparse_util.env`). A local rehearsal passes `rendezvous_conf_arg()` to its agents.
+    `argparse_util.env`); a local rehearsal sets the same variable from the same policy.
     """
-    return {
-        "join_timeout": str(RENDEZVOUS_JOIN_TIMEOUT_S),
-        "read_timeout": str(RENDEZVOUS_READ_TIMEOUT_S),
-    }
-
-
-def rendezvous_conf_arg() -> str:
-    """`rendezvous_conf()` as torchrun's `--rdzv-conf` value (what PET_RDZV_CONF holds)."""
-    return ",".join(f"{key}={value}" for key, value in rendezvous_conf().items())
+    return {"join_timeout": str(start_timeout_s), "read_timeout": str(start_timeout_s)}
 
 
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"

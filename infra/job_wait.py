@@ -48,7 +48,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from infra.job_manifest import CONTAINER_NAME, POD_START_BUDGET_S
+from infra.config.job import DEFAULT_START_TIMEOUT_MINUTES
+from infra.job_manifest import CONTAINER_NAME
 
 STABLE_RUNNING_S = 60
 """How long every trainer container must run without a restart before the job counts as
@@ -63,9 +64,10 @@ a 20 GB pull in progress is `ContainerCreating`, never one of these reasons."""
 OPERATOR_PICKUP_S = 300
 """How long a new job may stay without any condition (the operator adds `Created` at once)."""
 
-UNSCHEDULABLE_S = POD_START_BUDGET_S
-"""How long a worker may stay unschedulable: scaling GPU nodes up from zero takes minutes, a
-missing quota or capacity never ends."""
+DEFAULT_START_TIMEOUT_S = DEFAULT_START_TIMEOUT_MINUTES * 60
+"""How long a worker may stay unschedulable unless the stack says otherwise
+(`job.startTimeoutMinutes`): scaling GPU nodes up from zero takes minutes, a missing quota or
+capacity never ends."""
 
 WORKER_REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
 """Set on every pod by the operator (v1.9.0 `pkg/apis/kubeflow.org/v1/common_types.go`)."""
@@ -206,6 +208,7 @@ def _stuck(
     now: datetime,
     *,
     backoff_limit: int,
+    unschedulable_s: float,
     events: Sequence[Mapping[str, Any]],
     history: StartHistory | None,
 ) -> str | None:
@@ -220,7 +223,7 @@ def _stuck(
             and condition.get("reason") == "Unschedulable"
         ):
             waited = _seconds_since(created, now)
-            if waited > UNSCHEDULABLE_S:
+            if waited > unschedulable_s:
                 return (
                     f"{_name(pod)} could not be scheduled for {waited / 60:.0f} min: "
                     f"{condition.get('message', 'Unschedulable')}"
@@ -290,12 +293,13 @@ def assess(
     workers: int,
     now: datetime,
     backoff_limit: int = 3,
+    start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
     events: Sequence[Mapping[str, Any]] = (),
     history: StartHistory | None = None,
 ) -> Verdict:
     """What `job` (a PyTorchJob), its `pods` and their Warning `events` mean at `now` for a job
-    of `workers` nodes; `history` is what earlier polls of the same watch saw (already updated
-    with `pods`)."""
+    of `workers` nodes whose workers may take `start_timeout_s` to be placed; `history` is what
+    earlier polls of the same watch saw (already updated with `pods`)."""
     name = job.get("metadata", {}).get("name", "?")
     status = job.get("status") or {}
     worker_pods = [
@@ -323,7 +327,14 @@ def assess(
             )
         return Verdict(False, None, f"PyTorchJob {name}: waiting for the training operator")
     for pod in worker_pods:
-        problem = _stuck(pod, now, backoff_limit=backoff_limit, events=events, history=history)
+        problem = _stuck(
+            pod,
+            now,
+            backoff_limit=backoff_limit,
+            unschedulable_s=start_timeout_s,
+            events=events,
+            history=history,
+        )
         if problem is not None:
             return Verdict(False, f"PyTorchJob {name}: worker {problem}", "cannot start")
     if history is not None and history.recreations() >= max(backoff_limit, 1):

@@ -42,17 +42,27 @@ import pulumi
 import yaml
 from pulumi.dynamic import CreateResult, DiffResult, ResourceProvider, UpdateResult
 
-from infra.job_manifest import API_VERSION, POD_START_BUDGET_S
-from infra.job_wait import JOB_NAME_LABEL, STABLE_RUNNING_S, JobStartError, StartHistory, assess
+from infra.job_manifest import API_VERSION
+from infra.job_wait import (
+    DEFAULT_START_TIMEOUT_S,
+    JOB_NAME_LABEL,
+    STABLE_RUNNING_S,
+    JobStartError,
+    StartHistory,
+    assess,
+)
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_POLL_SECONDS = 15.0
 """Pods change state over tens of seconds; faster polling only loads the API server."""
 
-WAIT_LIMIT_S = POD_START_BUDGET_S + STABLE_RUNNING_S
-"""The longest `up` waits: the last worker may start at the end of the pod-start budget and
-must then run `STABLE_RUNNING_S`. `job_wait.assess` fails most stuck jobs much sooner."""
+
+def wait_limit_seconds(start_timeout_s: float) -> float:
+    """The longest `up` waits: the last worker may start at the end of the start budget and
+    must then run `STABLE_RUNNING_S`. `job_wait.assess` fails most stuck jobs much sooner."""
+    return start_timeout_s + STABLE_RUNNING_S
+
 
 TOKEN_REFRESH_S = 300.0
 """EKS tokens from `aws eks get-token` last 15 minutes; fetch a new one well before."""
@@ -201,6 +211,7 @@ class WatchedJob:
     name: str
     workers: int
     backoff_limit: int = 3
+    start_timeout_s: float = DEFAULT_START_TIMEOUT_S
 
 
 def _pending(pods: list[dict[str, Any]]) -> bool:
@@ -211,12 +222,15 @@ def wait_for_start(
     api: KubernetesApi,
     job: WatchedJob,
     *,
-    limit_s: float = WAIT_LIMIT_S,
+    limit_s: float | None = None,
     poll_s: float = DEFAULT_POLL_SECONDS,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> str:
-    """Poll until every worker runs (returns the progress line) or raise `JobStartError`."""
+    """Poll until every worker runs (returns the progress line) or raise `JobStartError`;
+    `limit_s` defaults to the job's start budget plus a stable minute."""
+    if limit_s is None:
+        limit_s = wait_limit_seconds(job.start_timeout_s)
     job_path = f"/apis/{API_VERSION}/namespaces/{job.namespace}/pytorchjobs/{job.name}"
     pods_path = f"/api/v1/namespaces/{job.namespace}/pods"
     events_path = f"/api/v1/namespaces/{job.namespace}/events"
@@ -276,6 +290,7 @@ def wait_for_start(
                 workers=job.workers,
                 now=now,
                 backoff_limit=job.backoff_limit,
+                start_timeout_s=job.start_timeout_s,
                 events=events,
                 history=history,
             )
@@ -325,6 +340,7 @@ class JobStartWatchProvider(ResourceProvider):
             props["job_name"],
             int(props["workers"]),
             int(props.get("backoff_limit", 3)),
+            float(props.get("start_timeout_seconds") or DEFAULT_START_TIMEOUT_S),
         )
         progress = wait_for_start(
             KubernetesApi.from_kubeconfig(props["kubeconfig"]),
@@ -367,6 +383,7 @@ class JobStartWatch(pulumi.dynamic.Resource, module="job", name="JobStartWatch")
         job_uid: pulumi.Input[str | None],
         workers: int,
         backoff_limit: int,
+        start_timeout_seconds: int,
         poll_seconds: float = DEFAULT_POLL_SECONDS,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
@@ -377,6 +394,7 @@ class JobStartWatch(pulumi.dynamic.Resource, module="job", name="JobStartWatch")
             "job_uid": job_uid,
             "workers": workers,
             "backoff_limit": backoff_limit,
+            "start_timeout_seconds": start_timeout_seconds,
             "poll_seconds": poll_seconds,
             "started": None,
         }

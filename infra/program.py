@@ -20,6 +20,7 @@ from infra.checkpoint_access import CheckpointAccess, CheckpointAccessArgs
 from infra.cluster import Cluster, ClusterArgs
 from infra.config import StackConfig, load_stack_config
 from infra.config.stack import PROJECT, cost_estimate, dns_name
+from infra.gpu_lease import existing_gpu_lease, lease_line
 from infra.image import TrainerImage, TrainerImageArgs
 from infra.job import JobNamespace, JobNamespaceArgs, TrainingJob, TrainingJobArgs
 from infra.job_args import s3_run_prefix
@@ -119,6 +120,18 @@ def main() -> None:
             ),
         )
         leased.append(autoscaler.release)
+    # Who holds the GPU nodes while no job runs: this stack, or the existing cluster's operators.
+    gpu_lease = (
+        pulumi.Output.from_input(lease_line(stack))
+        if stack.cluster.mode == "create"
+        else existing_gpu_lease(
+            cluster.name,
+            instance_type=stack.gpu_nodes.instance_type,
+            count=stack.gpu_nodes.count,
+            auto_mode=cluster.auto_mode,
+            parent=cluster,
+        )
+    )
     # Without FSx the run lives in the bucket: its pods may touch only their run's prefix.
     run_access = None
     if storage.pvc_name is None:
@@ -192,5 +205,6 @@ def main() -> None:
             **job.kubectl,
         },
     )
+    pulumi.export("gpuLease", gpu_lease)
     pulumi.export("estimatedUsdPerHour", estimate.usd_per_hour)
     pulumi.export("cost", estimate.as_outputs())

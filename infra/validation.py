@@ -256,7 +256,10 @@ def nccl_job(
             # Workers only, as for the training job: without a Master replica the operator
             # wires the nodes together only through an elastic (c10d) rendezvous.
             "elasticPolicy": elastic_policy(
-                workers=expected.node_count, max_restarts=0, run_name=f"{run_id}-nccl"
+                workers=expected.node_count,
+                max_restarts=0,
+                run_name=f"{run_id}-nccl",
+                start_timeout_s=config.job.start_timeout_seconds,
             ),
             "runPolicy": {
                 # Keep the pods after the run: the verdict is read from their logs.

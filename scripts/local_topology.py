@@ -212,7 +212,10 @@ def plan_local_run(
         agents=tuple(agents),
         # The job's own rendering, for the local number of nodes: same backend, id and conf.
         rendezvous=elastic_policy(
-            workers=agent_count, max_restarts=config.job.backoff_limit, run_name=config.job.name
+            workers=agent_count,
+            max_restarts=config.job.backoff_limit,
+            run_name=config.job.name,
+            start_timeout_s=config.job.start_timeout_seconds,
         ),
         device=device,
         metrics_file=metrics_file,

@@ -41,6 +41,7 @@ from infra.config.stack import (  # noqa: E402
     parse_stack_config,
 )
 from infra.duration import checkpoint_seconds, estimate_duration  # noqa: E402
+from infra.gpu_lease import lease_line  # noqa: E402
 from infra.job_args import run_paths  # noqa: E402
 from infra.memory_fit import memory_fit  # noqa: E402
 from infra.offline import Evaluation, RecordedResource, evaluate  # noqa: E402
@@ -229,6 +230,7 @@ def summary_lines(config: StackConfig, evaluation: Evaluation | None = None) -> 
         f"{facts.gpu_memory_gib} GB, {nodes.efa_interface_count} EFA) -> "
         f"{config.world_size} trainer processes",
         placement_line(config, evaluation),
+        f"GPUs:   {lease_line(config)}",
         f"Model:  {config.model.preset} ({params:.2f}B parameters), context "
         f"{training.context_width}, {training.sharding_strategy} sharding",
         f"Batch:  {training.micro_batch_size} per GPU x {config.world_size} GPUs x "

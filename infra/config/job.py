@@ -60,6 +60,12 @@ RENDERED_TRAINER_FLAGS = frozenset(
 repeat them, so every setting has exactly one place in the stack file."""
 
 
+DEFAULT_START_TIMEOUT_MINUTES = 60
+"""How long one worker may take from the job's creation to a running trainer: GPU nodes scaling
+up from zero (instance launch, EFA, device plugins: minutes) and a ~20 GB image pull (minutes
+more). An hour leaves room for a slow AZ without letting a half-started job hold GPUs long."""
+
+
 def _check_dns_label(value: str, what: str) -> str:
     if len(value) > JOB_NAME_MAX_LENGTH or not _DNS_LABEL.match(value):
         raise ValueError(
@@ -123,6 +129,17 @@ class JobConfig(ConfigSection):
         description=(
             "Hours a finished job (and its pods' logs) is kept before the operator deletes it "
             "(runPolicy.ttlSecondsAfterFinished). null: keep until `pulumi destroy`."
+        ),
+    )
+    start_timeout_minutes: int = Field(
+        default=DEFAULT_START_TIMEOUT_MINUTES,
+        ge=10,
+        le=240,
+        description=(
+            "All or nothing: minutes every worker may take to be placed and running (GPU nodes "
+            "scaled up, image pulled). Past it `pulumi up` fails with the reason and suspends "
+            "the job so the nodes it got scale back to zero, and in the cluster the started "
+            "workers' rendezvous times out. Also the top of the plan's duration range."
         ),
     )
     backoff_limit: int = Field(
@@ -216,6 +233,13 @@ class JobConfig(ConfigSection):
                     f"job.extraEnv key {name!r} is not a valid environment variable name"
                 )
         return value
+
+    @property
+    def start_timeout_seconds(self) -> int:
+        """The all-or-nothing start budget: the rendezvous timeouts (`infra.job_manifest`),
+        `pulumi up`'s wait for the job (`infra.job_watch`) and the duration range's top derive
+        from it."""
+        return self.start_timeout_minutes * 60
 
 
 class ModelConfig(ConfigSection):

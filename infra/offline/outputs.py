@@ -386,6 +386,22 @@ def _existing_cluster_v7(args: dict[str, Any]) -> dict[str, Any]:
 
 
 INVOKE_RESULTS["aws:eks/getCluster:getCluster"] = _existing_cluster_v7
+OFFLINE_NODE_GROUP = "offline-example-gpu"
+"""Offline, an existing cluster's node groups are unknown: the fake cloud answers with one
+managed group, named for what it is, that offers every GPU type and can scale to zero."""
+INVOKE_RESULTS["aws:eks/getNodeGroups:getNodeGroups"] = lambda args: {
+    "clusterName": args["clusterName"],
+    "names": [OFFLINE_NODE_GROUP],
+    "id": args["clusterName"],
+}
+INVOKE_RESULTS["aws:eks/getNodeGroup:getNodeGroup"] = lambda args: {
+    "clusterName": args["clusterName"],
+    "nodeGroupName": args["nodeGroupName"],
+    "instanceTypes": sorted(INSTANCE_FACTS),
+    "scalingConfigs": [{"minSize": 0, "desiredSize": 0, "maxSize": 64}],
+    "status": "ACTIVE",
+    "id": f"{args['clusterName']}:{args['nodeGroupName']}",
+}
 
 
 # --- Instance type offerings per AZ ----------------------------------------------------------

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from infra.config import StackConfigError, parse_stack_config
+from infra.config.job import DEFAULT_START_TIMEOUT_MINUTES
 from infra.config.stack import config_warnings, cost_estimate, load_stack_file
 from infra.duration import (
     MFU_BY_GPU,
-    POD_START_BUDGET_S,
     STARTUP_HOURS,
     checkpoint_saves,
     estimate_duration,
@@ -59,7 +59,7 @@ def test_the_worked_example_of_the_docs() -> None:
     assert estimate.hours == pytest.approx(11.5, abs=0.05)
     assert estimate.low_hours < estimate.hours < estimate.high_hours
     assert estimate.high_hours == pytest.approx(
-        estimate.training_hours_at(0.25) + estimate.checkpoint_hours + POD_START_BUDGET_S / 3600
+        estimate.training_hours_at(0.25) + estimate.checkpoint_hours + 1.0  # the 60 min budget
     )
     assert "range 9.7-16.2 h" in estimate.summary() and "assumed" in estimate.summary()
 
@@ -136,5 +136,15 @@ def test_the_cost_shows_the_expected_run_beside_the_deadline_worst_case() -> Non
     assert cost.as_outputs()["expectedUsd"] == cost.expected_usd
 
 
-def test_start_up_allowance_is_within_the_pod_start_budget() -> None:
-    assert 0 < STARTUP_HOURS <= POD_START_BUDGET_S / 3600
+def test_start_up_allowance_is_within_the_default_start_budget() -> None:
+    assert 0 < STARTUP_HOURS <= DEFAULT_START_TIMEOUT_MINUTES / 60
+
+
+def test_the_top_of_the_range_spends_the_stack_s_start_budget() -> None:
+    stack = load_stack_file("llama31-8b-p5")
+    longer = stack.model_copy(
+        update={"job": stack.job.model_copy(update={"start_timeout_minutes": 180})}
+    )
+    shipped, patient = estimate_duration(stack), estimate_duration(longer)
+    assert patient.hours == pytest.approx(shipped.hours)
+    assert patient.high_hours == pytest.approx(shipped.high_hours + 2.0)

@@ -310,10 +310,22 @@ def test_up_waits_for_the_workers_through_a_watch_created_after_the_job() -> Non
     assert watch.inputs["namespace"] == "training"
     assert watch.inputs["job_name"] == "exp"
     assert watch.inputs["workers"] == 4
+    assert watch.inputs["start_timeout_seconds"] == 3600  # job.startTimeoutMinutes' default
     # The same kubeconfig as the Kubernetes provider, kept secret in the state.
     kubeconfig = watch.inputs["kubeconfig"]
     assert kubeconfig[SECRET_SIG] == SECRET_VALUE and kubeconfig["value"] == KUBECONFIG
     assert "annotations" not in job.inputs["metadata"]
+
+
+@pytest.mark.parametrize(("minutes", "timeout"), [(60, "61m"), (15, "16m"), (240, "241m")])
+def test_the_engine_waits_for_the_watch_as_long_as_the_watch_waits(
+    minutes: int, timeout: str
+) -> None:
+    """The engine's create timeout on the watch (`CustomTimeouts`) must not cut the watch's
+    own wait short: the start budget plus the stable minute (`job_watch.wait_limit_seconds`)."""
+    from infra.job import create_timeout
+
+    assert create_timeout(minutes * 60) == timeout
 
 
 def test_a_stop_signal_leaves_time_for_the_step_and_a_checkpoint(

@@ -15,8 +15,8 @@ from typing import Any
 import jsonschema
 import pytest
 
-from infra.job_manifest import POD_START_BUDGET_S
 from infra.job_wait import (
+    DEFAULT_START_TIMEOUT_S,
     OPERATOR_PICKUP_S,
     STABLE_RUNNING_S,
     STUCK_CONTAINER_S,
@@ -138,11 +138,17 @@ def unschedulable(seconds_ago: float) -> list[dict[str, Any]]:
     ]
 
 
-def judge(job_doc: dict[str, Any], pods: list[dict[str, Any]], crd_schema: Any) -> Verdict:
+def judge(
+    job_doc: dict[str, Any],
+    pods: list[dict[str, Any]],
+    crd_schema: Any,
+    *,
+    start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
+) -> Verdict:
     """`assess`, after checking the job's status against the CRD's status schema (the part
     this rule reads; the whole ~600 KB schema takes seconds per validation)."""
     jsonschema.validate(job_doc["status"], crd_schema["properties"]["status"])
-    return assess(job_doc, pods, workers=WORKERS, now=NOW)
+    return assess(job_doc, pods, workers=WORKERS, now=NOW, start_timeout_s=start_timeout_s)
 
 
 def test_all_workers_running_is_done(crd_schema: Any) -> None:
@@ -225,15 +231,25 @@ def test_a_job_that_succeeded_before_it_was_seen_running_is_done(crd_schema: Any
 
 
 @pytest.mark.parametrize(
-    ("waited", "fails"),
-    [(POD_START_BUDGET_S - 60, False), (POD_START_BUDGET_S + 60, True)],
+    ("budget", "waited", "fails"),
+    [
+        (3600, 3600 - 60, False),
+        (3600, 3600 + 60, True),
+        (1200, 1200 - 60, False),
+        (1200, 1200 + 60, True),
+    ],
 )
-def test_unschedulable_workers_fail_after_the_pod_start_budget(
-    crd_schema: Any, waited: float, fails: bool
+def test_unschedulable_workers_fail_after_the_start_budget(
+    crd_schema: Any, budget: int, waited: float, fails: bool
 ) -> None:
     """Pending while the autoscaler brings GPU nodes up is normal, for the start budget."""
     pending = pod(1, phase="Pending", conditions=unschedulable(waited), age=waited)
-    verdict = judge(job(CREATED, RUNNING, active=1, age=waited), [pod(0), pending], crd_schema)
+    verdict = judge(
+        job(CREATED, RUNNING, active=1, age=waited),
+        [pod(0), pending],
+        crd_schema,
+        start_timeout_s=budget,
+    )
     assert not verdict.done
     if fails:
         assert verdict.failure is not None

@@ -224,6 +224,19 @@ def test_gives_up_after_its_limit_with_the_last_progress(serve: Any) -> None:
     assert [path for path, _, _ in server.patches] == [JOB_PATH]
 
 
+def test_the_job_s_start_budget_bounds_the_wait(serve: Any) -> None:
+    """`job.startTimeoutMinutes` (here 10 min), plus the minute a worker must then run."""
+    running = job_doc(("Created", "c"), ("Running", "r"))
+    server = serve([(200, running, [worker(0, 300)])])
+    ticks = iter(range(0, 100_000, 60))  # one poll a minute
+    api = KubernetesApi.from_kubeconfig(kubeconfig(server.url))
+    job = WatchedJob("training", "exp", 2, start_timeout_s=600)
+    with pytest.raises(JobStartError, match=r"not every worker started within 11 min"):
+        wait_for_start(api, job, poll_s=0, clock=lambda: float(next(ticks)))
+    assert server.polls == 11  # a minute apart: the wait ends at its limit, not before
+    assert [path for path, _, _ in server.patches] == [JOB_PATH]
+
+
 def test_refused_access_names_what_the_deployer_needs(serve: Any) -> None:
     server = serve([(403, {"kind": "Status", "code": 403}, [])])
     with pytest.raises(JobStartError, match=r"HTTP 403.*read access to pytorchjobs and pods"):

@@ -17,13 +17,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from infra.config import parse_stack_config
-from infra.job_manifest import (
-    POD_START_BUDGET_S,
-    render_job,
-    rendezvous_conf,
-    rendezvous_conf_arg,
-)
+from infra.job_manifest import render_job
+from scripts.local_topology import operator_env
 from tests.trainer.torchrun_util import REPO_ROOT, free_port
 
 IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/fsdp@sha256:" + "a" * 64
@@ -52,27 +50,35 @@ delay between the agents is then the delay between their rendezvous, whatever th
 the machine makes an import of torch cost."""
 
 
-def test_the_job_renders_a_read_timeout_that_covers_the_pod_start_budget() -> None:
+@pytest.mark.parametrize("start_minutes", [None, 25, 180])
+def test_the_job_renders_rendezvous_timeouts_equal_to_its_start_budget(
+    start_minutes: int | None,
+) -> None:
+    """Long enough that a worker whose node comes up last still joins; no longer, so that the
+    workers that did start give up (in the cluster, without `up` watching) once the budget is
+    spent instead of holding their GPUs."""
+    job: dict[str, object] = {"maxRunHours": 1}
+    if start_minutes is not None:
+        job["startTimeoutMinutes"] = start_minutes
     config = parse_stack_config(
         {
             "gpuNodes": {"instanceType": "g5.8xlarge", "count": 2},
-            "job": {"maxRunHours": 1},
+            "job": job,
             "training": {"maxSteps": 50},
             "model": {"preset": "llama3.2-1b", "numLayers": 2},  # fits an A10G's 24 GiB
         },
         stack_name="exp",
     )
-    spec = render_job(config, image=IMAGE, pvc_name=None).spec
-    conf = {item["key"]: int(item["value"]) for item in spec["elasticPolicy"]["rdzvConf"]}
+    budget = (start_minutes or 60) * 60
+    assert config.job.start_timeout_seconds == budget
+    policy = render_job(config, image=IMAGE, pvc_name=None).spec["elasticPolicy"]
+    conf = {item["key"]: int(item["value"]) for item in policy["rdzvConf"]}
     # Both timeouts: read (connecting to worker 0's store) and join (waiting for the rest).
-    assert conf["read_timeout"] >= POD_START_BUDGET_S
-    assert conf["join_timeout"] >= POD_START_BUDGET_S
-
-
-def test_the_local_argument_is_what_the_operator_puts_in_pet_rdzv_conf() -> None:
-    """elastic.go `generateEnvRDZVConf` joins the list as `key=value` pairs with commas."""
-    spec_conf = rendezvous_conf()
-    assert rendezvous_conf_arg() == ",".join(f"{k}={v}" for k, v in spec_conf.items())
+    assert conf == {"read_timeout": budget, "join_timeout": budget}
+    # elastic.go `generateEnvRDZVConf` joins the list as `key=value` pairs with commas; the
+    # local rehearsal sets PET_RDZV_CONF from the same policy.
+    env = operator_env(policy, endpoint="localhost:29500")
+    assert env["PET_RDZV_CONF"] == f"join_timeout={budget},read_timeout={budget}"
 
 
 def _agent(
