@@ -24,9 +24,13 @@ following what the trainer really does:
   `training.activationCheckpointing` only each checkpointed layer's input is kept
   (`trainer.parallelize.apply_activation_checkpointing`: every layer, or with
   `training.extraArgs.ac_mode: selective` one in every `ac_every`).
-* The loss (transformers `loss/loss_utils.py`, `ForCausalLMLoss`) upcasts the bf16 logits to
-  fp32 (`logits.float()`) before cross-entropy; the model's output keeps the bf16 logits alive
-  through backward (`trainer.train.forward_backward_step` holds `outputs`).
+* The loss is computed `loss_chunk_tokens` positions at a time by default (`trainer.loss`),
+  each slice's logits recomputed in backward, so one slice's logits are alive at a time and
+  none after the loss's backward. With `training.extraArgs.loss_chunk_tokens: 0` it is
+  Hugging Face's (transformers `loss/loss_utils.py`, `ForCausalLMLoss`), which upcasts the
+  whole bf16 logits tensor to fp32 (`logits.float()`) before cross-entropy, while the model's
+  output keeps the bf16 logits alive through backward (`trainer.train.forward_backward_step`
+  holds `outputs`).
 
 The per-layer and logits coefficients were checked against torch's own FSDP2 memory tracer
 (`torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker`) tracing one real training step
@@ -37,14 +41,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from trainer.config import TrainConfig
 from trainer.presets import ModelShape
 
 if TYPE_CHECKING:
     from infra.config import StackConfig
 
 GIB = 2**30
+
+TRAINER_DEFAULTS: dict[str, Any] = {
+    name: value for section in TrainConfig().to_dict().values() for name, value in section.items()
+}
+"""Every trainer flag's default, by flag name (names are unique across the sections)."""
 
 CUDA_CONTEXT_BYTES = int(1.5 * GIB)
 """Memory the allocator never sees: the CUDA context and loaded kernels (0.5 to 1 GiB with
@@ -96,6 +106,8 @@ class RunShape:
     """Decoder layers that recompute their activations in backward."""
     cpu_offload: bool = False
     bf16: bool = True
+    loss_chunk_tokens: int = 0
+    """Positions per slice of the chunked loss; 0: the whole micro-batch's logits at once."""
 
 
 @dataclass(frozen=True)
@@ -231,13 +243,16 @@ def estimate(run: RunShape) -> dict[str, int]:
         + (shape.num_layers - checkpointed) * full_layer
         + int(_ROOT_H * shape.hidden_size * tokens * scale)
     )
-    logits = tokens * shape.vocab_size
+    chunked = 0 < run.loss_chunk_tokens < tokens
+    logits = (run.loss_chunk_tokens if chunked else tokens) * shape.vocab_size
 
     loss_backward = {
         **state,
         "gathered weights (bf16)": gathered,
         "activations": activations,
-        "logits and loss": (compute + _LOGITS_SAVED - 2 + _LOGITS_BACKWARD) * logits,
+        "logits and loss": (compute + _LOGITS_SAVED - 2 + _LOGITS_BACKWARD) * logits
+        # The LM head's gradient, summed slice by slice from the first slice's backward on.
+        + (compute * shape.vocab_size * shape.hidden_size if chunked else 0),
     }
     layer_backward = {
         **state,
@@ -252,7 +267,8 @@ def estimate(run: RunShape) -> dict[str, int]:
             else max(full_layer, (compute + 4) * layer)
         ),
         "activations": activations - (0 if checkpointed else full_layer),
-        "logits and loss": compute * logits,
+        # The chunked loss keeps no logits past its own backward.
+        "logits and loss": 0 if chunked else compute * logits,
     }
     end_of_backward = {
         **state,
@@ -276,10 +292,17 @@ def shard_size(config: StackConfig) -> int:
     return config.world_size
 
 
+def trainer_setting(config: StackConfig, flag: str) -> Any:
+    """A trainer flag the stack leaves to `training.extraArgs`: its value there, else the
+    trainer's own default (`trainer.config`, torch-free)."""
+    if flag in config.training.extra_args:
+        return config.training.extra_args[flag]
+    return TRAINER_DEFAULTS[flag]
+
+
 def _ac_choice(config: StackConfig) -> tuple[str, int]:
     """`ac_mode` and `ac_every` as the trainer gets them (extraArgs, else its defaults)."""
-    extra = config.training.extra_args
-    return str(extra.get("ac_mode", "full")), int(extra.get("ac_every", 2))
+    return str(trainer_setting(config, "ac_mode")), int(trainer_setting(config, "ac_every"))
 
 
 def checkpointed_layers(config: StackConfig, num_layers: int) -> int:
@@ -305,6 +328,7 @@ def run_shape(config: StackConfig) -> RunShape:
         checkpointed_layers=checkpointed_layers(config, shape.num_layers),
         cpu_offload=training.cpu_offload,
         bf16=training.bf16,
+        loss_chunk_tokens=int(trainer_setting(config, "loss_chunk_tokens")),
     )
 
 

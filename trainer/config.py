@@ -218,12 +218,20 @@ class ParallelConfig:
     ac_every: int = _flag(2, "With --ac_mode selective, checkpoint one layer in every N.")
     cpu_offload: bool = _flag(False, "Keep sharded params, grads and optimizer state in CPU RAM.")
     compile: bool = _flag(False, "torch.compile each decoder layer.")
+    loss_chunk_tokens: int = _flag(
+        1024,
+        "Compute the loss this many token positions at a time, each slice's logits recomputed "
+        "in backward, so the whole vocabulary's fp32 logits never exist at once "
+        "(trainer/loss.py); 0: Hugging Face's loss over the full logits tensor.",
+    )
     device: Literal["auto", "cuda", "cpu"] = _flag(
         "auto", "auto: cuda with nccl if available, else cpu with gloo."
     )
 
     def __post_init__(self) -> None:
         _require_positive(self, "ac_every")
+        if self.loss_chunk_tokens < 0:
+            raise ValueError(f"--loss_chunk_tokens must be >= 0, got {self.loss_chunk_tokens}")
         if self.hsdp_shard_size < 0:
             raise ValueError(f"--hsdp_shard_size must be >= 0, got {self.hsdp_shard_size}")
 

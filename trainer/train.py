@@ -35,6 +35,7 @@ from trainer.distributed import (
 )
 from trainer.divergence import DivergenceGuard
 from trainer.log import get_logger, setup_logging
+from trainer.loss import install_chunked_loss
 from trainer.metrics import (
     StepTimer,
     ThroughputModel,
@@ -217,6 +218,8 @@ class Trainer:
 
         # Model on the meta device, sharded, then materialised shard by shard.
         self.model = build_model(self.hf_config)
+        if cfg.parallel.loss_chunk_tokens:
+            install_chunked_loss(self.model, cfg.parallel.loss_chunk_tokens)
         self.mesh = build_mesh(
             self.dist, cfg.parallel.sharding_strategy, cfg.parallel.hsdp_shard_size
         )

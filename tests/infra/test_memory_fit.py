@@ -65,8 +65,9 @@ def test_a_70b_model_on_one_a10g_is_refused_with_the_estimate_and_the_options() 
     message = problems[0]
     assert message.startswith("the run needs ~1170.9 GiB per GPU but gpuNodes.instanceType ")
     assert "'g5.xlarge' has 24 GiB" in message
-    # More GPUs alone cannot fit two 2048-token sequences' logits: offered with a lean batch.
-    assert "gpuNodes.count: 179 with training.microBatchSize: 1 ->" in message
+    # More GPUs alone cannot fit two 2048-token sequences' activations: offered with a lean
+    # batch.
+    assert "gpuNodes.count: 161 with training.microBatchSize: 1 ->" in message
     assert "a GPU with more memory (gpuNodes.instanceType)" in message
     # CPU offload is not offered: 70B x 16 bytes is far beyond a g5.xlarge's 16 GiB.
     assert "cpuOffload" not in message
@@ -91,11 +92,12 @@ def test_a_hybrid_run_that_cannot_fit_names_full_sharding_checkpointing_and_the_
 
 def test_cpu_offload_is_offered_when_the_node_can_hold_the_state() -> None:
     # llama3.2-1b's 1.2B parameters x 16 bytes = 18.4 GiB on one A10G, plus 4 x 2048-token
-    # logits; a g5.8xlarge has 128 GiB of memory for the offloaded state.
+    # logits (Hugging Face's loss over all of them); a g5.8xlarge has 128 GiB of memory for
+    # the offloaded state.
     problems = refusal(
         gpuNodes={"instanceType": "g5.8xlarge", "count": 1},
         model={"preset": "llama3.2-1b"},
-        training={"microBatchSize": 4},
+        training={"microBatchSize": 4, "extraArgs": {"loss_chunk_tokens": 0}},
     )
     (message,) = problems
     assert "training.cpuOffload: true (parameters, gradients and AdamW states in host" in message
@@ -112,13 +114,22 @@ def test_cpu_offload_beyond_the_nodes_memory_is_refused() -> None:
 
 
 def test_a_run_near_the_limit_is_a_warning_not_a_refusal() -> None:
-    # 12 of llama3.2-1b's 16 layers, two 2048-token sequences, on one A10G.
-    config = parse(model={"preset": "llama3.2-1b", "numLayers": 12})
+    # 12 of llama3.2-1b's 16 layers, two 2048-token sequences, on one A10G, with Hugging
+    # Face's loss over the whole logits tensor.
+    config = parse(
+        model={"preset": "llama3.2-1b", "numLayers": 12},
+        training={"extraArgs": {"loss_chunk_tokens": 0}},
+    )
     fit = memory_fit(config)
     assert fit.fits and fit.share > NEAR_LIMIT, fit.summary()
     (warning,) = config_warnings(config)
     assert warning.startswith("memory: the run is estimated at ~22.3 GiB of 24 GiB per GPU (93%")
     assert "training.activationCheckpointing" in warning
+
+
+def test_the_chunked_loss_is_what_gives_that_run_room() -> None:
+    chunked = memory_fit(parse(model={"preset": "llama3.2-1b", "numLayers": 12}))
+    assert chunked.fits and chunked.share < NEAR_LIMIT, chunked.summary()
 
 
 def test_a_run_with_room_has_no_warning() -> None:

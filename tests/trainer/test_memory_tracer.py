@@ -44,6 +44,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from infra.memory_fit import RunShape, estimate
 from trainer.distributed import DistInfo, build_mesh
+from trainer.loss import install_chunked_loss
 from trainer.models import build_model, decoder_layers, hf_config_from
 from trainer.optim import build_optimizer
 from trainer.parallelize import ParallelPlan, checkpointed_layer_indices, parallelize_model
@@ -96,6 +97,8 @@ def trace_peak(shape: ModelShape, run: RunShape, strategy: str, *, ac_every: int
         )
         with FakeTensorMode():
             model = build_model(hf_config_from(shape))
+            if run.loss_chunk_tokens:
+                install_chunked_loss(model, run.loss_chunk_tokens)
             parallelize_model(model, mesh, plan)  # the same module, now FSDP2's
             model.to_empty(device="cpu")
             optimizer = build_optimizer(
@@ -176,6 +179,22 @@ def test_strategies_that_keep_layers_gathered_match_the_tracer(strategy: str) ->
     shape = get_preset("llama3.2-1b").with_overrides(num_layers=4)
     run = run_of(shape, strategy, batch=4, context=1024, ac=4 if strategy == "no_shard" else 0)
     assert_close(shape, run, strategy)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("preset", "checkpointed"),
+    [("llama3.1-8b", 0), ("llama3.1-8b", 3), ("llama3.2-1b", 3), ("llama3.2-3b", 0)],
+)
+def test_the_chunked_loss_matches_the_tracer(preset: str, checkpointed: int) -> None:
+    """The trainer's default loss (`trainer.loss`): one slice's logits, none after the loss."""
+    shape = get_preset(preset).with_overrides(num_layers=3)
+    run = replace(
+        run_of(shape, "full", batch=2, context=4096, ac=checkpointed), loss_chunk_tokens=1024
+    )
+    assert_close(shape, run, "full")
+    plain = replace(run, loss_chunk_tokens=0)
+    assert sum(estimate(run).values()) < sum(estimate(plain).values())
 
 
 @pytest.mark.slow
