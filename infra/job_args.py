@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from infra.config.job import RENDERED_TRAINER_FLAGS
 from infra.duration import watchdog_floor_seconds
 from infra.instances import ALLREDUCE_BUSBW_FLOOR_GBPS, HYPERPOD_PREFIX
+from infra.memory_fit import parallelism
 from trainer.config import format_args
 
 if TYPE_CHECKING:
@@ -53,6 +54,7 @@ def trainer_flags(config: StackConfig) -> dict[str, Any]:
     when the stack sets it to null, because the trainer's own default is 'en'.
     """
     model, data, training = config.model, config.data, config.training
+    chosen = parallelism(config)
     flags: dict[str, Any] = {
         "model": model.preset,
         "num_layers": model.num_layers,
@@ -70,10 +72,14 @@ def trainer_flags(config: StackConfig) -> dict[str, Any]:
         "text_column": data.text_column,
         "num_workers": data.num_workers,
         "train_batch_size": training.micro_batch_size,
-        "sharding_strategy": training.sharding_strategy,
+        # `auto` keys resolved by the memory estimate (infra.memory_fit.parallelism).
+        "sharding_strategy": chosen.sharding_strategy,
         "hsdp_shard_size": training.hsdp_shard_size,
         "bf16": training.bf16,
-        "activation_checkpointing": training.activation_checkpointing,
+        "activation_checkpointing": chosen.activation_checkpointing != "off",
+        "ac_mode": None
+        if chosen.activation_checkpointing == "off"
+        else chosen.activation_checkpointing,
         "cpu_offload": training.cpu_offload,
         "compile": training.compile,
         "max_steps": training.max_steps,

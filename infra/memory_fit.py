@@ -104,6 +104,9 @@ class RunShape:
     """full/hybrid: True; shard_grad_op/no_shard: False."""
     checkpointed_layers: int
     """Decoder layers that recompute their activations in backward."""
+    ac_keeps_matmuls: bool = False
+    """Op-level checkpointing (`trainer.parallelize`, `--ac_mode op`): a checkpointed layer
+    keeps attention's and every second matmul's output, not only its input."""
     cpu_offload: bool = False
     bf16: bool = True
     loss_chunk_tokens: int = 0
@@ -207,6 +210,21 @@ def layer_activation_bytes_per_token(shape: ModelShape) -> int:
     return _LAYER_H * h + _LAYER_KV * kv + mlp
 
 
+def _checkpointed_layer_bytes(run: RunShape, tokens: int, full_layer: int) -> int:
+    """What a checkpointed layer keeps until its backward: its input (full), or with op-level
+    checkpointing also the outputs of q, v, gate and down (the odd matmuls in call order) and
+    of attention: 4 h + kv + i per token in the compute dtype. A mixture-of-experts layer's
+    expert matmuls are not counted one by one here: it is taken to keep everything."""
+    shape = run.shape
+    compute = 2 if run.bf16 else 4
+    if not run.ac_keeps_matmuls:
+        return compute * shape.hidden_size * tokens
+    if shape.num_local_experts:
+        return full_layer
+    kv = shape.num_key_value_heads * shape.head_dim
+    return compute * (4 * shape.hidden_size + kv + shape.intermediate_size) * tokens
+
+
 def estimate(run: RunShape) -> dict[str, int]:
     """Bytes per term at the peak: the largest of the three phases where memory peaks.
 
@@ -239,7 +257,7 @@ def estimate(run: RunShape) -> dict[str, int]:
     full_layer = int(layer_activation_bytes_per_token(shape) * tokens * scale)
     checkpointed = min(run.checkpointed_layers, shape.num_layers)
     activations = (
-        checkpointed * compute * shape.hidden_size * tokens
+        checkpointed * _checkpointed_layer_bytes(run, tokens, full_layer)
         + (shape.num_layers - checkpointed) * full_layer
         + int(_ROOT_H * shape.hidden_size * tokens * scale)
     )
@@ -282,14 +300,30 @@ def estimate(run: RunShape) -> dict[str, int]:
     return max(phases, key=lambda phase: sum(phase.values()))
 
 
-def shard_size(config: StackConfig) -> int:
+@dataclass(frozen=True)
+class Parallelism:
+    """How the run shards and checkpoints: the stack's keys, or what `auto` chose for them."""
+
+    sharding_strategy: str
+    """full, hybrid, shard_grad_op or no_shard."""
+    activation_checkpointing: str
+    """full, op or off."""
+    reason: str
+    """Why, for the plan: which keys were `auto` and what decided them."""
+
+
+def _shard_size(config: StackConfig, strategy: str) -> int:
     """Ranks a parameter is sharded over, as `trainer.distributed.build_mesh` builds the mesh."""
-    strategy = config.training.sharding_strategy
     if strategy == "no_shard":
         return 1
     if strategy == "hybrid":
         return config.training.hsdp_shard_size or config.gpus_per_node
     return config.world_size
+
+
+def shard_size(config: StackConfig) -> int:
+    """Ranks a parameter is sharded over in `config`'s run."""
+    return _shard_size(config, parallelism(config).sharding_strategy)
 
 
 def trainer_setting(config: StackConfig, flag: str) -> Any:
@@ -300,36 +334,62 @@ def trainer_setting(config: StackConfig, flag: str) -> Any:
     return TRAINER_DEFAULTS[flag]
 
 
-def _ac_choice(config: StackConfig) -> tuple[str, int]:
-    """`ac_mode` and `ac_every` as the trainer gets them (extraArgs, else its defaults)."""
-    return str(trainer_setting(config, "ac_mode")), int(trainer_setting(config, "ac_every"))
-
-
-def checkpointed_layers(config: StackConfig, num_layers: int) -> int:
-    """How many layers `trainer.parallelize.checkpointed_layer_indices` checkpoints."""
-    if not config.training.activation_checkpointing:
-        return 0
-    mode, every = _ac_choice(config)
-    if mode == "selective":
-        return math.ceil(num_layers / max(every, 1))
-    return num_layers
-
-
-def run_shape(config: StackConfig) -> RunShape:
-    """The figures of `config` the estimate reads."""
+def _run_shape(config: StackConfig, strategy: str, checkpointing: str) -> RunShape:
     shape = config.model_shape()
     training = config.training
     return RunShape(
         shape=shape,
         micro_batch_size=training.micro_batch_size,
         context_width=training.context_width,
-        shard_size=shard_size(config),
-        reshard_after_forward=training.sharding_strategy in ("full", "hybrid"),
-        checkpointed_layers=checkpointed_layers(config, shape.num_layers),
+        shard_size=_shard_size(config, strategy),
+        reshard_after_forward=strategy in ("full", "hybrid"),
+        checkpointed_layers=0 if checkpointing == "off" else shape.num_layers,
+        ac_keeps_matmuls=checkpointing == "op",
         cpu_offload=training.cpu_offload,
         bf16=training.bf16,
         loss_chunk_tokens=int(trainer_setting(config, "loss_chunk_tokens")),
     )
+
+
+def _fit_of(config: StackConfig, run: RunShape) -> MemoryFit:
+    breakdown = with_allowance(estimate(run))
+    return MemoryFit(
+        per_gpu_bytes=sum(breakdown.values()),
+        gpu_bytes=config.instance.gpu_memory_gib * GIB,
+        breakdown=breakdown,
+    )
+
+
+def parallelism(config: StackConfig) -> Parallelism:
+    """The stack's sharding and checkpointing, with `auto` resolved by the memory estimate.
+
+    Candidates, fastest first: op-level checkpointing before full (6N + what op recomputes,
+    against 8N FLOPs per token), and across nodes hybrid before full sharding (HSDP moves only
+    the once-per-step gradient all-reduce over EFA). The first that fits below `NEAR_LIMIT` of
+    the GPU's memory wins; when none does, the most frugal is kept and the memory check
+    refuses the run with its options."""
+    training = config.training
+    explicit_strategy = training.sharding_strategy != "auto"
+    explicit_ac = training.activation_checkpointing != "auto"
+    if explicit_strategy:
+        strategies = [training.sharding_strategy]
+    else:
+        strategies = ["hybrid", "full"] if config.gpu_nodes.count > 1 else ["full"]
+    modes = [training.activation_checkpointing] if explicit_ac else ["op", "full"]
+    candidates = [(strategy, mode) for mode in modes for strategy in strategies]
+    if explicit_strategy and explicit_ac:
+        return Parallelism(*candidates[0], reason="as set")
+    for strategy, mode in candidates:
+        fit = _fit_of(config, _run_shape(config, strategy, mode))
+        if fit.fits and not fit.near_limit:
+            return Parallelism(strategy, mode, reason=f"auto: fits in {fit.share:.0%}")
+    return Parallelism(*candidates[-1], reason="auto: the most frugal choice, and still too big")
+
+
+def run_shape(config: StackConfig) -> RunShape:
+    """The figures of `config` the estimate reads."""
+    chosen = parallelism(config)
+    return _run_shape(config, chosen.sharding_strategy, chosen.activation_checkpointing)
 
 
 def with_allowance(breakdown: dict[str, int]) -> dict[str, int]:
@@ -344,12 +404,7 @@ def with_allowance(breakdown: dict[str, int]) -> dict[str, int]:
 
 def memory_fit(config: StackConfig) -> MemoryFit:
     """The estimated peak memory per GPU of `config`'s run against its GPU's memory."""
-    breakdown = with_allowance(estimate(run_shape(config)))
-    return MemoryFit(
-        per_gpu_bytes=sum(breakdown.values()),
-        gpu_bytes=config.instance.gpu_memory_gib * GIB,
-        breakdown=breakdown,
-    )
+    return _fit_of(config, run_shape(config))
 
 
 def host_state_bytes(config: StackConfig) -> int:
@@ -380,23 +435,21 @@ def remedies(config: StackConfig) -> list[str]:
     CPU offload is offered only when the node's memory can hold the offloaded state.
     """
     training = config.training
+    strategy = parallelism(config).sharding_strategy
     run = run_shape(config)
+    not_full_ac = run.checkpointed_layers < run.shape.num_layers or run.ac_keeps_matmuls
+    full_ac = replace(run, checkpointed_layers=run.shape.num_layers, ac_keeps_matmuls=False)
     gpu_bytes = config.instance.gpu_memory_gib * GIB
     options: list[tuple[str, RunShape]] = []
-    if training.sharding_strategy in ("hybrid", "no_shard", "shard_grad_op"):
+    if strategy in ("hybrid", "no_shard", "shard_grad_op"):
         options.append(
             (
                 f"training.shardingStrategy: full (shards over all {config.world_size} GPUs)",
                 replace(run, shard_size=config.world_size, reshard_after_forward=True),
             )
         )
-    if run.checkpointed_layers < run.shape.num_layers:
-        options.append(
-            (
-                "training.activationCheckpointing: true (every layer)",
-                replace(run, checkpointed_layers=run.shape.num_layers),
-            )
-        )
+    if not_full_ac:
+        options.append(("training.activationCheckpointing: full (every layer)", full_ac))
     if training.micro_batch_size > 1:
         options.append(
             (
@@ -404,7 +457,7 @@ def remedies(config: StackConfig) -> list[str]:
                 replace(run, micro_batch_size=1),
             )
         )
-    if training.sharding_strategy in ("full", "shard_grad_op"):
+    if strategy in ("full", "shard_grad_op"):
         nodes = _nodes_that_fit(config, run, gpu_bytes)
         if nodes is not None:
             options.append(
@@ -415,16 +468,13 @@ def remedies(config: StackConfig) -> list[str]:
             )
         else:
             # More GPUs alone cannot shrink the activations: offer them with the lean batch.
-            lean = replace(run, micro_batch_size=1, checkpointed_layers=run.shape.num_layers)
+            lean = replace(full_ac, micro_batch_size=1)
             nodes = _nodes_that_fit(config, lean, gpu_bytes)
             with_keys = [
                 key
                 for key, needed in (
                     ("training.microBatchSize: 1", run.micro_batch_size > 1),
-                    (
-                        "training.activationCheckpointing: true",
-                        run.checkpointed_layers < run.shape.num_layers,
-                    ),
+                    ("training.activationCheckpointing: full", not_full_ac),
                 )
                 if needed
             ]

@@ -20,6 +20,7 @@ from infra.config import StackConfig, StackConfigError
 from infra.config.stack import cross_section_problems
 from infra.job_args import RunPaths, run_paths, torchrun_command, trainer_flags
 from infra.job_manifest import elastic_policy
+from infra.memory_fit import parallelism
 from trainer.config import format_args, parse_args
 
 MAX_LOCAL_NODES = 2
@@ -191,7 +192,9 @@ def plan_local_run(
         "device": device,
         "bf16": device == "cuda" and config.training.bf16,
         # Hybrid sharding shards within a node (one agent here) and replicates across them.
-        "hsdp_shard_size": per_agent if config.training.sharding_strategy == "hybrid" else None,
+        "hsdp_shard_size": (
+            per_agent if parallelism(config).sharding_strategy == "hybrid" else None
+        ),
     }
     agents = []
     for index, volume in enumerate(volume_dirs(run_root, agents=agent_count)):

@@ -43,7 +43,7 @@ from infra.config.stack import (  # noqa: E402
 from infra.duration import checkpoint_seconds, estimate_duration  # noqa: E402
 from infra.gpu_lease import lease_line  # noqa: E402
 from infra.job_args import run_paths  # noqa: E402
-from infra.memory_fit import memory_fit  # noqa: E402
+from infra.memory_fit import memory_fit, parallelism  # noqa: E402
 from infra.offline import Evaluation, RecordedResource, evaluate  # noqa: E402
 from infra.policy.offline import Violation, run_policies  # noqa: E402
 from infra.policy.settings import policy_config_for  # noqa: E402
@@ -225,6 +225,7 @@ def summary_lines(config: StackConfig, evaluation: Evaluation | None = None) -> 
     training = config.training
     nodes = config.gpu_nodes
     fit = memory_fit(config)
+    chosen = parallelism(config)
     return [
         f"Nodes:  {nodes.count} x {nodes.instance_type} ({facts.gpus} x {facts.gpu_model} "
         f"{facts.gpu_memory_gib} GB, {nodes.efa_interface_count} EFA) -> "
@@ -232,7 +233,8 @@ def summary_lines(config: StackConfig, evaluation: Evaluation | None = None) -> 
         placement_line(config, evaluation),
         f"GPUs:   {lease_line(config)}",
         f"Model:  {config.model.preset} ({params:.2f}B parameters), context "
-        f"{training.context_width}, {training.sharding_strategy} sharding",
+        f"{training.context_width}, {chosen.sharding_strategy} sharding, "
+        f"{chosen.activation_checkpointing} activation checkpointing ({chosen.reason})",
         f"Batch:  {training.micro_batch_size} per GPU x {config.world_size} GPUs x "
         f"{config.gradient_accumulation_steps} accumulation = {config.global_batch_size} "
         f"sequences ({config.tokens_per_step:,} tokens) per step, {training.max_steps} steps",

@@ -212,12 +212,19 @@ class ParallelConfig:
     activation_checkpointing: bool = _flag(
         True, "Recompute activations in backward to save memory."
     )
-    ac_mode: Literal["full", "selective"] = _flag(
-        "full", "full: checkpoint every decoder layer; selective: every --ac_every-th layer."
+    ac_mode: Literal["full", "op", "selective"] = _flag(
+        "full",
+        "full: recompute every decoder layer in backward; op: keep each layer's attention and "
+        "every second matmul output, recompute the rest (torchtitan's op-level selective "
+        "checkpointing); selective: recompute every --ac_every-th layer.",
     )
     ac_every: int = _flag(2, "With --ac_mode selective, checkpoint one layer in every N.")
     cpu_offload: bool = _flag(False, "Keep sharded params, grads and optimizer state in CPU RAM.")
-    compile: bool = _flag(False, "torch.compile each decoder layer.")
+    compile: bool | None = _flag(
+        None,
+        "torch.compile each decoder layer. Unset: on with CUDA (fused kernels for the norms, "
+        "rotary and SiLU), off on CPU (minutes of C++ compilation for a short local run).",
+    )
     loss_chunk_tokens: int = _flag(
         1024,
         "Compute the loss this many token positions at a time, each slice's logits recomputed "

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -23,6 +23,7 @@ from torch.distributed.fsdp import (
     fully_shard,
 )
 from torch.distributed.tensor import DTensor, Shard
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from trainer.distributed import REPLICATE_DIM
 from trainer.log import get_logger
@@ -44,23 +45,69 @@ class ParallelPlan:
     cpu_offload: bool = False
 
 
+AC_MODES = ("full", "op", "selective")
+
+_ATTENTION_OPS = frozenset(
+    getattr(torch.ops.aten, name).default
+    for name in (
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+    )
+    if hasattr(torch.ops.aten, name)
+)
+"""SDPA's kernels (CUDA flash, memory-efficient, cuDNN; the CPU one for local runs): their
+outputs are kept, so backward never runs attention's forward again."""
+_MATMUL = torch.ops.aten.mm.default
+
+
+def _keep_attention_and_every_other_matmul() -> Any:
+    """Op-level selective checkpointing, the policy torchtitan uses for its Llama blocks: keep
+    the output of attention and of every second matmul (the projections q, v, gate and down
+    of a Llama/Mistral layer, counted in call order), recompute everything else (norms,
+    rotary, SiLU, the other matmuls). Forward and its recomputation count matmuls separately,
+    so both make the same choices (torch `utils/checkpoint.py`,
+    `create_selective_checkpoint_contexts`)."""
+    counts = {"forward": 0, "recompute": 0}
+
+    def policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        if op in _ATTENTION_OPS:
+            return CheckpointPolicy.MUST_SAVE
+        if op == _MATMUL:
+            phase = "recompute" if ctx.is_recompute else "forward"
+            counts[phase] += 1
+            if counts[phase] % 2 == 1:
+                return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
 def checkpointed_layer_indices(num_layers: int, mode: str, every: int) -> list[int]:
-    """Which decoder layers recompute their activations: all, or one in every `every`."""
-    if mode == "full":
+    """Which decoder layers are wrapped: all (full, op), or one in every `every` (selective)."""
+    if mode in ("full", "op"):
         return list(range(num_layers))
     if mode == "selective":
         return [i for i in range(num_layers) if i % every == 0]
-    raise ValueError(f"--ac_mode {mode!r} is not supported; allowed: full, selective")
+    raise ValueError(f"--ac_mode {mode!r} is not supported; allowed: {', '.join(AC_MODES)}")
 
 
 def apply_activation_checkpointing(model: nn.Module, mode: str, every: int) -> int:
-    """Wrap the chosen decoder layers in non-reentrant checkpointing; returns how many."""
+    """Wrap the chosen decoder layers in non-reentrant checkpointing; returns how many.
+
+    full and selective recompute a wrapped layer's whole forward in backward (only its input
+    is kept); op keeps what is costly to recompute (`_keep_attention_and_every_other_matmul`)
+    and recomputes the rest, for less memory than none and less recomputation than full."""
     layers = decoder_layers(model)
     chosen = checkpointed_layer_indices(len(layers), mode, every)
+    extra: dict[str, Any] = {}
+    if mode == "op":
+        extra["context_fn"] = _keep_attention_and_every_other_matmul
     for index in chosen:
         # preserve_rng_state=False: these models have no dropout in training, and saving the
         # RNG state per layer costs a device sync.
-        layers[index] = checkpoint_wrapper(layers[index], preserve_rng_state=False)
+        layers[index] = checkpoint_wrapper(layers[index], preserve_rng_state=False, **extra)
     return len(chosen)
 
 

@@ -217,6 +217,11 @@ class Trainer:
             )
 
         # Model on the meta device, sharded, then materialised shard by shard.
+        self.compiled = (
+            cfg.parallel.compile
+            if cfg.parallel.compile is not None
+            else self.device.type == "cuda"
+        )
         self.model = build_model(self.hf_config)
         if cfg.parallel.loss_chunk_tokens:
             install_chunked_loss(self.model, cfg.parallel.loss_chunk_tokens)
@@ -229,7 +234,7 @@ class Trainer:
             activation_checkpointing=cfg.parallel.activation_checkpointing,
             ac_mode=cfg.parallel.ac_mode,
             ac_every=cfg.parallel.ac_every,
-            compile=cfg.parallel.compile,
+            compile=self.compiled,
             cpu_offload=cfg.parallel.cpu_offload,
         )
         self.fsdp = parallelize_model(self.model, self.mesh, plan)
@@ -381,6 +386,7 @@ class Trainer:
             cfg.optim.max_steps,
             self.throughput.flops_per_token,
         )
+        logger.info("%s", self.choices_line())
         if self.start.attempt > 1:
             logger.warning("%s", self.start.summary())
         # The whole configuration, so a log or metrics file explains its own run.
@@ -558,6 +564,30 @@ class Trainer:
         self.lr_scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return StepResult(loss=loss_sum, grad_norm=grad_norm, lr=lr, digest=digest)
+
+    def choices_line(self) -> str:
+        """The settings that decide GPU efficiency, and why each is what it is (issue 14)."""
+        parallel, logging_cfg = self.cfg.parallel, self.cfg.logging
+        mesh = dict(zip(self.mesh.mesh_dim_names or (), self.mesh.shape, strict=True))
+        checkpointing = (
+            f"{parallel.ac_mode}"
+            + (f" every {parallel.ac_every}" if parallel.ac_mode == "selective" else "")
+            if parallel.activation_checkpointing
+            else "off"
+        )
+        compile_why = "--compile" if parallel.compile is not None else f"{self.device.type}"
+        loss = (
+            f"chunked, {parallel.loss_chunk_tokens} tokens per slice"
+            if parallel.loss_chunk_tokens
+            else "full logits (--loss_chunk_tokens 0)"
+        )
+        return (
+            f"choices: sharding {parallel.sharding_strategy} over {mesh} | activation "
+            f"checkpointing {checkpointing} | compile {'on' if self.compiled else 'off'} "
+            f"({compile_why}) | loss {loss} | logging every {logging_cfg.logging_freq} steps, "
+            f"batch digests every {logging_cfg.digest_freq} | PYTORCH_CUDA_ALLOC_CONF="
+            f"{os.environ.get('PYTORCH_CUDA_ALLOC_CONF', '')}"
+        )
 
     def forward_backward_step(
         self, batch: dict[str, torch.Tensor], *, scale: float

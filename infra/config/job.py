@@ -47,8 +47,8 @@ RENDERED_TRAINER_FLAGS = frozenset(
         "intermediate_size", "vocab_size", "max_context_width", "init_from",
         "attn_implementation", "dataset", "dataset_config_name", "tokenizer", "text_column",
         "num_workers", "train_batch_size", "sharding_strategy", "hsdp_shard_size", "bf16",
-        "activation_checkpointing", "cpu_offload", "compile", "max_steps", "lr", "min_lr",
-        "warmup", "lr_decay_style", "weight_decay", "beta1", "beta2", "grad_clip",
+        "activation_checkpointing", "ac_mode", "cpu_offload", "compile", "max_steps", "lr",
+        "min_lr", "warmup", "lr_decay_style", "weight_decay", "beta1", "beta2", "grad_clip",
         "gradient_accumulation_steps", "seed", "checkpoint_freq", "keep_last_checkpoints",
         "logging_freq", "validation_freq", "validation_batches", "checkpoint_dir",
         "resume_from_checkpoint", "export_dir", "tensorboard_dir", "staging_dir",
@@ -346,11 +346,14 @@ class TrainingConfig(ConfigSection):
         default=1.0, ge=0, description="Clip the global gradient norm (0: off)."
     )
     seed: int = Field(default=12345, description="Seed for init, data order and dropout.")
-    sharding_strategy: Literal["full", "hybrid", "shard_grad_op", "no_shard"] = Field(
-        default="full",
+    sharding_strategy: Literal["auto", "full", "hybrid", "shard_grad_op", "no_shard"] = Field(
+        default="auto",
         description=(
             "full (ZeRO-3), hybrid (shard within a node, replicate across nodes), "
-            "shard_grad_op (ZeRO-2), no_shard (DDP-like)."
+            "shard_grad_op (ZeRO-2), no_shard (DDP-like). auto: hybrid across nodes when one "
+            "node's GPUs hold the sharded state with room to spare (gradients cross EFA once "
+            "per step instead of every micro-batch's all-gathers and reduce-scatters), else "
+            "full; the plan says which and why."
         ),
     )
     hsdp_shard_size: int | None = Field(
@@ -359,11 +362,21 @@ class TrainingConfig(ConfigSection):
         description="GPUs per shard group with hybrid sharding. Default: the GPUs of one node.",
     )
     bf16: bool = Field(default=True, description="bf16 mixed precision (fp32 master weights).")
-    activation_checkpointing: bool = Field(
-        default=True, description="Recompute activations in backward to save memory."
+    activation_checkpointing: Literal["auto", "full", "op", "off"] = Field(
+        default="auto",
+        description=(
+            "Recompute activations in backward to save memory. full: every decoder layer's "
+            "forward again (8N instead of 6N FLOPs per token); op: keep attention and every "
+            "second matmul's output, recompute the rest (torchtitan's op-level selective "
+            "checkpointing); off. auto: op when the run fits with it, else full. true/false "
+            "mean full/off."
+        ),
     )
     cpu_offload: bool = Field(default=False, description="Keep sharded state in CPU memory.")
-    compile: bool = Field(default=False, description="torch.compile each decoder layer.")
+    compile: bool | None = Field(
+        default=None,
+        description="torch.compile each decoder layer. Default: on (the GPU nodes run CUDA).",
+    )
     checkpoint_every: int = Field(
         default=500, ge=0, description="Save a checkpoint every N steps (0: only at the end)."
     )
@@ -412,6 +425,13 @@ class TrainingConfig(ConfigSection):
                     f"training.extraArgs.{flag} is set from its own stack key (or has dashes); "
                     "set that key instead of repeating the flag here"
                 )
+        return value
+
+    @field_validator("activation_checkpointing", mode="before")
+    @classmethod
+    def _switch_means_full_or_off(cls, value: object) -> object:
+        if isinstance(value, bool):
+            return "full" if value else "off"
         return value
 
     @model_validator(mode="after")

@@ -200,12 +200,12 @@ BAD_CONFIGS: list[tuple[str, dict[str, Any], str]] = [
     (
         "shard size without hybrid sharding",
         with_(training={"hsdpShardSize": 8}),
-        "training.hsdpShardSize applies only to training.shardingStrategy hybrid, not 'full'",
+        "training.hsdpShardSize applies only to training.shardingStrategy hybrid, not 'auto'",
     ),
     (
         "unknown sharding strategy",
         with_(training={"shardingStrategy": "zero3"}),
-        "training.shardingStrategy = 'zero3': input should be 'full', 'hybrid', "
+        "training.shardingStrategy = 'zero3': input should be 'auto', 'full', 'hybrid', "
         "'shard_grad_op' or 'no_shard'",
     ),
     (

@@ -17,7 +17,7 @@ def test_table_lists_every_section_and_nested_key() -> None:
     for name, field in StackConfig.model_fields.items():
         assert f"### `fsdp-eks:{field.alias or name}`" in table
     assert "| `gpuNodes.instanceType` | str | **required** |" in table
-    assert '| `training.shardingStrategy` | "full" \\| "hybrid"' in table
+    assert '| `training.shardingStrategy` | "auto" \\| "full" \\| "hybrid"' in table
     assert "| `gpuNodes.capacity.reservationId` |" in table
     assert "| `gpuNodes.taints[].effect` |" in table
     assert "| `job.shmSizeGiB` |" in table

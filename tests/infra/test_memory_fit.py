@@ -16,6 +16,7 @@ import pytest
 
 from infra.config import StackConfigError, parse_stack_config
 from infra.config.stack import config_warnings, load_stack_file
+from infra.job_args import trainer_flags
 from infra.memory_fit import (
     GIB,
     NEAR_LIMIT,
@@ -24,7 +25,8 @@ from infra.memory_fit import (
     host_state_bytes,
     memory_fit,
     memory_warnings,
-    run_shape,
+    parallelism,
+    shard_size,
 )
 from trainer.presets import approx_num_parameters, get_preset
 
@@ -84,7 +86,7 @@ def test_a_hybrid_run_that_cannot_fit_names_full_sharding_checkpointing_and_the_
     assert "has 40 GiB" in message
     for option in (
         "training.shardingStrategy: full (shards over all 16 GPUs) -> ~",
-        "training.activationCheckpointing: true (every layer) -> ~",
+        "training.activationCheckpointing: full (every layer) -> ~",
         "training.microBatchSize: 1 (instead of 2) -> ~",
     ):
         assert option in message
@@ -177,13 +179,13 @@ def test_checkpointing_keeps_only_each_layers_input() -> None:
     assert full < half < none
 
 
-def test_selective_checkpointing_counts_the_layers_the_trainer_wraps() -> None:
-    """trainer.parallelize.checkpointed_layer_indices: layers i with i % every == 0."""
-    config = parse(
-        model={"preset": "llama3.2-1b", "numLayers": 5},
-        training={"extraArgs": {"ac_mode": "selective", "ac_every": 2}},
-    )
-    assert run_shape(config).checkpointed_layers == 3  # layers 0, 2, 4
+def test_the_checkpointing_mode_is_the_stack_key_not_an_extra_flag() -> None:
+    """`--ac_mode` is rendered from training.activationCheckpointing (infra.job_args)."""
+    with pytest.raises(StackConfigError, match=r"training.extraArgs.ac_mode is set from its own"):
+        parse(
+            model={"preset": "llama3.2-1b", "numLayers": 5},
+            training={"extraArgs": {"ac_mode": "selective", "ac_every": 2}},
+        )
 
 
 def test_cpu_offload_leaves_no_sharded_state_on_the_gpu() -> None:
@@ -196,3 +198,58 @@ def test_host_state_is_every_local_gpus_offloaded_share() -> None:
     config = parse(model={"preset": "llama3.2-1b"}, training={"microBatchSize": 1})
     params = approx_num_parameters(config.model_shape())
     assert host_state_bytes(config) == pytest.approx(16 * params, rel=0.001)
+
+
+FOUR_A10G = {"instanceType": "g5.12xlarge", "count": 1}
+
+
+@pytest.mark.parametrize(("micro_batch", "mode"), [(4, "op"), (8, "full")])
+def test_auto_checkpointing_is_op_level_until_only_full_fits(micro_batch: int, mode: str) -> None:
+    """op keeps more than full: at 8 x 4096 tokens on an A10G only full leaves room."""
+    config = parse(
+        gpuNodes=FOUR_A10G,
+        model={"preset": "llama3.2-1b"},
+        training={"microBatchSize": micro_batch, "contextWidth": 4096},
+    )
+    chosen = parallelism(config)
+    assert (chosen.sharding_strategy, chosen.activation_checkpointing) == ("full", mode)
+    assert chosen.reason.startswith("auto: fits in")
+    assert memory_fit(config).share <= NEAR_LIMIT
+    flags = trainer_flags(config)
+    assert (flags["activation_checkpointing"], flags["ac_mode"]) == (True, mode)
+
+
+def test_across_nodes_auto_shards_within_a_node_when_a_node_holds_the_state() -> None:
+    shipped = load_stack_file("llama31-8b-p5")
+    assert shipped.training.sharding_strategy == "auto"
+    chosen = parallelism(shipped)
+    assert (chosen.sharding_strategy, chosen.activation_checkpointing) == ("hybrid", "op")
+    assert shard_size(shipped) == 8  # one p5's GPUs; replicated over the 4 nodes
+    assert trainer_flags(shipped)["sharding_strategy"] == "hybrid"
+
+
+def test_a_model_one_node_cannot_hold_is_fully_sharded_across_nodes() -> None:
+    config = parse(
+        gpuNodes={"instanceType": "p4d.24xlarge", "count": 8},
+        storage={"fsx": {"existingClaimName": "team-lustre"}},
+        model={"preset": "llama3.1-70b"},
+        training={"microBatchSize": 1, "contextWidth": 2048},
+        job={"maxRunHours": 2},
+    )
+    assert parallelism(config).sharding_strategy == "full"
+
+
+@pytest.mark.parametrize(
+    ("value", "mode", "flag"), [(True, "full", True), (False, "off", False), ("op", "op", True)]
+)
+def test_set_keys_are_kept_and_switches_mean_full_or_off(value: Any, mode: str, flag: bool) -> None:
+    config = parse(
+        gpuNodes=FOUR_A10G,
+        model={"preset": "llama3.2-1b", "numLayers": 2},
+        training={"activationCheckpointing": value, "shardingStrategy": "full"},
+    )
+    assert parallelism(config).activation_checkpointing == mode
+    assert parallelism(config).reason == "as set"
+    flags = trainer_flags(config)
+    assert flags["activation_checkpointing"] is flag
+    assert flags["ac_mode"] == (mode if flag else None)

@@ -110,7 +110,7 @@ def test_a_model_whose_forward_adds_a_router_loss_is_refused_with_the_flag() -> 
         install_chunked_loss(MixtralForCausalLM(config), 128)
 
 
-def _losses(assets: TinyAssets, tmp_path: Path, chunk: int) -> list[float]:
+def _losses(assets: TinyAssets, tmp_path: Path, chunk: int) -> tuple[list[float], str]:
     metrics = tmp_path / f"metrics-{chunk}.jsonl"
     args = tiny_args(
         assets,
@@ -126,13 +126,19 @@ def _losses(assets: TinyAssets, tmp_path: Path, chunk: int) -> list[float]:
     finally:
         run.close()
     records: list[dict[str, Any]] = [json.loads(line) for line in metrics.read_text().splitlines()]
-    return [r["loss"] for r in records if r.get("kind") == "train"]
+    return [r["loss"] for r in records if r.get("kind") == "train"], run.choices_line()
 
 
 def test_the_trainer_trains_the_same_with_either_loss(
     tiny_assets: TinyAssets, tmp_path: Path
 ) -> None:
-    chunked = _losses(tiny_assets, tmp_path, 50)  # 4 x 64 tokens: 6 slices per micro-batch
-    plain = _losses(tiny_assets, tmp_path, 0)
+    chunked, chunked_line = _losses(tiny_assets, tmp_path, 50)  # 4 x 64 tokens: 6 slices
+    plain, plain_line = _losses(tiny_assets, tmp_path, 0)
     assert len(chunked) == len(plain) == 4
     assert chunked == pytest.approx(plain, rel=1e-5)
+    # The startup line says which loss ran, and the other choices with their reasons.
+    assert "loss chunked, 50 tokens per slice" in chunked_line
+    assert "loss full logits (--loss_chunk_tokens 0)" in plain_line
+    assert "compile off (cpu)" in chunked_line  # unset: on with CUDA only
+    assert "activation checkpointing off" in chunked_line
+    assert "logging every 1 steps, batch digests every 1" in chunked_line
