@@ -218,9 +218,7 @@ class Trainer:
 
         # Model on the meta device, sharded, then materialised shard by shard.
         self.compiled = (
-            cfg.parallel.compile
-            if cfg.parallel.compile is not None
-            else self.device.type == "cuda"
+            cfg.parallel.compile if cfg.parallel.compile is not None else self.device.type == "cuda"
         )
         self.model = build_model(self.hf_config)
         if cfg.parallel.loss_chunk_tokens:
