@@ -1,5 +1,6 @@
 """Training throughput of a model preset on this machine: tokens/s (total and per GPU) and MFU.
 
+    python scripts/bench_trainer.py --matrix          # the GPU matrix into docs/benchmarks.md
     torchrun --nproc_per_node=1 scripts/bench_trainer.py --model llama3.2-3b --seq_len 4096 \
         --batch_size 2 --steps 20 --warmup_steps 5 --compile 1 --activation_checkpointing 0
     python scripts/bench_trainer.py --model tiny --seq_len 256 --batch_size 4 --device cpu
@@ -33,7 +34,9 @@ if __package__ in (None, ""):
 
 import torch
 
-from trainer.config import parse_switch
+from scripts.bench_matrix import DOCS, MATRIX_BATCH_SIZE, run_matrix
+from scripts.bench_matrix import MODELS as MATRIX_MODELS
+from trainer.config import TrainConfig, parse_switch
 from trainer.distributed import (
     DistInfo,
     all_reduce_max,
@@ -44,6 +47,7 @@ from trainer.distributed import (
     shutdown,
 )
 from trainer.log import get_logger, setup_logging
+from trainer.loss import install_chunked_loss
 from trainer.metrics import (
     ThroughputModel,
     flops_per_token,
@@ -52,7 +56,7 @@ from trainer.metrics import (
 )
 from trainer.models import build_model, hf_config_from, materialize
 from trainer.optim import build_optimizer
-from trainer.parallelize import ParallelPlan, parallelize_model, parameter_device
+from trainer.parallelize import AC_MODES, ParallelPlan, parallelize_model, parameter_device
 from trainer.presets import PRESETS, get_preset
 from trainer.train import clip_grad_norm_
 
@@ -67,9 +71,14 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     add = parser.add_argument
-    add("--model", required=True, help=f"Model preset: {', '.join(PRESETS)}.")
+    add("--model", default=None, help=f"Model preset: {', '.join(PRESETS)}.")
     add("--seq_len", type=int, default=4096, help="Tokens per sequence.")
-    add("--batch_size", type=int, default=1, help="Sequences per GPU per step (micro-batch).")
+    add(
+        "--batch_size",
+        type=int,
+        default=None,
+        help="Sequences per GPU per step (micro-batch); default 1, with --matrix 2.",
+    )
     add("--steps", type=int, default=20, help="Timed steps.")
     add("--warmup_steps", type=int, default=5, help="Untimed steps first (compile, allocator).")
     add("--compile", type=parse_switch, default=False, help="torch.compile each decoder layer.")
@@ -79,7 +88,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=False,
         help="Recompute activations in backward (saves memory, costs ~1/3 more compute).",
     )
-    add("--ac_mode", choices=("full", "selective"), default="full", help="Which layers recompute.")
+    add(
+        "--ac_mode",
+        choices=AC_MODES,
+        default="full",
+        help="full: every layer; op: keep attention and every second matmul; selective: "
+        "every --ac_every-th layer (trainer.parallelize).",
+    )
+    add(
+        "--loss_chunk_tokens",
+        type=int,
+        default=TrainConfig().parallel.loss_chunk_tokens,
+        help="As the trainer's flag: the loss in slices of this many positions; 0: whole.",
+    )
     add("--ac_every", type=int, default=2, help="With --ac_mode selective: one layer in N.")
     add(
         "--sharding_strategy",
@@ -100,14 +121,54 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--seed", type=int, default=0, help="Seed for initial weights and synthetic tokens.")
     add("--json_out", type=Path, default=None, help="Also append the JSON line to this file.")
+    matrix = parser.add_argument_group("matrix", "One command for the whole GPU table.")
+    matrix.add_argument(
+        "--matrix",
+        type=parse_switch,
+        nargs="?",
+        const=True,
+        default=False,
+        help="Run every model x compile x activation-checkpointing cell (one process each) "
+        "and write the table into --docs.",
+    )
+    matrix.add_argument(
+        "--matrix_models",
+        type=_comma_list,
+        default=None,
+        help=f"Comma-separated presets (default: {','.join(MATRIX_MODELS)}).",
+    )
+    matrix.add_argument(
+        "--matrix_compile",
+        type=lambda text: [parse_switch(v) for v in _comma_list(text)],
+        default=[False, True],
+        help="Comma-separated compile settings to run (default: 0,1).",
+    )
+    matrix.add_argument("--docs", type=Path, default=DOCS, help="Markdown file for the table.")
+    matrix.add_argument("--cell_timeout", type=int, default=900, help="Seconds one cell may take.")
     return parser
+
+
+def _comma_list(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.model not in PRESETS:
+    if args.batch_size is None:
+        args.batch_size = MATRIX_BATCH_SIZE if args.matrix else 1
+    if args.matrix:
+        unknown = [m for m in args.matrix_models or [] if m not in PRESETS]
+        if unknown:
+            parser.error(
+                f"--matrix_models {unknown[0]!r} is not a preset; allowed: {', '.join(PRESETS)}"
+            )
+    elif args.model is None:
+        parser.error("--model is required (or --matrix)")
+    elif args.model not in PRESETS:
         parser.error(f"--model {args.model!r} is not a preset; allowed: {', '.join(PRESETS)}")
+    if args.loss_chunk_tokens < 0:
+        parser.error(f"--loss_chunk_tokens must be >= 0, got {args.loss_chunk_tokens}")
     for flag in ("seq_len", "batch_size", "steps", "ac_every"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag} must be >= 1, got {getattr(args, flag)}")
@@ -136,6 +197,8 @@ class BenchResult:
     dtype: str
     compile: bool
     activation_checkpointing: bool
+    ac_mode: str
+    loss_chunk_tokens: int
     sharding_strategy: str
     steps: int
     warmup_steps: int
@@ -157,7 +220,12 @@ class BenchResult:
             ("model", f"{self.model} ({self.params / 1e9:.3f}B params, {self.num_layers} layers)"),
             ("device", f"{self.world_size} x {self.device}"),
             ("precision", self.dtype),
-            ("compile / AC", f"{int(self.compile)} / {int(self.activation_checkpointing)}"),
+            (
+                "compile / AC",
+                f"{int(self.compile)} / "
+                + (self.ac_mode if self.activation_checkpointing else "off"),
+            ),
+            ("loss", f"slices of {self.loss_chunk_tokens}" if self.loss_chunk_tokens else "whole"),
             ("sharding", self.sharding_strategy),
             ("batch", f"{self.batch_size} x {self.seq_len} tokens per GPU"),
             ("steps", f"{self.steps} timed after {self.warmup_steps} warm-up"),
@@ -197,6 +265,8 @@ def run_benchmark(args: argparse.Namespace, info: DistInfo) -> BenchResult:
     )
     hf_config = hf_config_from(shape)
     model = build_model(hf_config)  # meta device: no memory yet
+    if args.loss_chunk_tokens:
+        install_chunked_loss(model, args.loss_chunk_tokens)
     mesh = build_mesh(info, args.sharding_strategy)
     plan = ParallelPlan(
         sharding_strategy=args.sharding_strategy,
@@ -286,6 +356,8 @@ def run_benchmark(args: argparse.Namespace, info: DistInfo) -> BenchResult:
         dtype="bf16 compute, fp32 master/reduce" if args.bf16 else "fp32",
         compile=args.compile,
         activation_checkpointing=args.activation_checkpointing,
+        ac_mode=args.ac_mode,
+        loss_chunk_tokens=args.loss_chunk_tokens,
         sharding_strategy=args.sharding_strategy,
         steps=args.steps,
         warmup_steps=args.warmup_steps,
@@ -304,6 +376,8 @@ def run_benchmark(args: argparse.Namespace, info: DistInfo) -> BenchResult:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.matrix:
+        return run_matrix(args)
     info = init_distributed(args.device, cpu_offload=args.cpu_offload)
     setup_logging(info.rank)
     try:

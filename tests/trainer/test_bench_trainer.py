@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from scripts import bench_trainer
+from scripts import bench_matrix, bench_trainer
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--model", "tiny", "--seq_len", "32", "--batch_size", "2", "--device", "cpu"]
@@ -146,3 +146,56 @@ def test_offloaded_parameters_live_in_cpu_memory_whatever_the_compute_device():
     gpu = torch.device("cuda", 5)
     assert parameter_device(ParallelPlan(cpu_offload=True), gpu) == torch.device("cpu")
     assert parameter_device(ParallelPlan(cpu_offload=False), gpu) == gpu
+
+
+def test_the_matrix_runs_every_cell_and_writes_the_table_into_the_docs(tmp_path):
+    """`--matrix` on CPU with the tiny preset: one process per compile x AC cell, the table
+    between the markers of the docs file (kept text around it), one JSON line per cell."""
+    docs = tmp_path / "benchmarks.md"
+    docs.write_text(
+        f"# Benchmarks\n\nbefore\n\n{bench_matrix.START}\nold\n{bench_matrix.END}\n\nafter\n"
+    )
+    json_out = tmp_path / "matrix.jsonl"
+    argv = [
+        "--matrix",
+        "--matrix_models", "tiny",
+        "--matrix_compile", "0",
+        "--seq_len", "32", "--steps", "1", "--warmup_steps", "0", "--num_layers", "2",
+        "--device", "cpu", "--bf16", "0",
+        "--docs", str(docs), "--json_out", str(json_out),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_trainer.py"), *argv],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
+    text = docs.read_text()
+    assert text.startswith("# Benchmarks\n\nbefore\n") and text.endswith("\n\nafter\n")
+    assert "old" not in text
+    rows = [line for line in text.splitlines() if line.startswith("| tiny |")]
+    assert [row.split(" | ")[1:3] for row in rows] == [
+        ["off", "off"],
+        ["off", "op"],
+        ["off", "full"],
+    ]
+    assert "--matrix" in text and "2 x 32 tokens per GPU" in text
+    results = [json.loads(line) for line in json_out.read_text().splitlines()]
+    assert [(r["cell"]["ac"], r["activation_checkpointing"], r["ac_mode"]) for r in results] == [
+        ("off", False, "full"),
+        ("op", True, "op"),
+        ("full", True, "full"),
+    ]
+    assert all(r["batch_size"] == bench_matrix.MATRIX_BATCH_SIZE for r in results)
+
+
+def test_a_failed_cell_is_a_row_that_says_why():
+    cell = bench_matrix.Cell("llama3.2-3b", True, "off")
+    table = bench_matrix.table([(cell, {"error": "torch.OutOfMemoryError: CUDA out of memory"})])
+    assert "| llama3.2-3b | on | off | failed: torch.OutOfMemoryError" in table
+
+
+def test_the_matrix_refuses_an_unknown_model(capsys):
+    with pytest.raises(SystemExit):
+        bench_trainer.parse_args(["--matrix", "--matrix_models", "llama9"])
+    assert "--matrix_models 'llama9' is not a preset" in capsys.readouterr().err

@@ -65,3 +65,111 @@ def test_a_fully_sharded_step_gathers_each_layer_twice_and_the_root_once(
     assert counts["c10d._allgather_base_"] == 2 * layers
     # One reduce-scatter of gradients per FSDP unit: every layer and the root.
     assert counts["c10d._reduce_scatter_base_"] == layers + 1
+
+
+TRAFFIC_SCRIPT = """
+import json, sys
+import torch
+import torch.distributed as dist
+from trainer.distributed import build_mesh, exit_without_finalization, init_distributed
+from trainer.models import build_model, hf_config_from, materialize
+from trainer.parallelize import ParallelPlan, parallelize_model
+from trainer.presets import get_preset
+
+strategy, accumulation = sys.argv[1], int(sys.argv[2])
+info = init_distributed("cpu")
+NODE = 2  # ranks per simulated node: {0, 1} and {2, 3}
+calls = []
+
+def recorder(name, real):
+    def record(*args, **kwargs):
+        position = 0 if name == "all_reduce" else 1
+        tensor = kwargs["input"] if "input" in kwargs else args[position]
+        group = kwargs.get("group") or (args[2] if len(args) > 2 else None)
+        ranks = dist.get_process_group_ranks(group) if group is not None else list(range(4))
+        calls.append((name, sorted({r // NODE for r in ranks}), len(ranks),
+                      tensor.numel() * tensor.element_size()))
+        return real(*args, **kwargs)
+    return record
+
+for name in ("all_gather_single", "all_gather_into_tensor", "reduce_scatter_single",
+             "reduce_scatter_tensor", "all_reduce"):
+    if hasattr(dist, name):
+        setattr(dist, name, recorder(name, getattr(dist, name)))
+
+config = hf_config_from(get_preset("tiny"))
+model = build_model(config)
+mesh = build_mesh(info, strategy, NODE if strategy == "hybrid" else 0)
+parallelize_model(model, mesh, ParallelPlan(sharding_strategy=strategy, bf16=False))
+materialize(model, device=torch.device("cpu"), buffer_device=torch.device("cpu"), seed=0)
+ids = torch.randint(0, config.vocab_size, (2, 16))
+
+def step():
+    for micro in range(accumulation):
+        if strategy == "hybrid":  # as trainer.train: replicas all-reduce once per step
+            model.set_requires_all_reduce(micro == accumulation - 1)
+        model(input_ids=ids, labels=ids).loss.backward()
+
+step()  # warm-up: lazy init
+calls.clear()
+step()
+if dist.get_rank() == 0:
+    print("CALLS " + json.dumps(calls))
+dist.destroy_process_group()
+exit_without_finalization(0)
+"""
+
+# Per-rank bytes on the wire of a ring collective over n ranks, per byte of its argument:
+# all-gather sends n-1 shards, reduce-scatter (n-1)/n of its input, all-reduce twice that.
+RING_FACTOR = {
+    "all_gather_single": lambda n: n - 1,
+    "all_gather_into_tensor": lambda n: n - 1,
+    "reduce_scatter_single": lambda n: (n - 1) / n,
+    "reduce_scatter_tensor": lambda n: (n - 1) / n,
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+}
+
+
+def _collectives(tmp_path: Path, strategy: str, accumulation: int) -> list[list]:
+    script = tmp_path / f"traffic-{strategy}.py"
+    script.write_text(TRAFFIC_SCRIPT)
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc_per_node=4", f"--master_port={free_port()}", str(script),
+            strategy, str(accumulation),
+        ],
+        capture_output=True, text=True, timeout=240, check=False,
+        cwd=Path(__file__).resolve().parents[2],
+        env={**__import__("os").environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    [line] = [line for line in done.stdout.splitlines() if line.startswith("CALLS ")]
+    return json.loads(line.removeprefix("CALLS "))
+
+
+def _cross_node_bytes(calls: list[list]) -> float:
+    return sum(RING_FACTOR[name](n) * size for name, nodes, n, size in calls if len(nodes) > 1)
+
+
+def test_hybrid_sharding_keeps_per_micro_batch_traffic_inside_the_node(tmp_path: Path) -> None:
+    """Two simulated nodes of two ranks, four micro-batches per step (issue 14, hazard 5):
+    full sharding all-gathers and reduce-scatters across the nodes on every micro-batch;
+    HSDP does both within a node and crosses nodes only with one all-reduce of each unit's
+    gradient shard per step, so the inter-node bytes drop by more than the accumulation
+    factor twice over."""
+    accumulation = 4
+    full = _collectives(tmp_path, "full", accumulation)
+    hybrid = _collectives(tmp_path, "hybrid", accumulation)
+    units = 4 + 1  # the tiny preset's decoder layers and the root
+    # Full: every all-gather and reduce-scatter spans both nodes, every micro-batch.
+    assert all(len(nodes) == 2 for _, nodes, _, _ in full)
+    assert sum(name.startswith("reduce_scatter") for name, *_ in full) == accumulation * units
+    # Hybrid: gathers and reduce-scatters stay in a node; across nodes, one all-reduce per
+    # unit per step (not per micro-batch).
+    across = [call for call in hybrid if len(call[1]) > 1]
+    assert {name for name, *_ in across} == {"all_reduce"}
+    assert len(across) == units
+    assert all(len(nodes) == 1 for name, nodes, _, _ in hybrid if name != "all_reduce")
+    ratio = _cross_node_bytes(full) / _cross_node_bytes(hybrid)
+    assert ratio > 2 * accumulation, ratio
