@@ -23,6 +23,12 @@ from trainer.data.sources import AnyDataset, Corpus, DataConfigError
 DEFAULT_HELDOUT_FRACTION = 0.01
 # A resumed map-style epoch re-reads at most 1/RESUME_SHARDS of this rank's part to find its place.
 RESUME_SHARDS = 64
+MAP_BATCH_DOCUMENTS = 64
+"""Documents tokenised per call. `datasets`' default (1000) makes each call a burst that
+blocks the read-ahead thread for about a second (the audit of issue 14, a 1B model's step is
+~0.1 s on an H100), longer than the two-batch read-ahead covers; 64 documents are ~1/16 of
+that, and the tokenizer's batching gains little beyond a few dozen texts. Measured with
+`scripts/bench_loader.py` (docs/benchmarks.md)."""
 
 
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
@@ -116,6 +122,7 @@ class DocumentPlan:
         tokens = docs.map(
             self._tokenizer_for(heldout),
             batched=True,
+            batch_size=MAP_BATCH_DOCUMENTS,
             remove_columns=docs.column_names or [self.text_column],
         )
         if epoch is not None:
