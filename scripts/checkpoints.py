@@ -17,14 +17,19 @@ import argparse
 import json
 import re
 import sys
+import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
+
+import click
 
 if __package__ in (None, ""):  # run as a script: make `scripts.*` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from scripts.run_target import TargetError, add_target_arguments, resolve, split_s3_uri
+from scripts.s3_download import download_prefix
 
 COMPLETE_MARKER = "COMPLETE"  # trainer.checkpoint.COMPLETE_MARKER (not imported: it needs torch)
 EXPORT_DIR = "export"
@@ -92,9 +97,16 @@ def pick(checkpoints: list[Checkpoint], which: str) -> Checkpoint:
 
 
 def download(
-    client: Any, uri: str, checkpoint: Checkpoint, dest: Path, *, allow_incomplete: bool = False
+    client: Any,
+    uri: str,
+    checkpoint: Checkpoint,
+    dest: Path,
+    *,
+    allow_incomplete: bool = False,
+    progress: Callable[[int], None] | None = None,
 ) -> list[Path]:
-    """Copy every object of `checkpoint` to `dest/<name>/`, keeping the layout."""
+    """Copy every object of `checkpoint` to `dest/<name>/`, keeping the layout, several
+    objects at a time (`scripts.s3_download`); `progress(bytes)` per file."""
     if not checkpoint.complete and not allow_incomplete:
         raise TargetError(
             f"{checkpoint.name} has no {COMPLETE_MARKER} marker (a save or export in progress); "
@@ -102,18 +114,7 @@ def download(
         )
     bucket, prefix = split_s3_uri(uri)
     base = f"{prefix}/{checkpoint.name}/" if prefix else f"{checkpoint.name}/"
-    target_root = dest / checkpoint.name
-    written = []
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=base):
-        for item in page.get("Contents", []):
-            relative = PurePosixPath(item["Key"][len(base) :])
-            if not relative.parts or ".." in relative.parts:
-                continue  # a key that would escape the destination
-            path = target_root.joinpath(*relative.parts)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            client.download_file(bucket, item["Key"], str(path))
-            written.append(path)
-    return written
+    return download_prefix(client, bucket, base, dest / checkpoint.name, progress=progress)
 
 
 def _size(num: int) -> str:
@@ -161,9 +162,23 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{uri}\n{format_table(checkpoints)}")
             return 0
         checkpoint = pick(checkpoints, options.which)
-        files = download(
-            client, uri, checkpoint, options.dest, allow_incomplete=options.allow_incomplete
-        )
+        with click.progressbar(
+            length=checkpoint.bytes, label=checkpoint.name, file=sys.stderr
+        ) as bar:
+            lock = threading.Lock()
+
+            def landed(size: int) -> None:
+                with lock:
+                    bar.update(size)
+
+            files = download(
+                client,
+                uri,
+                checkpoint,
+                options.dest,
+                allow_incomplete=options.allow_incomplete,
+                progress=landed,
+            )
     except TargetError as error:
         print(f"checkpoints: {error}", file=sys.stderr)
         return 2

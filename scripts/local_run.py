@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         require_semantics(config, source=str(args.stack))
     except (StackConfigError, FileNotFoundError) as err:
         print(err, file=sys.stderr)
-        return 1
+        return 2
     stack_name = Path(args.stack).name.removeprefix("Pulumi.").removesuffix(".yaml")
     out_dir = args.out.resolve()
     # Each local run starts from scratch; only the generated corpus and tokenizer are reused.

@@ -361,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         except (StackConfigError, FileNotFoundError) as err:
             # A bad stack, or one that does not exist (the message lists the stacks there are).
             print(f"plan: {err}" if isinstance(err, FileNotFoundError) else err, file=sys.stderr)
-            status = 1
+            status = 2  # a user's mistake; 1 is a plan the guardrails refuse
     return status
 
 

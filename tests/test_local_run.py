@@ -231,9 +231,9 @@ def test_a_stack_the_plan_refuses_fails_locally_with_the_plans_message(
     stack_file = tmp_path / "Pulumi.g5-late.yaml"
     stack_file.write_text(yaml.safe_dump(shipped))
 
-    assert offline_plan.main([str(stack_file)]) == 1
+    assert offline_plan.main([str(stack_file)]) == 2
     plan_error = capsys.readouterr().err
-    assert local_run.main([str(stack_file), "--out", str(tmp_path / "out"), "--quiet"]) == 1
+    assert local_run.main([str(stack_file), "--out", str(tmp_path / "out"), "--quiet"]) == 2
     local_error = capsys.readouterr().err
     assert local_error == plan_error
     assert "job.maxRunHours 0.05" in local_error
@@ -243,7 +243,7 @@ def test_a_stack_the_plan_refuses_fails_locally_with_the_plans_message(
 def test_an_unknown_stack_is_one_line_naming_the_stacks(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert local_run.main(["llama-typo", "--out", str(tmp_path)]) == 1
+    assert local_run.main(["llama-typo", "--out", str(tmp_path)]) == 2
     error = capsys.readouterr().err
     assert "no stack file" in error and "stacks: dev, " in error and "Traceback" not in error
 

@@ -100,7 +100,7 @@ def test_plan_of_a_bad_stack_prints_its_problems_and_fails(
                         "fsdp-eks:training": {"contextWidth": 200000}}}
         )
     )  # fmt: skip
-    assert plan.main([str(bad)]) == 1
+    assert plan.main([str(bad)]) == 2
     captured = capsys.readouterr()
     assert "Pulumi.bad.yaml is invalid" in captured.err
     assert "training.contextWidth 200000 is longer than" in captured.err
@@ -122,7 +122,7 @@ def test_plan_timing_table(capsys: pytest.CaptureFixture[str]) -> None:
 def test_an_unknown_stack_is_one_line_listing_the_stacks(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert plan.main(["nonexistent"]) == 1
+    assert plan.main(["nonexistent"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("plan: no stack file ") and "stacks: dev, " in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
