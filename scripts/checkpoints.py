@@ -51,7 +51,9 @@ def s3_client() -> Any:
     """A boto3 S3 client; AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_S3 point it elsewhere (tests)."""
     import boto3
 
-    return boto3.client("s3")
+    # A session of its own: boto3's default session keeps the first credentials it resolved
+    # for the life of the process, whatever the environment says later.
+    return boto3.session.Session().client("s3")
 
 
 def list_checkpoints(client: Any, uri: str) -> list[Checkpoint]:

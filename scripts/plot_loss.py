@@ -140,7 +140,7 @@ def fetch_s3(uri: str, directory: Path) -> Path:
 
     bucket, key = split_s3_uri(uri)
     local = directory / Path(key).name
-    boto3.client("s3").download_file(bucket, key, str(local))
+    boto3.session.Session().client("s3").download_file(bucket, key, str(local))
     return local
 
 

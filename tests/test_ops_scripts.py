@@ -8,6 +8,7 @@ the metrics file is written by the trainer's own JSONL sink.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import stat
@@ -296,6 +297,35 @@ def test_logs_follow_rank0_and_filter_loss_lines(
     ]
     assert logs.main(["--job", JOB_NAME, "--namespace", NAMESPACE, "--no-follow"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 4
+
+
+def test_logs_of_every_node_prefixed_and_only_errors(
+    fake_cli: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--node all` is one kubectl follow of every pod of the job, each line prefixed with
+    its pod; `--errors` keeps what a failure leaves (tracebacks, NCCL warnings)."""
+    assert logs.main(["--stack", "exp", "--node", "all", "--errors"]) == 0
+    assert capsys.readouterr().out == ""  # the fake pods' lines hold no error
+    assert calls(fake_cli)[-1] == [
+        "kubectl", "-n", NAMESPACE, "logs",
+        f"--selector=training.kubeflow.org/job-name={JOB_NAME}",
+        "-c", "pytorch", "--prefix", "--max-log-requests=64", "--follow",
+    ]  # fmt: skip
+    assert logs.main(["--stack", "exp", "--node", "1", "--no-follow"]) == 0
+    assert calls(fake_cli)[-1][4] == f"{JOB_NAME}-worker-1"
+    lines = ["[pod/w-1/pytorch] ok\n", "[pod/w-1/pytorch] Traceback (most recent call last):\n"]
+    kept = io.StringIO()
+    assert logs.copy_lines(lines, kept, only_loss=False, only_errors=True) == 1
+    assert "Traceback" in kept.getvalue()
+
+
+def test_a_node_the_job_does_not_have_is_one_line(
+    fake_cli: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert logs.main(["--stack", "exp", "--node", "9"]) == 2
+    assert "--node 9: PyTorchJob" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        logs.main(["--stack", "exp", "--node", "last"])
 
 
 # --- checkpoints (moto's S3 server) ---------------------------------------------------------

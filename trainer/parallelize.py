@@ -66,18 +66,19 @@ def _keep_attention_and_every_other_matmul() -> Any:
     """Op-level selective checkpointing, the policy torchtitan uses for its Llama blocks: keep
     the output of attention and of every second matmul (the projections q, v, gate and down
     of a Llama/Mistral layer, counted in call order), recompute everything else (norms,
-    rotary, SiLU, the other matmuls). Forward and its recomputation count matmuls separately,
-    so both make the same choices (torch `utils/checkpoint.py`,
-    `create_selective_checkpoint_contexts`)."""
-    counts = {"forward": 0, "recompute": 0}
+    rotary, SiLU, the other matmuls). The policy is asked during forward only: the
+    recomputation replays forward's decisions by op index (torch `utils/checkpoint.py`,
+    `create_selective_checkpoint_contexts`; `SelectiveCheckpointContext.is_recompute` is
+    always False in torch 2.13), and a fresh count starts with every checkpointed call."""
+    matmuls = 0
 
     def policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        nonlocal matmuls
         if op in _ATTENTION_OPS:
             return CheckpointPolicy.MUST_SAVE
         if op == _MATMUL:
-            phase = "recompute" if ctx.is_recompute else "forward"
-            counts[phase] += 1
-            if counts[phase] % 2 == 1:
+            matmuls += 1
+            if matmuls % 2 == 1:
                 return CheckpointPolicy.MUST_SAVE
         return CheckpointPolicy.PREFER_RECOMPUTE
 
