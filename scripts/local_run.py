@@ -279,6 +279,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Stack {stack_name!r}: on EKS each of {config.gpu_nodes.count} node(s) runs\n")
     print("  " + shlex.join(plan.cluster_command) + "\n")
     print(f"Here, scaled to the {plan.preset!r} preset: {describe_topology(plan)}\n")
+    print(
+        f"The data is the generated tiny corpus and tokenizer, not {config.data.dataset!r} and "
+        f"{config.data.tokenizer!r}: no download, no hfToken or other secret needed.\n"
+    )
     print("  torchrun " + shlex.join([*agent_command(plan, plan.agents[0])[3:]]) + "\n")
     if len(plan.agents) > 1:
         print(f"  (and {len(plan.agents) - 1} more agent(s) like it, joining its rendezvous)\n")

@@ -270,3 +270,32 @@ def test_two_agents_train_resume_and_checkpoint_into_one_shared_directory(
         "rank-00000.pt",
         "rank-00001.pt",
     ]
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted((REPO_ROOT / "stacks").glob("Pulumi.*.yaml")),
+    ids=lambda path: path.stem.removeprefix("Pulumi."),
+)
+def test_every_stack_rehearses_locally_without_pulumi_or_its_secrets(
+    path: Path, tmp_path: Path
+) -> None:
+    """Gated tokenizers (hfToken unset: a placeholder stands in), Hub datasets, FSx or S3:
+    the local run trains on the generated corpus and tokenizer and needs none of them."""
+    name = path.stem.removeprefix("Pulumi.")
+    config = load_stack_file(path)
+    plan = local_topology.plan_local_run(
+        config,
+        name,
+        out_dir=tmp_path,
+        assets_dir=tmp_path / "assets",
+        steps=8,
+        context=32,
+        batch_size=2,
+        device="cpu",
+        nproc=2,
+    )
+    local = parse_args(plan.local_args)
+    assert local.data.tokenizer == str(tmp_path / "assets" / "tokenizer")
+    assert local.data.dataset == str(tmp_path / "assets" / "corpus")
+    assert "HF_TOKEN" not in " ".join(plan.local_args)
