@@ -40,6 +40,7 @@ SOURCE_TREES = ("trainer",)
 EXCLUDED_NAMES = (
     ".git",
     ".venv",
+    ".venv-dev",
     "__pycache__",
     ".mypy_cache",
     ".pytest_cache",

@@ -39,7 +39,7 @@ TOOLS = {
     "pulumi": "install the Pulumi CLI (https://www.pulumi.com/docs/install/)",
     "aws": "install the AWS CLI v2 (https://docs.aws.amazon.com/cli/)",
     "tensorboard": "install TensorBoard (`pip install tensorboard`, or `python3 scripts/dev.py "
-    "setup`, whose .venv has it)",
+    "setup`, whose .venv-dev has it)",
 }
 """Programs the subcommands run, and what to do when one is missing."""
 

@@ -3,10 +3,15 @@
     python3 scripts/dev.py local   # the main job: a stack's training run, scaled to this machine
     python3 scripts/dev.py test    # lint, type check and the whole test suite
 
-Both first make `.venv/` from the project's own files: pip (new enough for PEP 735
+Both first make `.venv-dev/` from the project's own files: pip (new enough for PEP 735
 dependency groups) installs the group the command needs, every version pinned by the
 constraints that `uv export` derives from the committed `uv.lock`. The install is
 skipped when pyproject.toml and uv.lock are unchanged since the last one.
+
+`.venv/` is the deploy path's: `pulumi install` syncs it to the `infra` group alone (uv's sync
+is exact: it removes what the group lacks), and the Pulumi program, its dynamic providers and
+the policy pack run there (Pulumi.yaml). Two directories, so that neither removes the other's
+packages.
 Only the standard library is used here, because nothing else exists yet when it runs.
 """
 
@@ -21,7 +26,8 @@ import venv
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-VENV = ROOT / ".venv"
+VENV = ROOT / ".venv-dev"
+"""The development environment (trainer, infra, tests), apart from Pulumi's `.venv`."""
 MIN_PIP = "pip>=25.1"  # first pip with `--group` (PEP 735)
 UV = "uv>=0.5"
 

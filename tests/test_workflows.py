@@ -114,7 +114,7 @@ def test_pull_requests_run_the_readme_test_command_with_a_cache() -> None:
     setup = step_using(workflow, "test", "actions/setup-python")
     assert setup["with"]["cache"] == "pip" and "uv.lock" in setup["with"]["cache-dependency-path"]
     cache = step_using(workflow, "test", "actions/cache")
-    assert cache["with"]["path"] == ".venv" and "uv.lock" in cache["with"]["key"]
+    assert cache["with"]["path"] == ".venv-dev" and "uv.lock" in cache["with"]["key"]
     assert "steps.python.outputs.python-version" in cache["with"]["key"]
 
 

@@ -13,7 +13,7 @@ evaluations `tests/infra/test_stacks.py` already makes, shared through its cache
   longer fires fails too, so the list cannot outlive its reason;
 * the Helm values the program sets are checked against the keys each pinned chart accepts.
 
-checkov runs from its own environment (.venv/checkov, installed by `scripts/dev.py test`:
+checkov runs from its own environment (.venv-dev/checkov, installed by `scripts/dev.py test`:
 its pins conflict with pulumi's) and offline (`--skip-download`, BC_SKIP_MAPPING).
 """
 
@@ -40,10 +40,11 @@ from infra.autoscaler import CHART as AUTOSCALER_CHART
 from infra.config import StackConfig
 from infra.job_manifest import CONTAINER_NAME
 from infra.offline import Evaluation
+from scripts.dev import VENV
 from tests.infra.test_stacks import STACKS, stack
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-CHECKOV = REPO_ROOT / ".venv/checkov/bin/checkov"
+CHECKOV = VENV / "checkov/bin/checkov"
 PYTORCHJOB_KIND = "PyTorchJob"
 OPERATOR_LABEL_PREFIX = "training.kubeflow.org/"
 """Labels training operator v1.9 sets on the pods it creates (kubeflow/trainer v1.9.0
