@@ -42,6 +42,8 @@ class RunTarget:
     kube_context: str | None = None
     stack: str | None = None
     outputs: Mapping[str, Any] = field(default_factory=dict)
+    kubeconfig: str | None = None
+    """The stack's own cluster access (`scripts.stack_kubeconfig`), when the stack names one."""
 
     def require_job(self) -> str:
         if not self.job_name:
@@ -61,10 +63,13 @@ class RunTarget:
         return uri
 
     def kubectl(self, *args: str) -> list[str]:
-        """A kubectl command line for this run's namespace (and context, when given)."""
+        """A kubectl command line for this run's namespace, on the stack's cluster (or the
+        context given with --context; the current one only when neither is known)."""
         command = ["kubectl", "-n", self.namespace]
         if self.kube_context:
             command += ["--context", self.kube_context]
+        elif self.kubeconfig:
+            command += ["--kubeconfig", self.kubeconfig]
         return [*command, *args]
 
 
@@ -74,7 +79,10 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--job", help="PyTorchJob name (default: the stack's jobName output)")
     group.add_argument("--namespace", "-n", help="namespace (default: the stack's output)")
     group.add_argument("--s3-uri", help="checkpoint location s3://BUCKET/PREFIX")
-    group.add_argument("--context", help="kubectl context (default: the current one)")
+    group.add_argument(
+        "--context",
+        help="kubectl context (default: the stack's cluster from its outputs; else the current)",
+    )
 
 
 def read_stack_outputs(stack: str, *, cwd: Path = ROOT) -> dict[str, Any]:
@@ -171,7 +179,24 @@ def resolve(options: argparse.Namespace) -> RunTarget:
         kube_context=options.context,
         stack=options.stack,
         outputs=outputs,
+        kubeconfig=_stack_access(options.stack, outputs) if options.context is None else None,
     )
+
+
+def _stack_access(stack: str | None, outputs: Mapping[str, Any]) -> str | None:
+    """The kubeconfig of the cluster the stack's `clusterName` output names, in its region."""
+    cluster = outputs.get("clusterName")
+    if stack is None or not isinstance(cluster, str):
+        return None
+    from scripts.stack_kubeconfig import write_stack_kubeconfig
+
+    try:
+        from infra.config import read_stack_file
+
+        region = read_stack_file(stack).config.get("aws:region")
+    except FileNotFoundError:
+        region = None
+    return str(write_stack_kubeconfig(stack, cluster, region))
 
 
 def kubectl_json(target: RunTarget, *args: str) -> dict[str, Any]:

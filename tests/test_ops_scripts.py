@@ -13,6 +13,7 @@ import json
 import os
 import stat
 import sys
+import tempfile
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,8 +21,9 @@ from typing import Any
 
 import boto3
 import pytest
+import yaml
 
-from scripts import checkpoints, logs, plot_loss, status
+from scripts import checkpoints, logs, plot_loss, run_target, status
 from scripts.run_target import RunTarget, TargetError, export_uri, resolve, split_s3_uri
 from tests.s3_server import moto_s3_endpoint
 
@@ -562,3 +564,49 @@ def test_checkpoint_uri_is_derived_from_the_stack_outputs_and_fsx_settings(
     )
     assert no_fsx.require_job() == JOB_NAME
     assert no_fsx.require_checkpoint_uri() == "s3://exp-data/checkpoints/dev-1a2b"
+
+
+# --- the stack's own cluster ----------------------------------------------------------------
+
+
+def test_ops_commands_reach_the_stacks_cluster_not_the_current_context(
+    s3_endpoint: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """With a `clusterName` output, kubectl gets a kubeconfig of that cluster (endpoint and CA
+    from EKS DescribeCluster, moto's server here; the token from `aws eks get-token`) in the
+    stack file's region; an explicit --context still wins."""
+    for key, value in {
+        "AWS_ENDPOINT_URL": s3_endpoint,  # moto's server answers EKS too
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "TMPDIR": str(tmp_path),
+    }.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", None)  # TMPDIR is read again
+    eks = boto3.session.Session(region_name="us-west-2").client("eks")
+    created = eks.create_cluster(
+        name="team-gpu",
+        roleArn="arn:aws:iam::123456789012:role/eks",
+        resourcesVpcConfig={"subnetIds": ["subnet-1", "subnet-2"]},
+    )["cluster"]
+    outputs = {"clusterName": "team-gpu", "jobName": JOB_NAME, "namespace": NAMESPACE}
+    monkeypatch.setattr(run_target, "read_stack_outputs", lambda stack: outputs)
+    options = argparse.Namespace(
+        stack="llama31-8b-p5", job=None, namespace=None, s3_uri=None, context=None
+    )
+    target = run_target.resolve(options)
+    command = target.kubectl("get", "pods")
+    assert command[:5] == ["kubectl", "-n", NAMESPACE, "--kubeconfig", target.kubeconfig]
+    config_path = Path(str(target.kubeconfig))
+    assert config_path.parent == tmp_path and stat.S_IMODE(config_path.stat().st_mode) == 0o600
+    config = yaml.safe_load(config_path.read_text())
+    (cluster,) = config["clusters"]
+    assert cluster["cluster"]["server"] == created["endpoint"]
+    (user,) = config["users"]
+    assert user["user"]["exec"]["args"] == [
+        "eks", "get-token", "--cluster-name", "team-gpu", "--output", "json",
+        "--region", "us-west-2",
+    ]  # fmt: skip
+    explicit = run_target.resolve(argparse.Namespace(**{**vars(options), "context": "prod"}))
+    assert explicit.kubeconfig is None and "--context" in explicit.kubectl("get", "pods")
