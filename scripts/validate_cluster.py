@@ -351,23 +351,42 @@ class Kubectl:
         self("delete", "--ignore-not-found", "--wait=false", "-f", "-", stdin=documents)
 
 
+PROGRESS_EVERY_S = 60.0
+"""How often a waiting check says what it waits for and for how long (a check may take up to
+`--timeout`, 30 minutes by default: GPU nodes scaling up, an image pull)."""
+
+
 def wait_until(
     condition: Callable[[], str | None],
     *,
     timeout_s: float,
     interval_s: float = 10.0,
+    what: str = "the check",
+    report: Callable[[str], None] | None = None,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> str:
-    """Poll `condition` until it returns a state (not None) or `timeout_s` passes."""
-    deadline = clock() + timeout_s
+    """Poll `condition` until it returns a state (not None) or `timeout_s` passes; every
+    `PROGRESS_EVERY_S` say what is awaited and for how long (`report`, the log by default)."""
+    say = report or log.info
+    started = clock()
+    deadline = started + timeout_s
+    reported = started
     while True:
         state = condition()
         if state is not None:
             return state
-        if clock() >= deadline:
+        now = clock()
+        if now >= deadline:
             return "timeout"
+        if now - reported >= PROGRESS_EVERY_S:
+            say(f"waiting for {what}: {_minutes(now - started)} of {_minutes(timeout_s)}")
+            reported = now
         sleep(interval_s)
+
+
+def _minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
 
 
 def job_state(job: dict[str, Any]) -> str | None:
@@ -402,7 +421,9 @@ def run_gpu_check(
 ) -> CheckResult:
     name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
     state = wait_until(
-        lambda: job_state(kubectl.json("-n", namespace, "get", "job", name)), timeout_s=timeout_s
+        lambda: job_state(kubectl.json("-n", namespace, "get", "job", name)),
+        timeout_s=timeout_s,
+        what=f"job {name} (nvidia-smi on every GPU node)",
     )
     pods = kubectl.json("-n", namespace, "get", "pods", "-l", f"job-name={name}")
     reports = []
@@ -428,6 +449,7 @@ def run_nccl_check(
     state = wait_until(
         lambda: job_state(kubectl.json("-n", namespace, "get", "pytorchjob", name)),
         timeout_s=timeout_s,
+        what=f"PyTorchJob {name} (the NCCL all-reduce)",
     )
     try:
         text = kubectl("-n", namespace, "logs", f"{name}-worker-0", "-c", CONTAINER_NAME)

@@ -579,6 +579,29 @@ def test_wait_until_times_out_without_real_sleeping():
     assert wait_until(lambda: "Complete", timeout_s=30, sleep=sleep) == "Complete"
 
 
+def test_a_long_wait_says_what_it_waits_for_and_how_long():
+    """Silent for up to `--timeout` (30 minutes) before; now a line a minute."""
+    now = [0.0]
+    said: list[str] = []
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    state = wait_until(
+        lambda: "Complete" if now[0] >= 200 else None,
+        timeout_s=1800,
+        what="job v-gpu (nvidia-smi on every GPU node)",
+        report=said.append,
+        sleep=sleep,
+        clock=lambda: now[0],
+    )
+    assert state == "Complete"
+    assert said == [
+        f"waiting for job v-gpu (nvidia-smi on every GPU node): {elapsed} of 30:00"
+        for elapsed in ("1:00", "2:00", "3:00")
+    ]
+
+
 def test_job_state_reads_batch_and_pytorchjob_conditions():
     assert (
         job_state({"status": {"conditions": [{"type": "Complete", "status": "True"}]}})
