@@ -20,6 +20,7 @@ credentials, a refused config. `--debug` (before the subcommand) shows the trace
 from __future__ import annotations
 
 import functools
+import importlib
 import shutil
 import subprocess
 import sys
@@ -42,6 +43,20 @@ TOOLS = {
     "setup`, whose .venv-dev has it)",
 }
 """Programs the subcommands run, and what to do when one is missing."""
+
+
+MODULE_GROUPS = {
+    "pulumi": "infra",
+    "pulumi_aws": "infra",
+    "pulumi_kubernetes": "infra",
+    "boto3": "infra",
+    "torch": "trainer",
+    "transformers": "trainer",
+    "datasets": "trainer",
+    "matplotlib": "local",
+}
+"""Where a missing import comes from: `dev.py local` installs the trainer without Pulumi,
+`pulumi install` the infra group without torch (pyproject.toml dependency groups)."""
 
 
 class UsageError(click.ClickException):
@@ -80,12 +95,22 @@ def explain(error: BaseException) -> str | None:
         return f"AWS refused or could not be reached: {error}"
     if kind == "StackConfigError":
         return str(error)
+    if isinstance(error, ModuleNotFoundError) and error.name:
+        package = error.name.split(".")[0]
+        group = MODULE_GROUPS.get(package)
+        if group is not None:
+            return (
+                f"this command needs {package} (the `{group}` dependency group), which this "
+                "environment lacks: `python3 scripts/dev.py setup` installs every group"
+            )
     return None
 
 
-def run_script(main: Callable[[list[str]], int], argv: Sequence[str], *, debug: bool) -> None:
-    """Run a script's `main(argv)` and exit with its status; errors become one line."""
+def run_script(module: str, argv: Sequence[str], *, debug: bool) -> None:
+    """Import `scripts.<module>`, run its `main(argv)` and exit with its status; errors become
+    one line."""
     try:
+        main: Callable[[list[str]], int] = importlib.import_module(f"scripts.{module}").main
         status = main(list(argv))
     except SystemExit as done:
         status = done.code if isinstance(done.code, int) else (0 if done.code is None else 2)
@@ -147,8 +172,7 @@ def _script_command(
             )
         if chosen is not None:
             args = [chosen, *args] if positional else ["--stack", chosen, *args]
-        main = __import__(f"scripts.{module}", fromlist=["main"]).main
-        run_script(main, args, debug=bool(context.obj))
+        run_script(module, args, debug=bool(context.obj))
 
     del command
 

@@ -7,6 +7,7 @@ stderr and catches the exit status the way a shell sees it.
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import json
 import tomllib
@@ -115,6 +116,23 @@ def no_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 def test_no_aws_credentials_is_one_line(no_credentials: None) -> None:
     assert_one_line_mistake(
         invoke("checkpoints", "--s3-uri", RUN, "list"), "no AWS credentials: run `aws configure`"
+    )
+
+
+def test_a_command_whose_dependency_group_is_missing_says_which(
+    monkeypatch: pytest.MonkeyPatch, no_pulumi: None
+) -> None:
+    """`dev.py local` installs the trainer without Pulumi: the plan then needs the infra group."""
+    real_import = importlib.import_module
+
+    def without_pulumi(name: str, *args: Any) -> Any:
+        if name == "scripts.plan":
+            raise ModuleNotFoundError("No module named 'pulumi'", name="pulumi")
+        return real_import(name, *args)
+
+    monkeypatch.setattr("scripts.cli.importlib.import_module", without_pulumi)
+    assert_one_line_mistake(
+        invoke("plan", "-s", "dev"), "needs pulumi (the `infra` dependency group)"
     )
 
 

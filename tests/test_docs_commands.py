@@ -10,6 +10,7 @@ fails there, as it would for a user.
 from __future__ import annotations
 
 import argparse
+import importlib
 import re
 import shlex
 from pathlib import Path
@@ -61,9 +62,9 @@ def test_a_documented_command_parses(
         real(self, *args, **kwargs)
         raise ParsedError
 
-    def run_script(main: Any, argv: Any, *, debug: bool) -> None:
+    def run_script(module: str, argv: Any, *, debug: bool) -> None:
         try:
-            main(list(argv))
+            importlib.import_module(f"scripts.{module}").main(list(argv))
         except ParsedError:
             raise SystemExit(0) from None
 
