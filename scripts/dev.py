@@ -105,7 +105,7 @@ def ensure_venv(group: str) -> Path:
 
 def ensure_checkov_env(python: Path) -> None:
     """checkov's pins conflict with pulumi's (pyproject.toml, group `checkov`), so it lives in
-    its own environment, .venv/checkov, pinned by the same uv.lock; the tests run its binary."""
+    its own environment, .venv-dev/checkov, pinned by the same uv.lock; the tests run its binary."""
     env = VENV / "checkov"
     env_python = env / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
     if not env_python.exists():
