@@ -17,12 +17,15 @@ from typing import Any
 
 import boto3
 import pytest
+import yaml
 from click.testing import CliRunner, Result
 
 from scripts.cli import cli
 from tests.s3_server import moto_s3_endpoint
+from tests.test_ops_scripts import JOB_NAME, NAMESPACE, fake_cli, write_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
+__all__ = ["fake_cli"]  # the ops tests' fake kubectl and pulumi, as a fixture here
 SUBCOMMANDS = ("plan", "local", "status", "logs", "checkpoints", "validate", "plot", "tensorboard")
 RUN = "s3://cli-bucket/checkpoints/exp-1234"
 
@@ -188,3 +191,31 @@ def test_tensorboard_fetches_the_events_and_names_the_missing_server(
         invoke("tensorboard", "--s3-uri", RUN, "--dest", str(tmp_path)),
         "tensorboard is not on PATH: install TensorBoard",
     )
+
+
+def test_status_and_logs_through_the_stack_selected_in_pulumi(
+    fake_cli: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No `-s`: the stack `pulumi stack select` chose (the fake CLI answers), as `pulumi` does."""
+    monkeypatch.setattr("scripts.cli.selected_stack", lambda: "llama3-8b-p5")
+    shown = invoke("status")
+    assert shown.exit_code == 0, shown.output
+    assert f"job {JOB_NAME} ({NAMESPACE}): Running" in shown.stdout
+    followed = invoke("logs", "--loss", "--no-follow")
+    assert followed.exit_code == 0, followed.output
+    assert followed.stdout.count("Loss:") == 2
+
+
+def test_validate_renders_its_check_jobs_offline(no_pulumi: None) -> None:
+    rendered = invoke("validate", "-s", "llama31-8b-p5", "--render-only")
+    assert rendered.exit_code == 0, rendered.output
+    kinds = [doc["kind"] for doc in yaml.safe_load_all(rendered.stdout) if doc]
+    assert "PyTorchJob" in kinds and "Job" in kinds
+
+
+def test_plot_of_a_local_metrics_file(tmp_path: Path) -> None:
+    metrics = tmp_path / "metrics.jsonl"
+    write_metrics(metrics)
+    plotted = invoke("plot", str(metrics), "--out", str(tmp_path / "loss.png"))
+    assert plotted.exit_code == 0, plotted.output
+    assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
