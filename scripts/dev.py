@@ -11,7 +11,7 @@ skipped when pyproject.toml and uv.lock are unchanged since the last one.
 `.venv/` is the deploy path's: `pulumi install` syncs it to the `infra` group alone (uv's sync
 is exact: it removes what the group lacks), and the Pulumi program, its dynamic providers and
 the policy pack run there (Pulumi.yaml). Two directories, so that neither removes the other's
-packages.
+packages; `test` and `setup` sync `.venv` too, with uv as `pulumi install` would.
 Only the standard library is used here, because nothing else exists yet when it runs.
 """
 
@@ -28,6 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv-dev"
 """The development environment (trainer, infra, tests), apart from Pulumi's `.venv`."""
+DEPLOY_VENV = ROOT / ".venv"
+"""Pulumi's environment (Pulumi.yaml `virtualenv`): the infra group alone."""
 MIN_PIP = "pip>=25.1"  # first pip with `--group` (PEP 735)
 UV = "uv>=0.5"
 
@@ -122,6 +124,21 @@ def command_test(python: Path, pytest_args: list[str]) -> None:
     run(python, "-m", "pytest", *pytest_args)
 
 
+def ensure_deploy_env(python: Path) -> None:
+    """Sync Pulumi's `.venv` as `pulumi install` does (uv, the lock, the infra group alone), so
+    that the tests can start a process the way the engine starts the program's dynamic
+    providers (tests/infra/test_engine_layout.py). A no-op when it is in sync already."""
+    uv = python.parent / ("uv.exe" if os.name == "nt" else "uv")
+    print(f"[dev] syncing {DEPLOY_VENV.relative_to(ROOT)} (the infra group, as pulumi install)")
+    run(
+        uv,
+        "sync",
+        "--frozen",
+        "--quiet",
+        env={**os.environ, "UV_PROJECT_ENVIRONMENT": str(DEPLOY_VENV)},
+    )
+
+
 def command_local(python: Path, local_args: list[str]) -> None:
     run(python, "scripts/local_run.py", *local_args)
 
@@ -138,9 +155,11 @@ def main() -> None:
     if options.command == "local":
         command_local(ensure_venv("local"), options.args)
     elif options.command == "test":
-        command_test(ensure_venv("dev"), options.args)
+        python = ensure_venv("dev")
+        ensure_deploy_env(python)
+        command_test(python, options.args)
     else:
-        ensure_venv("dev")
+        ensure_deploy_env(ensure_venv("dev"))
 
 
 if __name__ == "__main__":
