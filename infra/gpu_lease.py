@@ -34,6 +34,10 @@ class NodeGroupScaling:
     min_size: int
     desired_size: int
     max_size: int
+    launch_template: str | None = None
+    """The group's launch template, when it sets the instance type: EKS then reports no
+    `instanceTypes` (API reference, `Nodegroup.instanceTypes`: "If the node group was deployed
+    with a launch template, then this is null"), common for EFA groups."""
 
 
 def lease_line(config: StackConfig) -> str:
@@ -66,7 +70,10 @@ def existing_lease_report(
     """What the existing cluster's node groups say about the job's GPU nodes: the report, and
     the warnings worth a line in `pulumi preview` (idle nodes that bill, too few to start)."""
     matching = [g for g in groups if instance_type in g.instance_types]
+    templated = [g for g in groups if not g.instance_types and g.launch_template]
     warnings: list[str] = []
+    if not matching and templated:
+        return _templated_report(instance_type, templated)
     if not matching:
         where = (
             "EKS Auto Mode or another provisioner"
@@ -107,14 +114,39 @@ def existing_lease_report(
     return "; ".join(parts), warnings
 
 
+def _templated_report(
+    instance_type: str, groups: Sequence[NodeGroupScaling]
+) -> tuple[str, list[str]]:
+    """Groups whose launch template sets the instance type: they may be the job's. The
+    template is not read (its default and the group's pinned version can differ), so each is
+    reported as a candidate and its idle nodes as a possible cost."""
+    parts, warnings = [], []
+    for group in groups:
+        sizes = f"min {group.min_size}, now {group.desired_size}, max {group.max_size}"
+        parts.append(
+            f"node group {group.name} ({sizes}) sets its instance type in launch template "
+            f"{group.launch_template} (not read here: it may be the {instance_type} group)"
+        )
+        if group.min_size:
+            warnings.append(
+                f"existing node group {group.name} (launch template {group.launch_template}) "
+                f"has minSize {group.min_size}: if it is the {instance_type} group, "
+                f"{group.min_size} node(s) bill with or without this job"
+            )
+    return "; ".join(parts), warnings
+
+
 def _scaling(result: aws.eks.GetNodeGroupResult) -> NodeGroupScaling:
     (size,) = result.scaling_configs
+    templates = result.launch_templates or []
+    template = (templates[0].name or templates[0].id) if templates else None
     return NodeGroupScaling(
         name=result.node_group_name,
         instance_types=tuple(result.instance_types or ()),
         min_size=int(size.min_size),
         desired_size=int(size.desired_size),
         max_size=int(size.max_size),
+        launch_template=template,
     )
 
 

@@ -71,7 +71,7 @@ def uv_export(python: Path, output: Path, *selection: str) -> None:
 
 
 def ensure_venv(group: str) -> Path:
-    """Create or refresh .venv so that it holds `group`, pinned to the lock file."""
+    """Create or refresh .venv-dev so that it holds `group`, pinned to the lock file."""
     python = venv_python()
     if not python.exists():
         print(f"[dev] creating {VENV.relative_to(ROOT)} with {sys.executable}", flush=True)
@@ -125,9 +125,11 @@ def command_test(python: Path, pytest_args: list[str]) -> None:
 
 
 def ensure_deploy_env(python: Path) -> None:
-    """Sync Pulumi's `.venv` as `pulumi install` does (uv, the lock, the infra group alone), so
-    that the tests can start a process the way the engine starts the program's dynamic
-    providers (tests/infra/test_engine_layout.py). A no-op when it is in sync already."""
+    """Sync Pulumi's `.venv` as `pulumi install` does (uv's exact `uv sync` of the project and
+    its default group, infra, into UV_PROJECT_ENVIRONMENT: pulumi `sdk/python/toolchain/uv.go`
+    `InstallDependencies`), `--frozen` besides so that the lock is used as committed; the tests
+    then start a process the way the engine starts the program's dynamic providers
+    (tests/infra/test_engine_layout.py). A no-op when it is in sync already."""
     uv = python.parent / ("uv.exe" if os.name == "nt" else "uv")
     print(f"[dev] syncing {DEPLOY_VENV.relative_to(ROOT)} (the infra group, as pulumi install)")
     run(

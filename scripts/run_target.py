@@ -188,7 +188,7 @@ def _stack_access(stack: str | None, outputs: Mapping[str, Any]) -> str | None:
     cluster = outputs.get("clusterName")
     if stack is None or not isinstance(cluster, str):
         return None
-    from scripts.stack_kubeconfig import write_stack_kubeconfig
+    from scripts.stack_kubeconfig import ClusterNotReadyError, write_stack_kubeconfig
 
     try:
         from infra.config import read_stack_file
@@ -196,7 +196,10 @@ def _stack_access(stack: str | None, outputs: Mapping[str, Any]) -> str | None:
         region = read_stack_file(stack).config.get("aws:region")
     except FileNotFoundError:
         region = None
-    return str(write_stack_kubeconfig(stack, cluster, region))
+    try:
+        return str(write_stack_kubeconfig(stack, cluster, region))
+    except ClusterNotReadyError as error:
+        raise TargetError(str(error)) from None
 
 
 def kubectl_json(target: RunTarget, *args: str) -> dict[str, Any]:

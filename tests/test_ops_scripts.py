@@ -13,7 +13,6 @@ import json
 import os
 import stat
 import sys
-import tempfile
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -579,11 +578,10 @@ def test_ops_commands_reach_the_stacks_cluster_not_the_current_context(
         "AWS_ENDPOINT_URL": s3_endpoint,  # moto's server answers EKS too
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",
-        "TMPDIR": str(tmp_path),
+        "XDG_CACHE_HOME": str(tmp_path),
     }.items():
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("AWS_PROFILE", raising=False)
-    monkeypatch.setattr(tempfile, "tempdir", None)  # TMPDIR is read again
     eks = boto3.session.Session(region_name="us-west-2").client("eks")
     created = eks.create_cluster(
         name="team-gpu",
@@ -599,7 +597,9 @@ def test_ops_commands_reach_the_stacks_cluster_not_the_current_context(
     command = target.kubectl("get", "pods")
     assert command[:5] == ["kubectl", "-n", NAMESPACE, "--kubeconfig", target.kubeconfig]
     config_path = Path(str(target.kubeconfig))
-    assert config_path.parent == tmp_path and stat.S_IMODE(config_path.stat().st_mode) == 0o600
+    assert config_path.parent == tmp_path / "fsdp-eks"
+    assert stat.S_IMODE(config_path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(config_path.parent.stat().st_mode) == 0o700
     config = yaml.safe_load(config_path.read_text())
     (cluster,) = config["clusters"]
     assert cluster["cluster"]["server"] == created["endpoint"]
@@ -610,3 +610,26 @@ def test_ops_commands_reach_the_stacks_cluster_not_the_current_context(
     ]  # fmt: skip
     explicit = run_target.resolve(argparse.Namespace(**{**vars(options), "context": "prod"}))
     assert explicit.kubeconfig is None and "--context" in explicit.kubectl("get", "pods")
+
+
+def test_a_cluster_still_being_created_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """DescribeCluster has no endpoint or certificate while the cluster is CREATING."""
+
+    class Creating:
+        meta = argparse.Namespace(region_name="us-west-2")
+
+        def describe_cluster(self, name: str) -> dict[str, Any]:
+            return {"cluster": {"name": name, "status": "CREATING"}}
+
+    monkeypatch.setattr(
+        boto3.session, "Session", lambda **kwargs: argparse.Namespace(client=lambda _: Creating())
+    )
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(
+        run_target, "read_stack_outputs", lambda stack: {"clusterName": "new", "jobName": "j"}
+    )
+    options = argparse.Namespace(stack="dev", job=None, namespace=None, s3_uri=None, context=None)
+    with pytest.raises(TargetError, match=r"cluster 'new' has no endpoint yet \(status CREATING\)"):
+        run_target.resolve(options)

@@ -46,6 +46,16 @@ def test_too_few_nodes_to_start_the_job_is_a_warning() -> None:
     assert "allow 2 node(s) at most (maxSize), the job needs 4" in warning
 
 
+def test_a_group_whose_launch_template_sets_the_type_is_a_candidate_not_absent() -> None:
+    """EKS reports no instanceTypes for such a group (EFA groups usually are one)."""
+    efa = NodeGroupScaling("gpu-efa", (), 2, 2, 4, launch_template="p5-efa")
+    report, warnings = existing_lease_report(P5, 2, [efa], auto_mode=False)
+    assert report.startswith("node group gpu-efa (min 2, now 2, max 4) sets its instance type")
+    assert "launch template p5-efa" in report and "no EKS managed node group" not in report
+    (warning,) = warnings
+    assert "has minSize 2: if it is the p5.48xlarge group" in warning
+
+
 @pytest.mark.parametrize(("auto_mode", "source"), [(True, "EKS Auto Mode"), (False, "Karpenter")])
 def test_no_managed_group_of_the_type_says_the_stack_cannot_see(
     auto_mode: bool, source: str
@@ -93,6 +103,7 @@ class TeamCloud(FakeCloud):
         "system": (["m7i.2xlarge"], 2, 2, 3),
         "p5-reserved": ([P5], 1, 1, 1),
         "p5-burst": ([P5], 0, 0, 4),
+        "efa-templated": ([], 0, 0, 2),  # EKS: instanceTypes null with a launch template
     }
 
     def call(self, args: pulumi_mocks.MockCallArgs) -> tuple[dict[str, Any], list[Any]]:
@@ -105,8 +116,9 @@ class TeamCloud(FakeCloud):
             return {
                 "clusterName": args.args["clusterName"],
                 "nodeGroupName": args.args["nodeGroupName"],
-                "instanceTypes": types,
+                "instanceTypes": types or None,
                 "scalingConfigs": [{"minSize": low, "desiredSize": now, "maxSize": high}],
+                "launchTemplates": [] if types else [{"id": "lt-1", "name": "efa", "version": "3"}],
             }, []
         return super().call(args)
 
