@@ -21,9 +21,9 @@ following what the trainer really does:
   backward. shard_grad_op/no_shard (`reshard_after_forward=False`) keep every layer gathered
   from forward into backward.
 * Activations are those the Hugging Face decoder layer saves for backward; with
-  `training.activationCheckpointing` only each checkpointed layer's input is kept
-  (`trainer.parallelize.apply_activation_checkpointing`: every layer, or with
-  `training.extraArgs.ac_mode: selective` one in every `ac_every`).
+  `training.activationCheckpointing` every layer is checkpointed
+  (`trainer.parallelize.apply_activation_checkpointing`): `full` keeps only its input, `op`
+  also attention's and every second matmul's output (`parallelism` resolves `auto`).
 * The loss is computed `loss_chunk_tokens` positions at a time by default (`trainer.loss`),
   each slice's logits recomputed in backward, so one slice's logits are alive at a time and
   none after the loss's backward. With `training.extraArgs.loss_chunk_tokens: 0` it is

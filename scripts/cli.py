@@ -167,7 +167,7 @@ def _script_command(
         asks_help = "--help" in args or "-h" in args
         if chosen is None and positional and not asks_help:
             raise UsageError(
-                f"name a stack: fsdp-eks {name} -s STACK (stacks: {', '.join(stack_names())}), "
+                f"name a stack: fsdp-eks {name} -s STACK (stacks: {', '.join(known_stacks())}), "
                 "or select one with `pulumi stack select`"
             )
         if chosen is not None:
@@ -177,11 +177,11 @@ def _script_command(
     del command
 
 
-def stack_names() -> list[str]:
-    return sorted(
-        path.name.removeprefix("Pulumi.").removesuffix(".yaml")
-        for path in (ROOT / "stacks").glob("Pulumi.*.yaml")
-    )
+def known_stacks() -> list[str]:
+    """`infra.config.stack.stack_names`, imported only when a stack is missing (pydantic)."""
+    from infra.config.stack import stack_names
+
+    return stack_names()
 
 
 @functools.cache

@@ -21,7 +21,7 @@ import yaml
 from click.testing import CliRunner, Result
 
 from scripts.cli import cli
-from tests.s3_server import moto_s3_endpoint
+from tests.s3_server import moto_s3_endpoint, s3_environment
 from tests.test_ops_scripts import JOB_NAME, NAMESPACE, fake_cli, write_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -148,12 +148,7 @@ def test_debug_shows_the_traceback_instead(no_credentials: None) -> None:
 @pytest.fixture
 def bucket(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     with moto_s3_endpoint() as endpoint:
-        for key, value in {
-            "AWS_ENDPOINT_URL": endpoint,
-            "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_DEFAULT_REGION": "us-east-1",
-        }.items():
+        for key, value in s3_environment(endpoint).items():
             monkeypatch.setenv(key, value)
         monkeypatch.delenv("AWS_PROFILE", raising=False)
         client = boto3.client("s3")

@@ -24,7 +24,7 @@ import yaml
 
 from scripts import checkpoints, logs, plot_loss, run_target, status
 from scripts.run_target import RunTarget, TargetError, export_uri, resolve, split_s3_uri
-from tests.s3_server import moto_s3_endpoint
+from tests.s3_server import moto_s3_endpoint, s3_environment
 
 JOB_NAME = "llama3-8b-p5"
 NAMESPACE = "training"
@@ -574,12 +574,8 @@ def test_ops_commands_reach_the_stacks_cluster_not_the_current_context(
     """With a `clusterName` output, kubectl gets a kubeconfig of that cluster (endpoint and CA
     from EKS DescribeCluster, moto's server here; the token from `aws eks get-token`) in the
     stack file's region; an explicit --context still wins."""
-    for key, value in {
-        "AWS_ENDPOINT_URL": s3_endpoint,  # moto's server answers EKS too
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "XDG_CACHE_HOME": str(tmp_path),
-    }.items():
+    # moto's server answers EKS too; the region comes from the stack file, not the environment.
+    for key, value in {**s3_environment(s3_endpoint), "XDG_CACHE_HOME": str(tmp_path)}.items():
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("AWS_PROFILE", raising=False)
     eks = boto3.session.Session(region_name="us-west-2").client("eks")

@@ -657,19 +657,25 @@ class StackFile:
     offline plan shows the run as it will be; the program itself refuses without it."""
 
 
+STACKS_DIR = Path(__file__).resolve().parents[2] / "stacks"
+
+
+def stack_names(stacks_dir: Path | None = None) -> list[str]:
+    """The stacks that have a file under `stacks/`, by name."""
+    directory = stacks_dir or STACKS_DIR
+    names = (p.name.removeprefix("Pulumi.") for p in directory.glob("Pulumi.*.yaml"))
+    return sorted(name.removesuffix(".yaml") for name in names)
+
+
 def stack_file_path(stack: str | Path, stacks_dir: Path | None = None) -> Path:
     """`dev`, `Pulumi.dev.yaml` or a path → the stack file's path."""
     candidate = Path(stack)
     if candidate.suffix in (".yaml", ".yml") and candidate.exists():
         return candidate
-    directory = stacks_dir or Path(__file__).resolve().parents[2] / "stacks"
-    path = directory / f"Pulumi.{stack}.yaml"
+    path = (stacks_dir or STACKS_DIR) / f"Pulumi.{stack}.yaml"
     if not path.exists():
-        known = sorted(
-            p.name.removeprefix("Pulumi.").removesuffix(".yaml")
-            for p in directory.glob("Pulumi.*.yaml")
-        )
-        raise FileNotFoundError(f"no stack file {path}; stacks: {', '.join(known)}")
+        names = ", ".join(stack_names(stacks_dir))
+        raise FileNotFoundError(f"no stack file {path}; stacks: {names}")
     return path
 
 

@@ -15,9 +15,11 @@ from typing import Any
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from trainer.models import hf_config_from
 from trainer.parallelize import _ATTENTION_OPS, apply_activation_checkpointing
+from trainer.presets import get_preset
 
 LAYERS = 2
 PROJECTIONS = 7
@@ -38,22 +40,15 @@ class OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def tiny_llama() -> LlamaForCausalLM:
+def tiny_llama() -> PreTrainedModel:
+    """The trainer's `tiny` preset (SDPA attention, as the trainer configures it)."""
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        use_cache=False,
+    return AutoModelForCausalLM.from_config(
+        hf_config_from(get_preset("tiny").with_overrides(num_layers=LAYERS))
     )
-    config._attn_implementation = "sdpa"  # what trainer.models.hf_config_from sets
-    return LlamaForCausalLM(config)
 
 
-def backward_ops(mode: str | None) -> tuple[Counter[str], LlamaForCausalLM]:
+def backward_ops(mode: str | None) -> tuple[Counter[str], PreTrainedModel]:
     model = tiny_llama()
     if mode is not None:
         apply_activation_checkpointing(model, mode, every=1)

@@ -17,6 +17,7 @@ import datasets
 import pytest
 import torch
 from datasets import Dataset, DatasetDict, IterableDataset
+from transformers import PreTrainedTokenizerFast
 
 from trainer.data import (
     DataConfigError,
@@ -28,6 +29,7 @@ from trainer.data import (
     load_tokenizer,
 )
 from trainer.data import sources as sources_module
+from trainer.data.documents import MAP_BATCH_DOCUMENTS, RESUME_SHARDS
 from trainer.tiny_assets import TinyAssets, write_tiny_corpus
 
 DOC_ID = re.compile(r"^document (\d+) \.")
@@ -624,3 +626,29 @@ def test_bad_tokenizer_is_one_clear_error(tmp_path):
     (tmp_path / "tok").mkdir()
     with pytest.raises(DataConfigError, match="--tokenizer"):
         load_tokenizer(str(tmp_path / "tok"))
+
+
+def test_no_tokenizer_call_takes_more_than_the_map_batch(
+    tmp_path: Path, tokenizer, cache_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tokenisation comes in bursts the read-ahead can hide (issue 14, hazard 4), counted:
+    every call of the tokenizer the lazy `datasets.map` makes, with its number of documents.
+    `scripts/bench_loader.py` measures what that does to the stall share."""
+    # Enough documents that each of the loader's resume shards (RESUME_SHARDS) holds more
+    # than a map batch: the calls are then cut by the map batch.
+    corpus = write_tiny_corpus(
+        tmp_path / "corpus", num_docs=2 * RESUME_SHARDS * MAP_BATCH_DOCUMENTS, seed=3
+    )
+    sizes: list[int] = []
+    real = PreTrainedTokenizerFast.__call__
+
+    def counted(self, text, *args, **kwargs):
+        sizes.append(len(text) if isinstance(text, list) else 1)
+        return real(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(PreTrainedTokenizerFast, "__call__", counted)
+    batches = iter(_loader(corpus, tokenizer, cache_dir, seq_len=64))
+    for _ in range(20):
+        next(batches)
+    assert sizes, "the loader never called the tokenizer"
+    assert max(sizes) == MAP_BATCH_DOCUMENTS < 1000  # datasets' own default batch

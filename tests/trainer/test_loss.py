@@ -17,31 +17,25 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.mem_tracker import MemTracker
-from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
+from transformers import AutoModelForCausalLM, MixtralConfig, MixtralForCausalLM, PreTrainedModel
 from transformers.loss.loss_utils import ForCausalLMLoss
 
 from tests.trainer.torchrun_util import tiny_args
 from trainer.config import parse_args
 from trainer.loss import chunked_causal_lm_loss, install_chunked_loss
+from trainer.models import hf_config_from
+from trainer.presets import get_preset
 from trainer.tiny_assets import TinyAssets
 from trainer.train import Trainer
 
 GIB = 2**30
 
 
-def tiny_llama(vocab: int = 4096) -> LlamaForCausalLM:
+def tiny_llama() -> PreTrainedModel:
+    """The trainer's `tiny` preset with a larger vocabulary, as the trainer configures it."""
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        use_cache=False,
-        tie_word_embeddings=False,
-    )
-    return LlamaForCausalLM(config)
+    shape = get_preset("tiny").with_overrides(num_layers=2, vocab_size=4096)
+    return AutoModelForCausalLM.from_config(hf_config_from(shape))
 
 
 @pytest.mark.parametrize("chunk", [1, 97, 256, 10_000])
@@ -96,11 +90,12 @@ def test_the_chunked_loss_needs_a_sixth_of_the_memory_at_the_8b_size() -> None:
     assert chunked < plain / 5, (chunked / GIB, plain / GIB)
 
 
-def _bf16_gradients(chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The head's weight gradient and the hidden states' of a bf16 loss (0: unsliced)."""
+def _head_gradient(chunk: int, dtype: torch.dtype) -> torch.Tensor:
+    """The head's weight gradient of a loss in `dtype` (0: unsliced), from the same
+    bf16-representable weights and hidden states whatever the dtype."""
     generator = torch.Generator().manual_seed(3)
-    weight = nn.Parameter((torch.randn(512, 64, generator=generator) * 0.05).bfloat16())
-    hidden = torch.randn(1, 1024, 64, generator=generator).bfloat16().requires_grad_(True)
+    weight = nn.Parameter((torch.randn(512, 64, generator=generator) * 0.05).bfloat16().to(dtype))
+    hidden = torch.randn(1, 1024, 64, generator=generator).bfloat16().to(dtype)
     labels = torch.randint(0, 512, (1, 1024), generator=generator)
     head = nn.Linear(64, 512, bias=False)
     head.weight = weight
@@ -109,30 +104,18 @@ def _bf16_gradients(chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
     else:
         loss = ForCausalLMLoss(head(hidden), labels, vocab_size=512)
     loss.backward()
-    assert weight.grad is not None and hidden.grad is not None
-    return weight.grad.float(), hidden.grad.float()
-
-
-def _fp32_reference() -> torch.Tensor:
-    generator = torch.Generator().manual_seed(3)
-    weight = nn.Parameter(torch.randn(512, 64, generator=generator) * 0.05)
-    hidden = torch.randn(1, 1024, 64, generator=generator)
-    labels = torch.randint(0, 512, (1, 1024), generator=generator)
-    head = nn.Linear(64, 512, bias=False)
-    head.weight = nn.Parameter(weight.bfloat16().float())  # the same rounded weights
-    ForCausalLMLoss(head(hidden.bfloat16().float()), labels, vocab_size=512).backward()
-    assert head.weight.grad is not None
-    return head.weight.grad
+    assert weight.grad is not None
+    return weight.grad.float()
 
 
 def test_many_slices_do_not_round_the_head_gradient_more_in_bf16() -> None:
     """Summed per slice in bf16 (what autograd does for a weight used once per slice), the
     head's gradient drifts with the number of slices; summed in fp32 it stays as close to the
     fp32 gradient as the unsliced bf16 loss, whatever the slicing."""
-    reference = _fp32_reference()
+    reference = _head_gradient(0, torch.float32)
 
     def error(chunk: int) -> float:
-        return float((_bf16_gradients(chunk)[0] - reference).norm() / reference.norm())
+        return float((_head_gradient(chunk, torch.bfloat16) - reference).norm() / reference.norm())
 
     unsliced = error(0)
     for chunk in (256, 16, 4):  # 4 to 256 slices
