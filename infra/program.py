@@ -13,21 +13,21 @@ from __future__ import annotations
 import pulumi
 import pulumi_aws as aws
 
-from infra.addons import Addons, AddonsArgs
-from infra.autoscaler import SYSTEM_NODE_SELECTOR, ClusterAutoscaler, ClusterAutoscalerArgs
-from infra.capacity_block import check_capacity_block
-from infra.checkpoint_access import CheckpointAccess, CheckpointAccessArgs
-from infra.cluster import Cluster, ClusterArgs
 from infra.config import StackConfig, load_stack_config
 from infra.config.stack import PROJECT, cost_estimate, dns_name
-from infra.gpu_lease import existing_gpu_lease, lease_line
-from infra.image import TrainerImage, TrainerImageArgs
-from infra.job import JobNamespace, JobNamespaceArgs, TrainingJob, TrainingJobArgs
-from infra.job_args import s3_run_prefix
-from infra.job_manifest import Placement, S3Bucket
-from infra.network import Network, NetworkArgs
-from infra.semantic_checks import require_semantics
-from infra.storage import Storage, StorageArgs
+from infra.image.trainer_image import TrainerImage, TrainerImageArgs
+from infra.job.flags import s3_run_prefix
+from infra.job.manifest import Placement, S3Bucket
+from infra.job.stack_checks import require_semantics
+from infra.launch.training_job import JobNamespace, JobNamespaceArgs, TrainingJob, TrainingJobArgs
+from infra.platform.addons import Addons, AddonsArgs
+from infra.platform.autoscaler import SYSTEM_NODE_SELECTOR, ClusterAutoscaler, ClusterAutoscalerArgs
+from infra.platform.capacity_block import check_capacity_block
+from infra.platform.cluster import Cluster, ClusterArgs
+from infra.platform.gpu_lease import existing_gpu_lease, lease_line
+from infra.platform.network import Network, NetworkArgs
+from infra.platform.run_access import CheckpointAccess, CheckpointAccessArgs
+from infra.platform.storage import Storage, StorageArgs
 
 
 def resource_tags(stack: StackConfig) -> dict[str, str]:

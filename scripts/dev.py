@@ -142,7 +142,7 @@ def ensure_deploy_env(python: Path) -> None:
 
 
 def command_local(python: Path, local_args: list[str]) -> None:
-    run(python, "scripts/local_run.py", *local_args)
+    run(python, "scripts/cli/local.py", *local_args)
 
 
 def main() -> None:

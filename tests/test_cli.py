@@ -20,7 +20,7 @@ import pytest
 import yaml
 from click.testing import CliRunner, Result
 
-from scripts.cli import cli
+from scripts.cli.main import cli
 from tests.s3_server import moto_s3_endpoint, s3_environment
 from tests.test_ops_scripts import JOB_NAME, NAMESPACE, fake_cli, write_metrics
 
@@ -52,11 +52,11 @@ def no_pulumi(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_the_console_script_is_declared() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert project["project"]["scripts"] == {"fsdp-eks": "scripts.cli:main"}
+    assert project["project"]["scripts"] == {"fsdp-eks": "scripts.cli.main:main"}
     installed = {
         ep.name: ep.value for ep in importlib.metadata.entry_points(group="console_scripts")
     }
-    assert installed.get("fsdp-eks") == "scripts.cli:main"  # dev.py's editable install
+    assert installed.get("fsdp-eks") == "scripts.cli.main:main"  # dev.py's editable install
 
 
 def test_the_top_level_help_lists_every_subcommand() -> None:
@@ -129,11 +129,11 @@ def test_a_command_whose_dependency_group_is_missing_says_which(
     real_import = importlib.import_module
 
     def without_pulumi(name: str, *args: Any) -> Any:
-        if name == "scripts.plan":
+        if name == "scripts.cli.plan":
             raise ModuleNotFoundError("No module named 'pulumi'", name="pulumi")
         return real_import(name, *args)
 
-    monkeypatch.setattr("scripts.cli.importlib.import_module", without_pulumi)
+    monkeypatch.setattr("scripts.cli.main.importlib.import_module", without_pulumi)
     assert_one_line_mistake(
         invoke("plan", "-s", "dev"), "needs pulumi (the `infra` dependency group)"
     )
@@ -181,7 +181,7 @@ def test_tensorboard_fetches_the_events_and_names_the_missing_server(
     assert fetched.exit_code == 0, fetched.output
     assert "2 event files" in fetched.stdout
     assert (tmp_path / "events.out.tfevents.1.host").read_bytes() == b"e" * 300
-    monkeypatch.setattr("scripts.tensorboard_events.shutil.which", lambda name: None)
+    monkeypatch.setattr("scripts.cli.tensorboard_events.shutil.which", lambda name: None)
     assert_one_line_mistake(
         invoke("tensorboard", "--s3-uri", RUN, "--dest", str(tmp_path)),
         "tensorboard is not on PATH: install TensorBoard",

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-import scripts.cli
-from scripts.cli import cli
+import scripts.cli.main
+from scripts.cli.main import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -64,12 +64,12 @@ def test_a_documented_command_parses(
 
     def run_script(module: str, argv: Any, *, debug: bool) -> None:
         try:
-            importlib.import_module(f"scripts.{module}").main(list(argv))
+            importlib.import_module(f"scripts.cli.{module}").main(list(argv))
         except ParsedError:
             raise SystemExit(0) from None
 
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
-    monkeypatch.setattr(scripts.cli, "run_script", run_script)
-    monkeypatch.setattr(scripts.cli, "selected_stack", lambda: None)
+    monkeypatch.setattr(scripts.cli.main, "run_script", run_script)
+    monkeypatch.setattr(scripts.cli.main, "selected_stack", lambda: None)
     result = CliRunner().invoke(cli, shlex.split(command)[1:])
     assert result.exit_code == 0, f"{doc}: {command}\n{result.output}"

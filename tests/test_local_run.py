@@ -12,9 +12,10 @@ import pytest
 import yaml
 
 from infra.config import StackConfig, StackConfigError, load_stack_file
-from infra.job_args import run_id
-from infra.job_manifest import render_job
-from scripts import local_run, local_topology
+from infra.job.flags import run_id
+from infra.job.manifest import render_job
+from scripts.cli import local as local_run
+from scripts.cli import local_topology
 from trainer.config import parse_args
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -68,7 +69,7 @@ def test_mixture_of_experts_stacks_run_the_tiny_moe_locally(tmp_path: Path) -> N
 
 def test_local_run_needs_no_pulumi() -> None:
     code = (
-        "import sys; import scripts.local_run; "
+        "import sys; import scripts.cli.local; "
         "bad = [m for m in ('pulumi', 'pulumi_aws', 'pulumi_kubernetes') if m in sys.modules]; "
         "print(bad); sys.exit(1 if bad else 0)"
     )
@@ -223,8 +224,8 @@ def test_a_stack_the_plan_refuses_fails_locally_with_the_plans_message(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """llama32-1b-g5 with a deadline its steps cannot meet: the local run prints exactly what
-    scripts/plan.py prints for it, and starts nothing."""
-    from scripts import plan as offline_plan
+    scripts/cli/plan.py prints for it, and starts nothing."""
+    from scripts.cli import plan as offline_plan
 
     shipped = yaml.safe_load((REPO_ROOT / "stacks" / "Pulumi.llama32-1b-g5.yaml").read_text())
     shipped["config"]["fsdp-eks:job"]["maxRunHours"] = 0.05

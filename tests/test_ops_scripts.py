@@ -22,8 +22,9 @@ import boto3
 import pytest
 import yaml
 
-from scripts import checkpoints, logs, plot_loss, run_target, status
-from scripts.run_target import RunTarget, TargetError, export_uri, resolve, split_s3_uri
+from scripts.cli import checkpoints, logs, run_target, status
+from scripts.cli import plot as plot_loss
+from scripts.cli.run_target import RunTarget, TargetError, export_uri, resolve, split_s3_uri
 from tests.s3_server import moto_s3_endpoint, s3_environment
 
 JOB_NAME = "llama3-8b-p5"

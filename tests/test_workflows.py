@@ -1,7 +1,7 @@
 """The GitHub workflows: valid against GitHub's schema, and wired the way the README promises
 (tests on every PR, preview with OIDC + policy pack per changed stack, the offline plan when
 there are no credentials, `pulumi up` on merge for marked stacks). Plus the stack bookkeeping
-they call (scripts/ci_stacks.py), tested against a real git repository.
+they call (scripts/tooling/ci_stacks.py), tested against a real git repository.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from scripts import ci_stacks
+from scripts.tooling import ci_stacks
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOWS = sorted((ROOT / ".github/workflows").glob("*.yml"))
@@ -100,7 +100,7 @@ def test_every_script_the_workflows_run_exists() -> None:
     scripts = {
         m for step in all_steps() for m in re.findall(r"scripts/[\w/]+\.py", step.get("run", ""))
     }
-    assert {"scripts/dev.py", "scripts/ci_stacks.py", "scripts/plan.py"} <= scripts
+    assert {"scripts/dev.py", "scripts/tooling/ci_stacks.py", "scripts/cli/plan.py"} <= scripts
     for script in scripts:
         assert (ROOT / script).is_file(), script
 
@@ -152,8 +152,8 @@ def test_without_credentials_the_offline_plan_runs_instead() -> None:
     assert "head.repo.full_name == github.repository" in detect["env"]["SAME_REPO"]
     plan = next(s for s in steps(workflow, "offline-plan") if s.get("id") == "plan")
     assert plan["env"]["STACK"] == "${{ matrix.stack }}"
-    assert 'scripts/plan.py "$STACK"' in plan["run"]
-    assert 'scripts/ci_stacks.py guardrails "$STACK"' in plan["run"]
+    assert 'scripts/cli/plan.py "$STACK"' in plan["run"]
+    assert 'scripts/tooling/ci_stacks.py guardrails "$STACK"' in plan["run"]
     assert "GITHUB_STEP_SUMMARY" in plan["run"]
     last = steps(workflow, "offline-plan")[-1]
     assert last["if"] == "steps.plan.outputs.status != '0'" and "exit 1" in last["run"]
@@ -201,7 +201,8 @@ def test_merges_deploy_only_marked_stacks_or_a_named_one() -> None:
     assert pulumi["with"]["policyPacks"] == "infra/policy"
 
 
-# --- scripts/ci_stacks.py ---------------------------------------------------------------------
+# --- scripts/tooling/ci_stacks.py
+# ---------------------------------------------------------------------
 
 
 def write_stack(directory: Path, name: str, region: str | None = "us-east-2") -> Path:

@@ -1,6 +1,6 @@
 """Where checkpoints live: a shared filesystem (FSx for Lustre, a local disk) or an S3 prefix.
 
-Both stores keep one layout, the one ``scripts/checkpoints.py`` lists::
+Both stores keep one layout, the one ``scripts/cli/checkpoints.py`` lists::
 
     step-100/  .metadata, __0_0.distcp, ...   DCP (model, optimizer, LR schedule)
                train_state/rank-00000.pt ...  each rank's own state

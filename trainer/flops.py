@@ -1,8 +1,8 @@
 """Model FLOPs per token and the GPUs' peak FLOP/s: the arithmetic behind MFU.
 
 Torch-free on purpose: the trainer's metrics (`trainer.metrics`) measure MFU with it, and the
-Pulumi program (`infra.duration`) estimates a run's length with the same figures before any
-GPU exists, in an environment without torch.
+Pulumi program (`infra.estimates.duration`) estimates a run's length with the same figures before
+any GPU exists, in an environment without torch.
 
 MFU follows the PaLM appendix convention used by torchtitan: model FLOPs per token are
 6 x (parameters that do matmuls for a token) + 12 x layers x heads x head_dim x seq_len for

@@ -6,7 +6,8 @@ Hugging Face's `ForCausalLM` forward (transformers `models/llama/modeling_llama.
 takes a cross-entropy over it. For the 8B stack (2 x 8192 tokens per micro-batch, vocabulary
 128,256) that is 4 GiB of bf16 logits, 8 GiB of fp32 logits and as much again for the saved
 log-softmax and its gradient at the start of backward: ~27 GiB transient of an 80 GiB card
-(`infra.memory_fit`), which is what forces full activation checkpointing or a smaller batch.
+(`infra.estimates.memory_fit`), which is what forces full activation checkpointing or a smaller
+batch.
 
 The chunked path computes the same mean token loss in slices of `chunk_tokens` positions: one
 autograd function (`_SlicedHeadCrossEntropy`) runs each slice's head matmul, fp32 upcast and

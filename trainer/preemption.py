@@ -7,7 +7,7 @@ agent catches the signal and forwards it to every worker, then SIGKILLs them aft
 shutdown timeout (torch `distributed/elastic/agent/server/api.py` `run` ->
 `_shutdown(e.sigval, timeout=self._shutdown_timeout)`; `distributed/launcher/api.py`: the
 timeout is `--shutdown-timeout` or `TORCH_ELASTIC_SHUTDOWN_TIMEOUT`, default 30 s). The job
-renders both limits long enough for one step and one checkpoint (`infra.job_manifest`).
+renders both limits long enough for one step and one checkpoint (`infra.job.manifest`).
 
 Why ranks must agree: a spot interruption takes one node, so only that node's ranks are
 signalled, while a checkpoint is a collective every rank must enter. Each step therefore

@@ -218,7 +218,8 @@ class TrainingOperatorConfig(ConfigSection):
 
 
 class ClusterAutoscalerConfig(ConfigSection):
-    """The Kubernetes Cluster Autoscaler that leases the GPU nodes to the run (infra.autoscaler)."""
+    """The Kubernetes Cluster Autoscaler that leases the GPU nodes to the run
+    (infra.platform.autoscaler)."""
 
     install: bool = Field(
         default=True,

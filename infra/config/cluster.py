@@ -19,13 +19,13 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from infra.config.base import ConfigSection
-from infra.eks_versions import (
+from infra.facts.eks_versions import (
     DEFAULT_KUBERNETES_VERSION,
     UPGRADE_SUPPORT_TYPE,
     check_kubernetes_version,
     in_standard_support,
 )
-from infra.instances import (
+from infra.facts.instances import (
     HYPERPOD_PREFIX,
     INSTANCE_FACTS,
     InstanceFacts,
@@ -215,7 +215,7 @@ class ClusterConfig(ConfigSection):
         pattern=r"^1\.\d{2}$",
         description=(
             "Kubernetes minor version of a created cluster: one still in EKS standard support "
-            f"({', '.join(in_standard_support())}; dates in infra/eks_versions.py). The "
+            f"({', '.join(in_standard_support())}; dates in infra/facts/eks_versions.py). The "
             f"cluster's upgrade policy is {UPGRADE_SUPPORT_TYPE}: at the end of standard "
             "support EKS upgrades the control plane instead of billing extended support."
         ),
@@ -473,7 +473,7 @@ class GpuNodesConfig(ConfigSection):
 
     instance_type: str = Field(
         description=(
-            "GPU instance type (one of infra/instances.py), e.g. p5.48xlarge. On a SageMaker "
+            "GPU instance type (one of infra/facts/instances.py), e.g. p5.48xlarge. On a SageMaker "
             "HyperPod EKS cluster (cluster.mode existing) its SageMaker name, e.g. "
             "ml.p5.48xlarge: the job then selects nodes by that name and HyperPod's "
             "node-health-status Schedulable label, and cost.usdPerInstanceHour is required."

@@ -2,7 +2,7 @@
 
 A reviewer approves an experiment partly on what it may cost, so the ceiling is written in
 the stack file next to the experiment instead of living in someone's head. The estimate it
-is checked against is "GPU nodes' $/hour x run hours" (see `infra.pricing`); the price table
+is checked against is "GPU nodes' $/hour x run hours" (see `infra.facts.prices`); the price table
 is a published list price, so teams with negotiated rates, savings plans, a quoted capacity
 block price or another region's prices can put the price they really pay here.
 """
@@ -43,8 +43,8 @@ class CostConfig(ConfigSection):
         gt=0,
         description=(
             "Price actually paid per GPU node per hour (negotiated rate, savings plan, quoted "
-            "capacity block price, another region). Default: the list price in infra/pricing.py "
-            "for gpuNodes.instanceType and gpuNodes.capacity.type."
+            "capacity block price, another region). Default: the list price in "
+            "infra/facts/prices.py for gpuNodes.instanceType and gpuNodes.capacity.type."
         ),
     )
 

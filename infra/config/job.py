@@ -56,7 +56,7 @@ RENDERED_TRAINER_FLAGS = frozenset(
         "expect_efa_devices", "allreduce_floor_gbps",
     }
 )  # fmt: skip
-"""Trainer flags rendered from stack keys (infra/job_args.py); `training.extraArgs` may not
+"""Trainer flags rendered from stack keys (infra/job/flags.py); `training.extraArgs` may not
 repeat them, so every setting has exactly one place in the stack file."""
 
 
@@ -236,9 +236,9 @@ class JobConfig(ConfigSection):
 
     @property
     def start_timeout_seconds(self) -> int:
-        """The all-or-nothing start budget: the rendezvous timeouts (`infra.job_manifest`),
-        `pulumi up`'s wait for the job (`infra.job_watch`) and the duration range's top derive
-        from it."""
+        """The all-or-nothing start budget: the rendezvous timeouts (`infra.job.manifest`),
+        `pulumi up`'s wait for the job (`infra.launch.start_watch`) and the duration range's top
+        derive from it."""
         return self.start_timeout_minutes * 60
 
 

@@ -36,15 +36,15 @@ from infra.config.cost import CostConfig
 from infra.config.image import ImageConfig
 from infra.config.job import DataConfig, JobConfig, ModelConfig, TrainingConfig
 from infra.config.storage import StorageConfig
-from infra.duration import UnknownPeakError, estimate_duration, steps_within
-from infra.instances import (
+from infra.estimates.duration import UnknownPeakError, estimate_duration, steps_within
+from infra.estimates.memory_fit import memory_problems, memory_warnings
+from infra.facts.instances import (
     CAPACITY_BLOCK_TYPES,
     HYPERPOD_PREFIX,
     InstanceFacts,
     is_hyperpod_type,
 )
-from infra.memory_fit import memory_problems, memory_warnings
-from infra.pricing import CostEstimate, PriceUnknownError, estimate_cost
+from infra.facts.prices import CostEstimate, PriceUnknownError, estimate_cost
 from trainer.presets import ModelShape, get_preset
 
 PROJECT = "fsdp-eks"
@@ -362,7 +362,7 @@ def _expected_hours(config: StackConfig) -> float | None:
 
 
 def lease_tail_hours(config: StackConfig) -> float | None:
-    """How long leased GPU nodes outlive the job (infra.autoscaler); None when not leased:
+    """How long leased GPU nodes outlive the job (infra.platform.autoscaler); None when not leased:
     kept warm, or on an existing cluster whose autoscaling the stack does not own."""
     autoscaler = config.addons.cluster_autoscaler
     if config.cluster.mode != "create" or not autoscaler.install or config.gpu_nodes.keep_warm:
@@ -371,7 +371,7 @@ def lease_tail_hours(config: StackConfig) -> float | None:
 
 
 def cost_estimate(config: StackConfig) -> CostEstimate:
-    """The GPU nodes' estimated cost (infra.pricing), as plans and stack outputs show it."""
+    """The GPU nodes' estimated cost (infra.facts.prices), as plans and stack outputs show it."""
     nodes, cost = config.gpu_nodes, config.cost
     return estimate_cost(
         nodes.instance_type,

@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from infra.config.base import ConfigSection
-from infra.eks_versions import check_fsx_csi_addon_version
+from infra.facts.eks_versions import check_fsx_csi_addon_version
 
 # S3's naming rules for general purpose buckets (3-63 chars, lowercase letters, digits, dots
 # and hyphens, starting and ending with a letter or digit).
@@ -145,8 +145,8 @@ class FsxConfig(ConfigSection):
         default=None,
         description=(
             "EKS add-on version of the FSx CSI driver (e.g. 'v1.9.0-eksbuild.1': a released "
-            "driver, infra/eks_versions.py, plus EKS's build); unset: the default version EKS "
-            "publishes for the cluster's Kubernetes version."
+            "driver, infra/facts/eks_versions.py, plus EKS's build); unset: the default version "
+            "EKS publishes for the cluster's Kubernetes version."
         ),
     )
 

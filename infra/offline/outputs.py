@@ -18,8 +18,8 @@ from typing import Any
 
 from pulumi.runtime import mocks as pulumi_mocks
 
-from infra.eks_versions import DEFAULT_KUBERNETES_VERSION
-from infra.instances import INSTANCE_FACTS
+from infra.facts.eks_versions import DEFAULT_KUBERNETES_VERSION
+from infra.facts.instances import INSTANCE_FACTS
 
 ACCOUNT_ID = "123456789012"
 REGION = "us-west-2"
@@ -413,7 +413,7 @@ physical zones in every account; IDs do not). usw2-az4 lacks many instance types
 terraform-provider-aws acceptance tests exclude it for that reason ("Many instance types are
 not available in this availability zone"), and the SageMaker HyperPod workshop's
 troubleshooting page (awsome-distributed-training) reports that it does not offer g5.12xlarge.
-That none of the GPU types in infra/instances.py is offered there, and all are in the other
+That none of the GPU types in infra/facts/instances.py is offered there, and all are in the other
 three, is this mock's simplification, not a measurement: at deploy time the real
 `DescribeInstanceTypeOfferings` answers (checked on OFFERINGS_CHECKED_ON)."""
 

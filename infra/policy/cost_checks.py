@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from infra.config.cost import DEFAULT_MAX_USD_PER_RUN
+from infra.facts.prices import CAPACITY_TYPES, CapacityType, PriceUnknownError, instance_price
 from infra.policy.kube_checks import Finding
 from infra.policy.view import (
     UNKNOWN,
@@ -25,7 +26,6 @@ from infra.policy.view import (
     pod_templates,
     selected_instance_type,
 )
-from infra.pricing import CAPACITY_TYPES, CapacityType, PriceUnknownError, instance_price
 
 
 @dataclass(frozen=True)

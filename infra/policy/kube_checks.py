@@ -11,7 +11,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from infra.instances import INSTANCE_FACTS, known_facts
+from infra.facts.instances import INSTANCE_FACTS, known_facts
 from infra.policy.view import (
     UNKNOWN,
     PodTemplate,

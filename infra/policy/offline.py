@@ -1,6 +1,6 @@
 """The guardrails without the Pulumi CLI: run them over an offline evaluation.
 
-`scripts/plan.py` (and tests) evaluate the real program under the mock runtime and call
+`scripts/cli/plan.py` (and tests) evaluate the real program under the mock runtime and call
 `run_policies(evaluation, config)`; the same check functions back the policy pack, so a plan
 that passes here passes `pulumi preview --policy-pack infra/policy` on the same resources.
 """

@@ -3,7 +3,7 @@
 A guardrail has either a resource check (one resource at a time; the engine calls it for
 every resource it registers) or a stack check (all resources at once, for rules that relate
 resources, e.g. a job to the node group it runs on). Adding one here adds it to both
-`pulumi preview --policy-pack infra/policy` and `scripts/plan.py`.
+`pulumi preview --policy-pack infra/policy` and `scripts/cli/plan.py`.
 """
 
 from __future__ import annotations

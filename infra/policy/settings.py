@@ -11,7 +11,7 @@ plugin/analyzer_plugin.go` `constructEnv`/`constructConfig` set the variables), 
 `policy_config_from_engine` reads the same stack config the program reads.
 
 `--policy-pack-config FILE` still works and wins key by key (`{"<policy name>": {...}}`);
-`scripts/ci_stacks.py policy-config STACK` writes one. The offline plan passes the same dict
+`scripts/tooling/ci_stacks.py policy-config STACK` writes one. The offline plan passes the same dict
 to `run_policies`.
 """
 

@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from infra.instances import INSTANCE_FACTS
+from infra.facts.instances import INSTANCE_FACTS
 
 if TYPE_CHECKING:
     from infra.offline import RecordedResource
@@ -258,8 +258,8 @@ def gpu_node_groups(resources: Sequence[Resource]) -> list[GpuNodeGroup]:
                 instance_type = template.props.get("instanceType")
             count = dig(props, "scalingConfig", "desiredSize")
             if not count:
-                # Created at zero for the autoscaler (infra.autoscaler): the job brings it to
-                # its maximum, which is what runs and is billed.
+                # Created at zero for the autoscaler (infra.platform.autoscaler): the job brings it
+                # to its maximum, which is what runs and is billed.
                 count = dig(props, "scalingConfig", "maxSize")
             capacity = _EKS_CAPACITY.get(str(props.get("capacityType") or "ON_DEMAND"), "on-demand")
             efa: bool | None = None

@@ -12,7 +12,7 @@ import jsonschema  # type: ignore[import-untyped, unused-ignore]
 import pytest
 import yaml
 
-from infra.image import BUILD_ENVIRONMENT_KEYS, PROJECT_ENVIRONMENT_KEYS
+from infra.image.trainer_image import BUILD_ENVIRONMENT_KEYS, PROJECT_ENVIRONMENT_KEYS
 
 REPO = Path(__file__).resolve().parents[2]
 BUILDSPEC = REPO / "docker" / "buildspec.yml"

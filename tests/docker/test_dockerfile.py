@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from infra.config.image import DEFAULT_BASE_IMAGE, DEFAULT_EFA_INSTALLER_VERSION
-from infra.image import IMAGE_USER_ID
-from infra.image_source import SOURCE_FILES, SOURCE_TREES
+from infra.image.source import SOURCE_FILES, SOURCE_TREES
+from infra.image.trainer_image import IMAGE_USER_ID
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "docker" / "Dockerfile"

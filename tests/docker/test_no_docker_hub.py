@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from infra.config.image import DEFAULT_BASE_IMAGE
-from infra.image import CACHE_TAG
+from infra.image.trainer_image import CACHE_TAG
 from tests.docker.test_dockerfile import instructions
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,7 +32,7 @@ DOCKER_HUB_HOSTS = {"docker.io", "index.docker.io", "registry-1.docker.io"}
 BUILDX_DEFAULT_BUILDKIT_IMAGE = "moby/buildkit:buildx-stable-1"
 
 PROJECT_VALUES = {
-    # What infra/image.py sets on the CodeBuild project and per build.
+    # What infra/image/trainer_image.py sets on the CodeBuild project and per build.
     "REPOSITORY_URI": "123456789012.dkr.ecr.us-west-2.amazonaws.com/fsdp-eks-dev/trainer",
     "BASE_IMAGE": DEFAULT_BASE_IMAGE,
     "CACHE_TAG": CACHE_TAG,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from infra.cluster import Cluster, ClusterArgs
 from infra.config import StackConfig, parse_stack_config
-from infra.network import Network, NetworkArgs
+from infra.platform.cluster import Cluster, ClusterArgs
+from infra.platform.network import Network, NetworkArgs
 
 
 def real_platform(gpu_nodes: dict[str, Any]) -> tuple[StackConfig, Cluster]:

@@ -8,10 +8,10 @@ import pulumi
 import pulumi_kubernetes as k8s
 import pytest
 
-from infra.addons import Addons, AddonsArgs, gpu_node_affinity
 from infra.config.addons import TRAINING_OPERATOR_RELEASES, AddonsConfig
 from infra.offline import Evaluation, evaluate
-from infra.training_operator import crd_url
+from infra.platform.addons import Addons, AddonsArgs, gpu_node_affinity
+from infra.platform.training_operator import crd_url
 
 RELEASE = "kubernetes:helm.sh/v3:Release"
 DEPLOYMENT = "kubernetes:apps/v1:Deployment"

@@ -8,7 +8,12 @@ from typing import Any
 
 import pytest
 
-from infra.autoscaler import (
+from infra.config import parse_stack_config
+from infra.config.stack import read_stack_file
+from infra.facts.instances import INSTANCE_FACTS
+from infra.job.manifest import EFA_RESOURCE, GPU_RESOURCE, render_job
+from infra.offline import evaluate
+from infra.platform.autoscaler import (
     CHART_VERSION,
     TEMPLATE_TAG,
     WRITE_ACTIONS,
@@ -17,11 +22,6 @@ from infra.autoscaler import (
     permissions,
     trust,
 )
-from infra.config import parse_stack_config
-from infra.config.stack import read_stack_file
-from infra.instances import INSTANCE_FACTS
-from infra.job_manifest import EFA_RESOURCE, GPU_RESOURCE, render_job
-from infra.offline import evaluate
 from infra.program import main as program
 
 IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/t@sha256:" + "0" * 64

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from infra.capacity_block import block_problems
 from infra.config import StackConfigError, parse_stack_config
-from infra.duration import estimate_duration
+from infra.estimates.duration import estimate_duration
 from infra.offline import evaluate
+from infra.platform.capacity_block import block_problems
 from infra.program import main as program
 
 BLOCK_ID = "cr-0123456789abcdef0"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from infra.checkpoint_access import OBJECT_ACTIONS, permissions, service_account_name, trust
+from infra.platform.run_access import OBJECT_ACTIONS, permissions, service_account_name, trust
 
 BUCKET_ARN = "arn:aws:s3:::fsdp-eks-dev-data"
 PREFIX = "checkpoints/dev-1a2b3c4d"

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 from infra.config import PROJECT, StackConfig, StackConfigError, parse_stack_config
 from infra.config.stack import _model_at, config_keys, dns_name
-from infra.job_args import run_id, run_paths
+from infra.job.flags import run_id, run_paths
 from infra.offline import evaluate, runtime
 from infra.program import main as program
 

@@ -14,8 +14,8 @@ from infra.config.cluster import (
     SystemNodesConfig,
     TaintConfig,
 )
-from infra.eks_versions import EKS_VERSIONS, in_standard_support
-from infra.pricing import SOURCES
+from infra.facts.eks_versions import EKS_VERSIONS, in_standard_support
+from infra.facts.prices import SOURCES
 
 SECTIONS: list[type[BaseModel]] = [
     ClusterConfig,

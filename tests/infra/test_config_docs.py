@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from infra.config import StackConfig
-from scripts import config_docs
+from scripts.tooling import config_docs
 
 
 def test_config_table_in_docs_is_up_to_date() -> None:
-    assert config_docs.main(["--check"]) == 0, "run: python scripts/config_docs.py"
+    assert config_docs.main(["--check"]) == 0, "run: python scripts/tooling/config_docs.py"
 
 
 def test_table_lists_every_section_and_nested_key() -> None:

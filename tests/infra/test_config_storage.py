@@ -111,7 +111,7 @@ def test_claim_name_is_the_stack_convention_or_the_existing_claim():
 def test_the_csi_add_on_version_must_be_one_eks_can_offer(version, message):
     """Issue 11: a mistyped add-on version fails at plan time, not when EKS refuses the add-on
     after the cluster is up. The driver releases come from the driver's own matrix
-    (infra/eks_versions.py FSX_CSI_DRIVER_RELEASES)."""
+    (infra/facts/eks_versions.py FSX_CSI_DRIVER_RELEASES)."""
     with pytest.raises(ValidationError) as caught:
         FsxConfig.model_validate({"csiDriverVersion": version})
     text = str(caught.value)

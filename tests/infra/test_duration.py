@@ -10,7 +10,7 @@ import pytest
 from infra.config import StackConfigError, parse_stack_config
 from infra.config.job import DEFAULT_START_TIMEOUT_MINUTES
 from infra.config.stack import config_warnings, cost_estimate, load_stack_file
-from infra.duration import (
+from infra.estimates.duration import (
     MFU_BY_GPU,
     STARTUP_HOURS,
     checkpoint_saves,
@@ -18,7 +18,7 @@ from infra.duration import (
     shape_flops_config,
     steps_within,
 )
-from infra.instances import INSTANCE_FACTS
+from infra.facts.instances import INSTANCE_FACTS
 from trainer.flops import flops_per_token
 from trainer.presets import PRESETS
 
@@ -49,7 +49,7 @@ def test_llama31_8b_on_32_h100_by_hand() -> None:
 
 
 def test_the_worked_example_of_the_docs() -> None:
-    """infra/duration.py's docstring and docs/plan.md: llama31-8b-p5 as shipped."""
+    """infra/estimates/duration.py's docstring and docs/plan.md: llama31-8b-p5 as shipped."""
     estimate = estimate_duration(load_stack_file("llama31-8b-p5"))
     assert estimate.tokens == 3_500 * 256 * 8192
     assert estimate.flops_per_token == pytest.approx(57.9e9, rel=1e-3)

@@ -23,7 +23,7 @@ pulumi/pulumi at commit 1b5949891b3c (Aug 2026), and apply them to this reposito
    get_provider unpickles the provider with `dill.loads(base64.b64decode(...))`, and
    `pulumi/dynamic/dynamic.py` serialize_provider pickled it with `dill.dumps(recurse=True)`:
    a class from an importable module is stored by reference (module + name), so the module
-   `infra.image_build` must import in that process.
+   `infra.image.build` must import in that process.
 
 With `main: infra/` (the layout before this file) rule 1 gives `infra/`, rule 2 `infra/.venv`,
 which uv never creates: every preview failed there (pulumi/pulumi#7061, #7907 show the same
@@ -146,7 +146,7 @@ def test_the_policy_pack_runs_in_the_same_environment() -> None:
 
 SERIALIZE = (
     "from pulumi.dynamic.dynamic import serialize_provider\n"
-    "from infra.image_build import ImageBuildProvider\n"
+    "from infra.image.build import ImageBuildProvider\n"
     "print(serialize_provider(ImageBuildProvider()))\n"
 )
 # What pulumi/dynamic/__main__.py get_provider does with the resource's __provider property.
@@ -197,7 +197,7 @@ def test_the_provider_process_unpickles_the_image_build_provider() -> None:
     run = provider_process()
     payload = run(SERIALIZE)
     module, name, path = run(DESERIALIZE, stdin=payload).split()
-    assert (module, name) == ("infra.image_build", "ImageBuildProvider")
+    assert (module, name) == ("infra.image.build", "ImageBuildProvider")
     assert Path(path) == REPO_ROOT / "infra" / "image_build.py"
 
 

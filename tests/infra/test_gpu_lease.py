@@ -12,8 +12,8 @@ import pytest
 from pulumi.runtime import mocks as pulumi_mocks
 
 from infra.config import load_stack_file, parse_stack_config, read_stack_file
-from infra.gpu_lease import NodeGroupScaling, existing_lease_report, lease_line
 from infra.offline import FakeCloud, evaluate
+from infra.platform.gpu_lease import NodeGroupScaling, existing_lease_report, lease_line
 from infra.program import main as program
 
 P5 = "p5.48xlarge"

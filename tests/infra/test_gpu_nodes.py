@@ -7,15 +7,15 @@ import pytest
 from pulumi.runtime import settings
 
 from infra.config.cluster import GpuNodesConfig
-from infra.gpu_nodes import (
+from infra.offline import Evaluation, FakeCloud, evaluate
+from infra.offline.outputs import INVOKE_RESULTS
+from infra.platform.gpu_nodes import (
     GPU_AMI_TYPE,
     GpuNodeGroup,
     GpuNodeGroupArgs,
     efa_network_interfaces,
     gpu_tolerations,
 )
-from infra.offline import Evaluation, FakeCloud, evaluate
-from infra.offline.outputs import INVOKE_RESULTS
 
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"

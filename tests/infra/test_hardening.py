@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from infra.config import StackConfigError, read_stack_file
-from infra.job_manifest import (
+from infra.job.manifest import (
     HF_TOKEN_FILE_MODE,
     HF_TOKEN_PATH,
     JOB_NAME_LABEL,
@@ -30,7 +30,7 @@ from infra.job_manifest import (
     render_job,
 )
 from infra.offline import Evaluation, RecordedResource
-from infra.training_operator import OPERATOR_USER_ID, WEBHOOK_CONFIGURATION, WEBHOOK_SECRET
+from infra.platform.training_operator import OPERATOR_USER_ID, WEBHOOK_CONFIGURATION, WEBHOOK_SECRET
 from tests.infra.test_addons import run as run_addons
 from tests.infra.test_cluster import build as build_cluster
 from tests.infra.test_job import IMAGE, make_config
@@ -220,7 +220,7 @@ def test_the_chown_init_container_keeps_only_the_capabilities_chown_needs() -> N
 def test_every_container_of_the_job_runs_under_runtime_default_seccomp() -> None:
     """containerd's default profile (contrib/seccomp/seccomp_default.go) blocks the NUMA
     memory-policy calls without CAP_SYS_NICE; nothing in the job needs them (see
-    infra.job_manifest.SECCOMP_PROFILE), so the job does not run Unconfined."""
+    infra.job.manifest.SECCOMP_PROFILE), so the job does not run Unconfined."""
     pod = job_pod()
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     for container in [*pod["initContainers"], *pod["containers"]]:

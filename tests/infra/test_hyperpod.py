@@ -18,12 +18,17 @@ import pytest
 import yaml
 
 from infra.config import StackConfigError, parse_stack_config
-from infra.instances import HYPERPOD_HEALTH_LABEL, instance_facts, known_facts, scheduling_labels
-from infra.job_manifest import INSTANCE_TYPE_LABEL, render_job
+from infra.facts.instances import (
+    HYPERPOD_HEALTH_LABEL,
+    instance_facts,
+    known_facts,
+    scheduling_labels,
+)
+from infra.facts.prices import PriceUnknownError, instance_price
+from infra.job.manifest import INSTANCE_TYPE_LABEL, render_job
 from infra.offline import evaluate
 from infra.policy.offline import run_policies
 from infra.policy.settings import policy_config_for
-from infra.pricing import PriceUnknownError, instance_price
 from infra.program import main as program
 from tests.infra.test_stacks import REPO_ROOT
 

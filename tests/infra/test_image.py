@@ -11,7 +11,8 @@ import pulumi
 import pytest
 
 from infra.config.image import ImageConfig
-from infra.image import (
+from infra.image.source import build_fingerprint, write_source_archive
+from infra.image.trainer_image import (
     BUILDSPEC_PATH,
     CACHE_TAG,
     PROJECT_ENVIRONMENT_KEYS,
@@ -20,7 +21,6 @@ from infra.image import (
     TrainerImageArgs,
     build_settings,
 )
-from infra.image_source import build_fingerprint, write_source_archive
 from infra.offline import Evaluation, evaluate
 
 REPO = Path(__file__).resolve().parents[2]

@@ -31,7 +31,7 @@ from moto.ecr.models import ecr_backends
 from moto.moto_server.threaded_moto_server import ThreadedMotoServer
 from pulumi.dynamic.dynamic import serialize_provider
 
-from infra.image_build import (
+from infra.image.build import (
     BuildRequest,
     CodeBuildImageBuilder,
     ImageBuildError,
@@ -322,7 +322,7 @@ def test_start_poll_success_reports_the_registry_digest(
         ],
         push_tag=TAG,
     )
-    caplog.set_level(logging.INFO, logger="infra.image_build")
+    caplog.set_level(logging.INFO, logger="infra.image.build")
     built = make_builder(session, moto_endpoint).build(request())
 
     assert built.digest.startswith("sha256:")
@@ -583,6 +583,6 @@ def test_provider_pickles_by_reference() -> None:
     """Pulumi stores the provider in state; by reference, a code fix applies to old stacks."""
     encoded = serialize_provider(ImageBuildProvider())
     payload = base64.b64decode(encoded)
-    assert b"infra.image_build" in payload
+    assert b"infra.image.build" in payload
     assert len(payload) < 1000
     assert isinstance(dill.loads(payload), ImageBuildProvider)

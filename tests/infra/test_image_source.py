@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.image_source import (
+from infra.image.source import (
     SOURCE_FILES,
     build_fingerprint,
     collect_source_files,

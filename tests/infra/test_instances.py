@@ -2,7 +2,7 @@
 
 import pytest
 
-from infra.instances import INSTANCE_FACTS, instance_facts
+from infra.facts.instances import INSTANCE_FACTS, instance_facts
 
 
 @pytest.mark.parametrize(

@@ -12,9 +12,8 @@ from pulumi.runtime.rpc import _special_secret_sig as SECRET_VALUE  # noqa: N812
 from pulumi.runtime.rpc import _special_sig_key as SECRET_SIG  # noqa: N812
 
 from infra.config import StackConfig, parse_stack_config
-from infra.job import JobNamespace, JobNamespaceArgs, TrainingJob, TrainingJobArgs
-from infra.job_args import run_id, trainer_argv
-from infra.job_manifest import (
+from infra.job.flags import run_id, trainer_argv
+from infra.job.manifest import (
     EFA_RESOURCE,
     GPU_RESOURCE,
     TRAINER_USER_ID,
@@ -23,6 +22,7 @@ from infra.job_manifest import (
     kubectl_commands,
     render_job,
 )
+from infra.launch.training_job import JobNamespace, JobNamespaceArgs, TrainingJob, TrainingJobArgs
 from infra.offline import evaluate
 from trainer.config import parse_args
 
@@ -163,7 +163,7 @@ def test_run_policy_and_no_wait_annotation() -> None:
         "ttlSecondsAfterFinished": 3600,
     }
     # No `pulumi.com/waitFor`: it never fails early (a Failed job held `up` for its whole
-    # timeout) and counted crash-looping workers as running; infra.job_watch waits instead.
+    # timeout) and counted crash-looping workers as running; infra.launch.start_watch waits instead.
     assert "annotations" not in manifest["metadata"]
 
 
@@ -323,7 +323,7 @@ def test_the_engine_waits_for_the_watch_as_long_as_the_watch_waits(
 ) -> None:
     """The engine's create timeout on the watch (`CustomTimeouts`) must not cut the watch's
     own wait short: the start budget plus the stable minute (`job_watch.wait_limit_seconds`)."""
-    from infra.job import create_timeout
+    from infra.launch.training_job import create_timeout
 
     assert create_timeout(minutes * 60) == timeout
 
@@ -336,7 +336,11 @@ def test_a_stop_signal_leaves_time_for_the_step_and_a_checkpoint(
     flight and a whole save, the agent's inside the pod's."""
     from torch.distributed.launcher.api import LaunchConfig
 
-    from infra.duration import checkpoint_seconds, estimate_duration, shutdown_grace_seconds
+    from infra.estimates.duration import (
+        checkpoint_seconds,
+        estimate_duration,
+        shutdown_grace_seconds,
+    )
 
     config = make_config(model={"preset": "llama3.1-8b"}, training={"maxSteps": 100})
     manifest = render_job(config, image=IMAGE, pvc_name="fsx-claim").as_dict()
@@ -354,7 +358,7 @@ def test_a_stop_signal_leaves_time_for_the_step_and_a_checkpoint(
 
 
 def test_the_watchdog_floor_covers_a_save_and_the_recorder_dumps_beside_the_checkpoints() -> None:
-    from infra.duration import shutdown_grace_seconds
+    from infra.estimates.duration import shutdown_grace_seconds
 
     config = make_config(model={"preset": "llama3.1-8b"}, training={"maxSteps": 100})
     manifest = render_job(config, image=IMAGE, pvc_name="fsx-claim").as_dict()

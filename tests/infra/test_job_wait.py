@@ -15,7 +15,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from infra.job_wait import (
+from infra.job.start_rule import (
     DEFAULT_START_TIMEOUT_S,
     OPERATOR_PICKUP_S,
     STABLE_RUNNING_S,

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from infra.job_wait import JobStartError
-from infra.job_watch import (
+from infra.job.start_rule import JobStartError
+from infra.launch.start_watch import (
     JobStartWatchProvider,
     KubernetesApi,
     WatchedJob,
@@ -153,7 +153,8 @@ def serve() -> Iterator[Any]:
 
 
 def kubeconfig(server: str, *, exit_code: int = 0) -> str:
-    """The shape `infra.kube_access.exec_kubeconfig` writes, with a plugin that prints a token."""
+    """The shape `infra.platform.kube_access.exec_kubeconfig` writes, with a plugin that prints a
+    token."""
     credential = {
         "apiVersion": "client.authentication.k8s.io/v1beta1",
         "kind": "ExecCredential",
@@ -275,17 +276,17 @@ def test_only_a_new_job_makes_up_wait_again() -> None:
 def test_the_provider_process_unpickles_the_watch_provider() -> None:
     """The engine starts dynamic providers in the project root with the launcher's python
     (tests/infra/test_engine_layout.py models those rules): the watch's provider must pickle
-    by reference to `infra.job_watch` and import there, as the image build's does."""
+    by reference to `infra.launch.start_watch` and import there, as the image build's does."""
     from tests.infra import test_engine_layout as layout
 
     run = layout.provider_process()
     payload = run(
         "from pulumi.dynamic.dynamic import serialize_provider\n"
-        "from infra.job_watch import JobStartWatchProvider\n"
+        "from infra.launch.start_watch import JobStartWatchProvider\n"
         "print(serialize_provider(JobStartWatchProvider()))\n"
     )
     module, name, _ = run(layout.DESERIALIZE, stdin=payload).split()
-    assert (module, name) == ("infra.job_watch", "JobStartWatchProvider")
+    assert (module, name) == ("infra.launch.start_watch", "JobStartWatchProvider")
 
 
 def mounting(index: int, uid: str) -> dict[str, Any]:

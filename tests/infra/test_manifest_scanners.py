@@ -35,11 +35,11 @@ import pytest
 import yaml
 from kubernetes_validate.utils import VersionNotSupportedError  # type: ignore[import-untyped]
 
-from infra.addons import EFA_CHART, NVIDIA_CHART
-from infra.autoscaler import CHART as AUTOSCALER_CHART
 from infra.config import StackConfig
-from infra.job_manifest import CONTAINER_NAME
+from infra.job.manifest import CONTAINER_NAME
 from infra.offline import Evaluation
+from infra.platform.addons import EFA_CHART, NVIDIA_CHART
+from infra.platform.autoscaler import CHART as AUTOSCALER_CHART
 from scripts.dev import VENV
 from tests.infra.test_stacks import STACKS, stack
 
@@ -63,7 +63,7 @@ class Allowed:
 
 
 ALLOWED: dict[str, Allowed] = {
-    # --- the trainer's worker pods: GPU batch work (infra/job_manifest.py) -----------------
+    # --- the trainer's worker pods: GPU batch work (infra/job/manifest.py) -----------------
     "CKV_K8S_8": Allowed(
         r"^Pod\..*-worker-0$",
         "No liveness probe: a training step can legitimately take minutes (a checkpoint save, "
@@ -77,21 +77,22 @@ ALLOWED: dict[str, Allowed] = {
     ),
     "CKV_K8S_11": Allowed(
         r"^Pod\..*-worker-0$",
-        "No CPU limit: the worker is sized to its whole node (infra/job_manifest.py "
+        "No CPU limit: the worker is sized to its whole node (infra/job/manifest.py "
         "container_resources); a CFS quota would only throttle data loading and NCCL proxies.",
     ),
     "CKV_K8S_25": Allowed(
         r"^Pod\..*-worker-0$",
         "The init container that creates and chowns the run's directories on FSx (a fresh "
         "file system is root's) runs as root with CHOWN, DAC_OVERRIDE and FOWNER, nothing "
-        "else (infra/job_manifest.py PREPARE_CAPABILITIES).",
+        "else (infra/job/manifest.py PREPARE_CAPABILITIES).",
     ),
     "CKV_K8S_22": Allowed(
         r"^Pod\..*-worker-0$",
         "The trainer's root filesystem stays writable for the Triton/Inductor kernel caches "
-        "and the HF cache under /tmp (infra/job_manifest.py trainer_security_context).",
+        "and the HF cache under /tmp (infra/job/manifest.py trainer_security_context).",
     ),
-    # --- the training operator (infra/training_operator.py) --------------------------------
+    # --- the training operator (infra/platform/training_operator.py)
+    # --------------------------------
     "CKV_K8S_43": Allowed(
         r"^Deployment\.kubeflow\.training-operator$",
         "The v1.9.0 operator image is pinned by tag: no digest for it is published or could "
@@ -103,7 +104,7 @@ ALLOWED: dict[str, Allowed] = {
         "The operator is a controller: it calls the Kubernetes API, so its pod needs its "
         "service-account token. A trainer pod mounts one only when the run lives in S3 (no "
         "FSx, the dev stack): it is the identity EKS Pod Identity exchanges for the run's "
-        "role, and Pod Identity credentials need the token mounted (infra/checkpoint_access.py; "
+        "role, and Pod Identity credentials need the token mounted (infra/platform/run_access.py; "
         "the account itself is granted nothing in Kubernetes).",
     ),
     "CKV_K8S_155": Allowed(

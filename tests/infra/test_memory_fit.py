@@ -16,8 +16,7 @@ import pytest
 
 from infra.config import StackConfigError, parse_stack_config
 from infra.config.stack import config_warnings, load_stack_file
-from infra.job_args import trainer_flags
-from infra.memory_fit import (
+from infra.estimates.memory_fit import (
     GIB,
     NEAR_LIMIT,
     RunShape,
@@ -28,6 +27,7 @@ from infra.memory_fit import (
     parallelism,
     shard_size,
 )
+from infra.job.flags import trainer_flags
 from trainer.presets import approx_num_parameters, get_preset
 
 STACKS = sorted((Path(__file__).resolve().parents[2] / "stacks").glob("Pulumi.*.yaml"))
@@ -180,7 +180,7 @@ def test_checkpointing_keeps_only_each_layers_input() -> None:
 
 
 def test_the_checkpointing_mode_is_the_stack_key_not_an_extra_flag() -> None:
-    """`--ac_mode` is rendered from training.activationCheckpointing (infra.job_args)."""
+    """`--ac_mode` is rendered from training.activationCheckpointing (infra.job.flags)."""
     with pytest.raises(StackConfigError, match=r"training.extraArgs.ac_mode is set from its own"):
         parse(
             model={"preset": "llama3.2-1b", "numLayers": 5},

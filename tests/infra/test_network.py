@@ -12,9 +12,9 @@ from pulumi.runtime import settings
 from infra.config import read_stack_file
 from infra.config.cluster import NetworkConfig
 from infra.config.stack import StackConfigError
-from infra.network import Network, NetworkArgs, _gpu_az, plan_subnets
 from infra.offline import Evaluation, evaluate
 from infra.offline.outputs import INVOKE_RESULTS
+from infra.platform.network import Network, NetworkArgs, _gpu_az, plan_subnets
 from infra.program import main as program
 
 SUBNET = "aws:ec2/subnet:Subnet"

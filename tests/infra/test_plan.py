@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from infra.config.stack import SECRET_PLACEHOLDER
-from scripts import plan
+from scripts.cli import plan
 
 
 def test_plan_of_every_stack(capsys: pytest.CaptureFixture[str]) -> None:

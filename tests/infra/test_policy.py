@@ -57,7 +57,7 @@ def pytorch_job_spec(
     deadline_s: int | None = 6 * 3600,
     args: list[str] | None = None,
 ) -> dict[str, Any]:
-    """A PyTorchJob spec shaped like infra.job_manifest.render_job's."""
+    """A PyTorchJob spec shaped like infra.job.manifest.render_job's."""
     limits: dict[str, Any] = {"nvidia.com/gpu": 8, "memory": "1700Gi"}
     if efa is not None:
         limits["vpc.amazonaws.com/efa"] = efa
@@ -612,7 +612,7 @@ STACK_FILES = sorted((ROOT / "stacks").glob("Pulumi.*.yaml"))
 
 def rendered_job(path: Path) -> Resource:
     from infra.config import load_stack_file
-    from infra.job_manifest import render_job
+    from infra.job.manifest import render_job
 
     config = load_stack_file(path)
     manifest = render_job(

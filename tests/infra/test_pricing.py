@@ -8,8 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from infra.config.cost import DEFAULT_MAX_USD_PER_RUN, CostConfig
-from infra.instances import INSTANCE_FACTS
-from infra.pricing import (
+from infra.facts.instances import INSTANCE_FACTS
+from infra.facts.prices import (
     ON_DEMAND_USD_PER_HOUR,
     SOURCES,
     CapacityType,

@@ -10,9 +10,9 @@ import pytest
 
 from infra.config import StackConfigError, parse_stack_config
 from infra.config.stack import load_stack_file
+from infra.job.stack_checks import require_semantics, semantic_problems
 from infra.offline import evaluate
 from infra.program import main as program
-from infra.semantic_checks import require_semantics, semantic_problems
 
 STACKS = sorted(
     path.name.removeprefix("Pulumi.").removesuffix(".yaml")

@@ -12,9 +12,9 @@ import pytest
 import yaml
 
 from infra.config import StackConfig, StackConfigError, load_stack_file, read_stack_file
-from infra.duration import estimate_duration
-from infra.job_args import s3_run_prefix
-from infra.job_manifest import EFA_RESOURCE, GPU_RESOURCE
+from infra.estimates.duration import estimate_duration
+from infra.job.flags import s3_run_prefix
+from infra.job.manifest import EFA_RESOURCE, GPU_RESOURCE
 from infra.offline import Evaluation, FakeCloud, RecordedResource, evaluate
 from infra.program import main as program
 from trainer.config import TrainConfig, parse_args
@@ -267,8 +267,8 @@ def test_a_stack_that_names_an_availability_zone_names_its_region(name: str) -> 
 @pytest.mark.parametrize("name", STACKS)
 def test_the_run_fits_its_own_deadline(name: str) -> None:
     """The trainer's own FLOPs per token and per-GPU peak (trainer.flops), at the MFU that
-    infra.duration assumes, plus a start-up allowance: a deadline shorter than that kills the
-    run before maxSteps, after the GPUs were paid for."""
+    infra.estimates.duration assumes, plus a start-up allowance: a deadline shorter than that kills
+    the run before maxSteps, after the GPUs were paid for."""
     config = load_stack_file(name)
     assert config.job.max_run_hours is not None
     estimate = estimate_duration(config)

@@ -13,7 +13,7 @@ import pytest
 from infra.config.storage import StorageConfig, claim_name_for
 from infra.offline import Evaluation, evaluate
 from infra.offline.outputs import short_hash
-from infra.storage import Storage, StorageArgs
+from infra.platform.storage import Storage, StorageArgs
 
 BUCKET = "aws:s3/bucket:Bucket"
 FSX = "aws:fsx/lustreFileSystem:LustreFileSystem"

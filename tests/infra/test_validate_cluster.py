@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from infra.config.stack import parse_stack_config
-from infra.validation import (
+from infra.job.cluster_checks import (
     BENCH_MOUNT_PATH,
     BENCH_SCRIPT_NAME,
     expected_node_resources,
@@ -23,8 +23,9 @@ from infra.validation import (
     nccl_job,
     validation_manifests,
 )
-from scripts import nccl_allreduce, validate_cluster
-from scripts.validate_cluster import (
+from infra.job.payloads import nccl_allreduce
+from scripts.cli import validate as validate_cluster
+from scripts.cli.validate import (
     GpuCheckReport,
     Kubectl,
     NodeResources,
@@ -241,7 +242,7 @@ def test_render_only_prints_the_manifests_of_a_stack_file(tmp_path, capsys):
     kinds = [d["kind"] for d in documents if d]
     assert kinds == ["Job", "ConfigMap", "PyTorchJob"]
     bench = documents[1]["data"][BENCH_SCRIPT_NAME]
-    assert bench == (REPO / "scripts" / "nccl_allreduce.py").read_text()
+    assert bench == (REPO / "infra" / "job" / "payloads" / "nccl_allreduce.py").read_text()
     assert _container(documents[2])["resources"]["limits"]["vpc.amazonaws.com/efa"] == 4
     # The stack has FSx (the default): the probe mounts the stack's claim.
     [volume] = documents[0]["spec"]["template"]["spec"]["volumes"]
@@ -369,7 +370,7 @@ def test_gpu_reports_pass_and_fail():
 # -- NCCL logs ----------------------------------------------------------------------------------
 
 # Captured format of an EFA run: aws-ofi-nccl init lines, NCCL's network choice, GDRDMA
-# channels and the nccl-tests style table printed by scripts/nccl_allreduce.py.
+# channels and the nccl-tests style table printed by infra/job/payloads/nccl_allreduce.py.
 NCCL_EFA_LOG = """\
 [rank0]: NCCL version 2.26.2+cuda12.8
 val-nccl-worker-0:52:52 [0] NCCL INFO NET/Plugin: Loaded net plugin Libfabric (v9)
@@ -526,7 +527,7 @@ def test_benchmark_runs_under_torchrun_and_its_output_parses():
         "torch.distributed.run",
         "--nproc_per_node=2",
         f"--master_port={_free_port()}",
-        str(REPO / "scripts" / "nccl_allreduce.py"),
+        str(REPO / "infra" / "job" / "payloads" / "nccl_allreduce.py"),
         "--backend=gloo",
         "--min-bytes=65536",
         "--max-bytes=4194304",
@@ -687,7 +688,7 @@ def test_image_comes_from_the_flag_then_the_stack_config():
 
 def test_gpu_check_script_output_parses(tmp_path):
     """The pod's shell script, run here with a stand-in nvidia-smi, prints what the parser reads."""
-    from infra.validation import GPU_CHECK_SCRIPT
+    from infra.job.cluster_checks import GPU_CHECK_SCRIPT
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

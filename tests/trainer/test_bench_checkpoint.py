@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from scripts import bench_checkpoint
+from scripts.bench import checkpoint_stall as bench_checkpoint
 
 
 def test_the_benchmark_measures_both_modes_on_both_stores(

@@ -1,4 +1,4 @@
-"""`scripts/bench_loader.py`, the loader stall-share benchmark, runs and reports each setting.
+"""`scripts/bench/loader_stall.py`, the loader stall-share benchmark, runs and reports each setting.
 
 The share is a time and is never asserted; tests/trainer/test_data.py counts the tokenizer
 calls behind it."""
@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from scripts import bench_loader
+from scripts.bench import loader_stall as bench_loader
 
 
 def test_the_loader_benchmark_runs_and_reports_each_map_batch(

@@ -14,7 +14,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from scripts import bench_matrix, bench_trainer
+from scripts.bench import matrix as bench_matrix
+from scripts.bench import throughput as bench_trainer
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--model", "tiny", "--seq_len", "32", "--batch_size", "2", "--device", "cpu"]
@@ -90,14 +91,14 @@ def test_bench_rejects_bad_flags(capsys, extra, message):
 
 @pytest.mark.slow
 def test_bench_under_torchrun_two_ranks_as_documented(tmp_path):
-    """The documented invocation (`torchrun ... scripts/bench_trainer.py`), two CPU ranks."""
+    """The documented invocation (`torchrun ... scripts/bench/throughput.py`), two CPU ranks."""
     cmd = [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--nproc_per_node=2",
         "--standalone",
-        str(ROOT / "scripts" / "bench_trainer.py"),
+        str(ROOT / "scripts" / "bench" / "throughput.py"),
         *TINY,
         "--steps",
         "2",
@@ -166,7 +167,7 @@ def test_the_matrix_runs_every_cell_and_writes_the_table_into_the_docs(tmp_path)
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench_trainer.py"), *argv],
+        [sys.executable, str(ROOT / "scripts" / "bench" / "throughput.py"), *argv],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]

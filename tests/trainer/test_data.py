@@ -633,7 +633,7 @@ def test_no_tokenizer_call_takes_more_than_the_map_batch(
 ) -> None:
     """Tokenisation comes in bursts the read-ahead can hide (issue 14, hazard 4), counted:
     every call of the tokenizer the lazy `datasets.map` makes, with its number of documents.
-    `scripts/bench_loader.py` measures what that does to the stall share."""
+    `scripts/bench/loader_stall.py` measures what that does to the stall share."""
     # Enough documents that each of the loader's resume shards (RESUME_SHARDS) holds more
     # than a map batch: the calls are then cut by the map batch.
     corpus = write_tiny_corpus(

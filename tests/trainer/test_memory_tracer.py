@@ -1,4 +1,5 @@
-"""The plan's memory estimate (`infra.memory_fit`) against torch's own FSDP2 memory tracer.
+"""The plan's memory estimate (`infra.estimates.memory_fit`) against torch's own FSDP2 memory
+tracer.
 
 Each case builds the REAL trainer model (`trainer.models.build_model`), shards it with the
 trainer's own mesh and `parallelize_model` (checkpoint wrappers, FSDP2 units, bf16/fp32 mixed
@@ -42,7 +43,7 @@ from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torch.distributed.tensor import DTensor, Shard
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
-from infra.memory_fit import RunShape, estimate
+from infra.estimates.memory_fit import RunShape, estimate
 from trainer.distributed import DistInfo, build_mesh
 from trainer.loss import install_chunked_loss
 from trainer.models import build_model, decoder_layers, hf_config_from
@@ -123,7 +124,8 @@ def trace_peak(shape: ModelShape, run: RunShape, strategy: str, *, ac_every: int
 
 
 def run_of(shape: ModelShape, strategy: str, *, batch: int, context: int, ac: int) -> RunShape:
-    """The estimator's view of the traced run (what `infra.memory_fit.run_shape` derives)."""
+    """The estimator's view of the traced run (what `infra.estimates.memory_fit.run_shape`
+    derives)."""
     world = WORLD if strategy != "hybrid" else 2 * GPUS_PER_NODE
     shard = {"full": world, "shard_grad_op": world, "hybrid": GPUS_PER_NODE, "no_shard": 1}
     return RunShape(

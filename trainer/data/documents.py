@@ -28,7 +28,7 @@ MAP_BATCH_DOCUMENTS = 64
 blocks the read-ahead thread for about a second (the audit of issue 14, a 1B model's step is
 ~0.1 s on an H100), longer than the two-batch read-ahead covers; 64 documents are ~1/16 of
 that, and the tokenizer's batching gains little beyond a few dozen texts. Measured with
-`scripts/bench_loader.py` (docs/benchmarks.md)."""
+`scripts/bench/loader_stall.py` (docs/benchmarks.md)."""
 
 
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:

@@ -1,0 +1,278 @@
+"""How long a stack's run should take, from the trainer's own FLOPs arithmetic.
+
+A deadline (`job.maxRunHours`) that is shorter than the run kills the job half way: the GPUs
+were paid for and the model is not finished. The estimate here is the trainer's MFU formula
+run backwards, so plan, tests and the trainer's own log line agree on one set of figures:
+
+    hours = max_steps x global batch x context width x FLOPs per token
+            / (GPUs x peak bf16 FLOP/s per GPU x MFU) / 3600
+            + checkpoint saves x checkpoint bytes / write throughput  +  start-up allowance
+
+FLOPs per token and the per-GPU peak come from `trainer.flops` (what `trainer.metrics`
+reports MFU with); nothing is re-derived here. The MFU is a per-GPU-family assumption with a
+range (`MFU_BY_GPU`), so the plan shows a range and the deadline check uses the expected
+figure. Torch-free: the Pulumi program may import it.
+
+Worked example (tests/infra/test_duration.py, docs/operations.md): `llama31-8b-p5` trains
+3,500 steps x 256 sequences x 8,192 tokens = 7.34B tokens; Llama 3.1 8B costs 57.9
+GFLOP/token at that context by the trainer's formula; 32 H100s at 35% of 989.4 TFLOP/s do
+that in 10.7 h; seven checkpoints of 96 GB (8.03B parameters x 12 bytes) at the FSx file
+system's 586 MB/s (250 MB/s per TiB x 2.34 TiB) add 0.32 h; with 0.5 h of start-up the run
+takes ~11.5 h (range 9.7-16.2 h), inside its 12 h deadline.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import TYPE_CHECKING
+
+from trainer.flops import flops_per_token, peak_flops_of
+from trainer.presets import approx_num_parameters
+
+if TYPE_CHECKING:
+    from infra.config import StackConfig
+    from trainer.presets import ModelShape
+
+
+@dataclass(frozen=True)
+class MfuAssumption:
+    """Model FLOPs utilisation expected of a bf16 FSDP2 run on one GPU family, with its range.
+
+    Every figure is assumed (`measured` False) until `scripts/bench/throughput.py` on that GPU
+    gives a measured one (docs/benchmarks.md); the plan says which it used."""
+
+    low: float
+    expected: float
+    high: float
+    source: str
+    measured: bool = False
+
+
+_HOPPER = MfuAssumption(
+    0.25,
+    0.35,
+    0.42,
+    "torchtitan docs/performance.md: FSDP2 bf16 Llama 3.1 8B on 8-128 H100s without Float8 "
+    "runs at 33-39% MFU; Meta's Llama 3 paper (2024, Table 4) reports 38-43% at 16K H100s "
+    "with 4-D parallelism. Ours (FSDP2 over Hugging Face modules) is assumed at the low "
+    "middle, and lower where EFA traffic is exposed",
+)
+MFU_BY_GPU: dict[str, MfuAssumption] = {
+    "H100": _HOPPER,
+    "H200": _HOPPER,
+    "A100": MfuAssumption(
+        0.30,
+        0.40,
+        0.52,
+        "foundation-model-stack/fms-fsdp README: Llama 2 7B at 3760 tokens/GPU/s on 128 "
+        "A100s (seq 4096, HSDP), ~57% MFU by our FLOPs formula; assumed lower for ours",
+    ),
+    "B200": MfuAssumption(
+        0.20,
+        0.30,
+        0.40,
+        "no published FSDP2 figure; assumed below Hopper while kernels mature on the part",
+    ),
+    "L40S": MfuAssumption(
+        0.20,
+        0.30,
+        0.40,
+        "no published figure; PCIe GPUs without NVLink expose FSDP's all-gathers; assumed",
+    ),
+    "A10G": MfuAssumption(
+        0.20,
+        0.30,
+        0.40,
+        "no published figure; 24 GB forces small micro-batches on PCIe without NVLink; assumed",
+    ),
+}
+"""Keys are `infra.facts.instances` GPU models; a GPU missing here cannot be planned."""
+
+STARTUP_HOURS = 0.5
+"""Expected time that is not training steps at start: GPU nodes launched (or scaled from
+zero), the ~20 GB image pulled, rendezvous, model initialisation or checkpoint loading. The
+worst case is the stack's `job.startTimeoutMinutes`, counted in the range's top."""
+
+S3_WRITE_BYTES_PER_S_PER_NODE = 1.25e9
+"""A checkpoint written to S3 (no FSx) by s3torchconnector's CRT client: its default
+throughput target is 10 Gbit/s per client (`S3ClientConfig.throughput_target_gbps`), one client
+per rank, so a node's NIC is not the limit; assumed 1.25 GB/s per node, every node writing its
+own shards in parallel (S3 scales per prefix: 3,500 PUT/s each, AWS S3 User Guide,
+"Best practices design patterns: optimizing Amazon S3 performance")."""
+
+CHECKPOINT_BYTES_PER_PARAMETER = 12
+"""What a distributed checkpoint holds per parameter: fp32 weights and AdamW's two fp32
+moments (`trainer.checkpoint` saves the model and optimizer state dicts)."""
+
+
+def shape_flops_config(shape: ModelShape) -> SimpleNamespace:
+    """The attributes `trainer.flops.flops_per_token` reads, under their Hugging Face names
+    (as `trainer.models.hf_config_from` sets them), from a preset shape without transformers."""
+    return SimpleNamespace(
+        hidden_size=shape.hidden_size,
+        num_attention_heads=shape.num_heads,
+        num_key_value_heads=shape.num_key_value_heads,
+        head_dim=shape.head_dim,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_layers,
+        vocab_size=shape.vocab_size,
+        num_local_experts=shape.num_local_experts,
+        num_experts_per_tok=shape.num_experts_per_tok,
+    )
+
+
+@dataclass(frozen=True)
+class DurationEstimate:
+    """A run's expected length, its range, and the figures it rests on."""
+
+    tokens: int
+    """Tokens the run trains on: max steps x global batch x context width."""
+    flops_per_token: int
+    gpus: int
+    peak_flops_per_gpu: float
+    mfu: MfuAssumption
+    startup_hours: float
+    start_budget_hours: float
+    """The all-or-nothing start budget (`job.startTimeoutMinutes`): the slowest start that
+    still trains."""
+    checkpoint_hours: float
+    """Time the steps stand still while checkpoints are written (saves are synchronous)."""
+
+    def training_hours_at(self, mfu: float) -> float:
+        """Hours of training steps at `mfu`."""
+        achieved = self.gpus * self.peak_flops_per_gpu * mfu
+        return self.tokens * self.flops_per_token / achieved / 3600
+
+    @property
+    def training_hours(self) -> float:
+        """Hours of training steps at the expected MFU."""
+        return self.training_hours_at(self.mfu.expected)
+
+    @property
+    def hours(self) -> float:
+        """The expected wall time: steps, checkpoints and start-up; what a deadline must cover."""
+        return self.training_hours + self.checkpoint_hours + self.startup_hours
+
+    @property
+    def low_hours(self) -> float:
+        return self.training_hours_at(self.mfu.high) + self.checkpoint_hours + self.startup_hours
+
+    @property
+    def high_hours(self) -> float:
+        """At the low MFU, with the whole pod-start budget spent on start-up."""
+        start = max(self.startup_hours, self.start_budget_hours)
+        return self.training_hours_at(self.mfu.low) + self.checkpoint_hours + start
+
+    def summary(self) -> str:
+        """One line: how long, the range, and why."""
+        kind = "measured" if self.mfu.measured else "assumed"
+        return (
+            f"~{self.hours:.1f} h (range {self.low_hours:.1f}-{self.high_hours:.1f} h): "
+            f"{self.tokens / 1e9:.2f}B tokens x {self.flops_per_token / 1e9:.1f} GFLOP/token on "
+            f"{self.gpus} GPUs at {self.mfu.expected:.0%} MFU ({kind}, range "
+            f"{self.mfu.low:.0%}-{self.mfu.high:.0%}) of {self.peak_flops_per_gpu / 1e12:g} "
+            f"TFLOP/s = {self.training_hours:.1f} h, + {self.checkpoint_hours:.2f} h "
+            f"checkpoints, + {self.startup_hours:g} h start-up"
+        )
+
+
+class UnknownPeakError(LookupError):
+    """The GPU of an instance type has no peak FLOP/s in `trainer.flops` or no MFU here."""
+
+
+def checkpoint_write_bytes_per_s(config: StackConfig) -> float:
+    """How fast one checkpoint is written: the FSx file system's throughput (MB/s per TiB x
+    TiB, the PERSISTENT_2 baseline) when the stack mounts one it sized, else S3 from every
+    node in parallel (an existing claim, of unknown size, is taken to write like S3)."""
+    fsx = config.storage.fsx
+    if fsx.creates_file_system:
+        return fsx.per_unit_storage_throughput * 1e6 * fsx.storage_capacity_gib / 1024
+    return S3_WRITE_BYTES_PER_S_PER_NODE * config.gpu_nodes.count
+
+
+def checkpoint_saves(config: StackConfig) -> int:
+    """Saves in a whole run: every `checkpointEvery` steps, and one at the end."""
+    training = config.training
+    every = training.checkpoint_every
+    periodic = training.max_steps // every if every else 0
+    return periodic + (0 if every and training.max_steps % every == 0 else 1)
+
+
+def estimate_duration(
+    config: StackConfig, *, mfu: float | None = None, startup_hours: float = STARTUP_HOURS
+) -> DurationEstimate:
+    """Expected wall time of `config`'s run on its GPU nodes; `mfu` pins the MFU (no range)."""
+    gpu = config.instance.gpu_model
+    peak = peak_flops_of(gpu)
+    assumption = MFU_BY_GPU.get(gpu)
+    if peak is None or assumption is None:
+        raise UnknownPeakError(
+            f"no peak bf16 FLOP/s (trainer/flops.py) or MFU (infra/estimates/duration.py) for "
+            f"GPU {gpu!r}"
+        )
+    if mfu is not None:
+        if not 0 < mfu <= 1:
+            raise ValueError(f"mfu must be in (0, 1], got {mfu}")
+        assumption = MfuAssumption(mfu, mfu, mfu, "given", measured=True)
+    shape = config.model_shape()
+    return DurationEstimate(
+        tokens=config.training.max_steps * config.tokens_per_step,
+        flops_per_token=flops_per_token(shape_flops_config(shape), config.training.context_width),
+        gpus=config.world_size,
+        peak_flops_per_gpu=peak,
+        mfu=assumption,
+        startup_hours=startup_hours,
+        start_budget_hours=config.job.start_timeout_seconds / 3600,
+        checkpoint_hours=checkpoint_saves(config) * checkpoint_seconds(config) / 3600,
+    )
+
+
+def steps_within(config: StackConfig, hours: float) -> int:
+    """The most optimizer steps whose expected wall time fits in `hours` (0 if none does).
+    A bisection over `training.maxSteps`: checkpoint saves grow with the steps too."""
+
+    def fits(steps: int) -> bool:
+        training = config.training.model_copy(update={"max_steps": steps})
+        return estimate_duration(config.model_copy(update={"training": training})).hours <= hours
+
+    low, high = 0, config.training.max_steps
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle - 1)
+    return low
+
+
+SHUTDOWN_MARGIN_S = 60
+"""What a stop needs beyond its step and its save: the ranks' agreement, the metrics line,
+leaving the process group, and the agent reaping its workers."""
+
+
+def shutdown_grace_seconds(config: StackConfig) -> int:
+    """How long a worker needs between SIGTERM and its exit: the step in flight (at the low
+    MFU), two checkpoint writes (an asynchronous save still in flight, which the stop save
+    waits for, then the stop save itself; or one save on a slow, busy file system) and a
+    margin.
+    The pod's `terminationGracePeriodSeconds` and torchrun's shutdown timeout derive from it
+    (`infra.job.manifest`); a Kubernetes default of 30 s would kill a large save half way."""
+    estimate = estimate_duration(config)
+    step_s = estimate.training_hours_at(estimate.mfu.low) * 3600 / config.training.max_steps
+    save_s = checkpoint_seconds(config)
+    return math.ceil(step_s + 2 * save_s + SHUTDOWN_MARGIN_S)
+
+
+def checkpoint_seconds(config: StackConfig) -> float:
+    """Seconds one checkpoint of this run takes to write."""
+    saved_bytes = approx_num_parameters(config.model_shape()) * CHECKPOINT_BYTES_PER_PARAMETER
+    return saved_bytes / checkpoint_write_bytes_per_s(config)
+
+
+WATCHDOG_FLOOR_MIN_S = 600
+"""The trainer's own default floor: whatever the estimate, a hang is not called sooner."""
+
+
+def watchdog_floor_seconds(config: StackConfig) -> int:
+    """The trainer's `--watchdog_floor_s` for this run: twice the longest stretch between two
+    steps that is not a hang (a step at the low MFU with a checkpoint save), at least 10 min."""
+    return max(WATCHDOG_FLOOR_MIN_S, 2 * shutdown_grace_seconds(config))

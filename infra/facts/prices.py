@@ -1,0 +1,341 @@
+"""What the GPU nodes of a stack cost: a price table kept in the repo, and the estimates.
+
+A reviewer approves an experiment partly on its price, and the policy pack blocks a stack whose
+estimate exceeds its ceiling, so the numbers must be traceable: every price names its source
+and the date it was read. They are **list prices for us-east-1, Linux, per instance-hour**.
+US East (Ohio) and US West (Oregon) usually list the same (the snapshots show it for
+p5en.48xlarge); other regions, discounts and savings plans differ, which is what
+`fsdp-eks:cost.usdPerInstanceHour` is for.
+
+How each capacity type is priced, and why:
+
+* `on-demand`: the table.
+* `reservation` (On-Demand Capacity Reservation): billed at the On-Demand rate whether or not
+  instances run in it, so the table again.
+* `spot`: the On-Demand price as an upper bound. Spot prices move every few minutes and the
+  default maximum price of a spot request is the On-Demand price, so a ceiling checked
+  against it holds whatever the market does; the real bill is usually far lower.
+* `block` (Capacity Block for ML): AWS sets these prices dynamically and quotes the exact
+  upfront fee at purchase. No dated figure we could verify is kept here, so the On-Demand
+  price stands in as a proxy (Capacity Block rates have been below On-Demand ones); put the
+  quoted rate in `cost.usdPerInstanceHour` for a real number.
+
+Only the GPU nodes are priced. The EKS control plane ($0.10/hour), system nodes, NAT
+gateway, FSx and storage are not included, and the estimates say so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from infra.facts.instances import INSTANCE_FACTS, is_hyperpod_type
+
+CapacityType = Literal["on-demand", "spot", "reservation", "block"]
+CAPACITY_TYPES: tuple[CapacityType, ...] = ("on-demand", "spot", "reservation", "block")
+
+PRICE_REGION = "us-east-1"
+"""Region the table's prices are for."""
+
+
+@dataclass(frozen=True)
+class PriceSource:
+    """Where a group of prices was read, and how sure we are of them."""
+
+    title: str
+    url: str
+    as_of: str
+    """Date (ISO) the figures were read at the source."""
+    confirmed: bool
+    """True only when the figures were read from AWS itself; False: confirm before relying."""
+    note: str
+
+
+SOURCES: dict[str, PriceSource] = {
+    "aws-on-demand-2026": PriceSource(
+        title="Amazon EC2 On-Demand Pricing (Linux, US East (N. Virginia))",
+        url="https://aws.amazon.com/ec2/pricing/on-demand/",
+        as_of="2026-11-09",
+        confirmed=False,
+        note=(
+            "AWS's page could not be reached from the build environment. Figures are the AWS "
+            "list prices as mirrored by public snapshots of the AWS Price List (ec2instances.info "
+            "/ Vantage data quoted in public repositories, retrieved 2026-08 to 2026-11); P4d, "
+            "P4de, P5 and P5en reflect AWS's June 2025 price reduction. Confirm with "
+            "`aws pricing get-products --service-code AmazonEC2` or the page above."
+        ),
+    ),
+    "aws-on-demand-g-family": PriceSource(
+        title="Amazon EC2 On-Demand Pricing (Linux, US East (N. Virginia)), G5 and G6e",
+        url="https://aws.amazon.com/ec2/pricing/on-demand/",
+        as_of="2026-06-17",
+        confirmed=False,
+        note=(
+            "G5 prices have been stable since launch (g5.xlarge $1.006 is quoted for June 2026 "
+            "by public price guides); G6e figures from public Price List snapshots. One "
+            "snapshot lists g6e.12xlarge at $10.6032 instead of $10.49264: confirm that one."
+        ),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class ListPrice:
+    usd_per_hour: float
+    """Per instance-hour."""
+    source: str
+    """Key into SOURCES."""
+
+
+ON_DEMAND_USD_PER_HOUR: dict[str, ListPrice] = {
+    "p4d.24xlarge": ListPrice(21.957642, "aws-on-demand-2026"),
+    "p4de.24xlarge": ListPrice(27.44705, "aws-on-demand-2026"),
+    "p5.48xlarge": ListPrice(55.04, "aws-on-demand-2026"),
+    "p5en.48xlarge": ListPrice(63.296, "aws-on-demand-2026"),
+    "p6-b200.48xlarge": ListPrice(113.9328, "aws-on-demand-2026"),
+    "g5.xlarge": ListPrice(1.006, "aws-on-demand-g-family"),
+    "g5.2xlarge": ListPrice(1.212, "aws-on-demand-g-family"),
+    "g5.4xlarge": ListPrice(1.624, "aws-on-demand-g-family"),
+    "g5.8xlarge": ListPrice(2.448, "aws-on-demand-g-family"),
+    "g5.12xlarge": ListPrice(5.672, "aws-on-demand-g-family"),
+    "g5.16xlarge": ListPrice(4.096, "aws-on-demand-g-family"),
+    "g5.24xlarge": ListPrice(8.144, "aws-on-demand-g-family"),
+    "g5.48xlarge": ListPrice(16.288, "aws-on-demand-g-family"),
+    "g6e.xlarge": ListPrice(1.861, "aws-on-demand-g-family"),
+    "g6e.2xlarge": ListPrice(2.24208, "aws-on-demand-g-family"),
+    "g6e.4xlarge": ListPrice(3.00424, "aws-on-demand-g-family"),
+    "g6e.8xlarge": ListPrice(4.52856, "aws-on-demand-g-family"),
+    "g6e.12xlarge": ListPrice(10.49264, "aws-on-demand-g-family"),
+    "g6e.16xlarge": ListPrice(7.57719, "aws-on-demand-g-family"),
+    "g6e.24xlarge": ListPrice(15.06559, "aws-on-demand-g-family"),
+    "g6e.48xlarge": ListPrice(30.13118, "aws-on-demand-g-family"),
+}
+"""On-Demand list price per instance-hour. p5e.48xlarge is missing on purpose: AWS sells it
+through Capacity Blocks, with no On-Demand list price we could source."""
+
+_BASIS: dict[CapacityType, str] = {
+    "on-demand": "On-Demand list price",
+    "reservation": "On-Demand list price (capacity reservations bill at the On-Demand rate)",
+    "spot": "On-Demand list price as the upper bound of spot",
+    "block": (
+        "On-Demand list price as a proxy for a Capacity Block "
+        "(set cost.usdPerInstanceHour to the quoted rate)"
+    ),
+}
+
+
+class PriceUnknownError(LookupError):
+    """No price for an instance type: the message says how to supply one."""
+
+
+@dataclass(frozen=True)
+class HourlyPrice:
+    """The price one GPU node is estimated at, and what that figure rests on."""
+
+    usd_per_instance_hour: float
+    basis: str
+    """Human-readable: which price was used and why (shown in plans and stack outputs)."""
+    source: PriceSource | None
+    """None when the stack's own `cost.usdPerInstanceHour` was used."""
+
+
+def instance_price(
+    instance_type: str,
+    capacity_type: CapacityType = "on-demand",
+    *,
+    usd_per_instance_hour: float | None = None,
+) -> HourlyPrice:
+    """Price of one `instance_type` node bought as `capacity_type`.
+
+    `usd_per_instance_hour` (the stack's `cost.usdPerInstanceHour`) wins over the table.
+    Raises ValueError for a capacity type that does not exist and PriceUnknownError for an
+    instance type without a list price.
+    """
+    if capacity_type not in CAPACITY_TYPES:
+        raise ValueError(
+            f"capacity type {capacity_type!r} is not one of {', '.join(CAPACITY_TYPES)}"
+        )
+    if usd_per_instance_hour is not None:
+        if usd_per_instance_hour <= 0:
+            raise ValueError(f"cost.usdPerInstanceHour must be > 0, got {usd_per_instance_hour}")
+        return HourlyPrice(usd_per_instance_hour, "cost.usdPerInstanceHour from the stack", None)
+    listed = ON_DEMAND_USD_PER_HOUR.get(instance_type)
+    if listed is None and is_hyperpod_type(instance_type):
+        # SageMaker bills HyperPod capacity at its own rates (on-demand or a training plan),
+        # for as long as the cluster holds it; no dated figure for those is kept here.
+        raise PriceUnknownError(
+            f"no list price for {instance_type!r}: SageMaker HyperPod instances are billed at "
+            f"SageMaker's rates, not EC2's; set fsdp-eks:cost.usdPerInstanceHour to the "
+            f"hourly rate your HyperPod cluster pays for one {instance_type}"
+        )
+    if listed is None:
+        known = "known GPU type" if instance_type in INSTANCE_FACTS else "unknown type"
+        raise PriceUnknownError(
+            f"no list price for {instance_type!r} ({known}); set fsdp-eks:cost.usdPerInstanceHour "
+            f"to the price you pay, or add it to infra/facts/prices.py with its source. Priced "
+            f"types: {', '.join(sorted(ON_DEMAND_USD_PER_HOUR))}"
+        )
+    return HourlyPrice(listed.usd_per_hour, _BASIS[capacity_type], SOURCES[listed.source])
+
+
+def estimate_hourly_usd(
+    instance_type: str,
+    count: int,
+    capacity_type: CapacityType = "on-demand",
+    *,
+    usd_per_instance_hour: float | None = None,
+) -> float:
+    """Estimated $/hour of `count` GPU nodes (GPU nodes only; see the module docstring)."""
+    if count < 0:
+        raise ValueError(f"node count must be >= 0, got {count}")
+    price = instance_price(
+        instance_type, capacity_type, usd_per_instance_hour=usd_per_instance_hour
+    )
+    return round(price.usd_per_instance_hour * count, 4)
+
+
+def estimate_run_usd(
+    instance_type: str,
+    count: int,
+    capacity_type: CapacityType = "on-demand",
+    hours: float = 1.0,
+    *,
+    usd_per_instance_hour: float | None = None,
+) -> float:
+    """Estimated $ of one run: `count` nodes for `hours` hours."""
+    if hours <= 0:
+        raise ValueError(f"run hours must be > 0, got {hours}")
+    hourly = estimate_hourly_usd(
+        instance_type, count, capacity_type, usd_per_instance_hour=usd_per_instance_hour
+    )
+    return round(hourly * hours, 2)
+
+
+@dataclass(frozen=True)
+class CostEstimate:
+    """Everything the plan, the stack outputs and the cost policy show about one stack's cost."""
+
+    instance_type: str
+    count: int
+    capacity_type: CapacityType
+    usd_per_instance_hour: float
+    usd_per_hour: float
+    run_hours: float | None
+    """None: the run has no known length (no deadline and no cost.maxRunHours)."""
+    expected_hours: float | None
+    """The run's expected wall time (`infra.estimates.duration`); None when it cannot be
+    estimated."""
+    usd_per_run: float | None
+    max_usd_per_run: float | None
+    """The stack's ceiling; None: switched off."""
+    basis: str
+    nodes_owned: bool = True
+    """False on an existing cluster: the stack neither creates nor scales its GPU nodes."""
+    lease_tail_hours: float | None = None
+    """How long the nodes stay after the job when the autoscaler leases them (its idle time
+    before scale-down); None: they run until `pulumi destroy`."""
+
+    @property
+    def exceeds_ceiling(self) -> bool:
+        """True when a ceiling is set and the run estimate is above it (or cannot be computed)."""
+        if self.max_usd_per_run is None:
+            return False
+        return self.usd_per_run is None or self.usd_per_run > self.max_usd_per_run
+
+    @property
+    def expected_usd(self) -> float | None:
+        """What the run is expected to cost: its estimated hours and, when the nodes are
+        leased, their idle tail after the job, at the nodes' hourly price. Unleased nodes bill
+        on after the job until `pulumi destroy`, which no estimate can bound."""
+        if self.expected_hours is None:
+            return None
+        return round(self.usd_per_hour * (self.expected_hours + (self.lease_tail_hours or 0)), 2)
+
+    def summary(self) -> str:
+        """One line for plans, PR comments and stack outputs."""
+        run = (
+            f"${self.usd_per_run:,.2f} per run at most ({self.run_hours:g} h)"
+            if self.usd_per_run is not None and self.run_hours is not None
+            else "per run: unknown (no deadline and no cost.maxRunHours)"
+        )
+        if self.expected_usd is not None and self.expected_hours is not None:
+            run = f"~${self.expected_usd:,.2f} expected (~{self.expected_hours:.1f} h), {run}"
+        if not self.nodes_owned:
+            run += " (the existing cluster's GPU nodes: their idle time is its operators' choice)"
+        elif self.lease_tail_hours is None:
+            run += " (nodes bill on after the job until `pulumi destroy`)"
+        else:
+            tail = self.lease_tail_hours * 60
+            run += f" (GPU nodes 0 -> {self.count} for the job, 0 again ~{tail:.0f} min after it)"
+        ceiling = (
+            "no ceiling"
+            if self.max_usd_per_run is None
+            else f"ceiling ${self.max_usd_per_run:,.2f}"
+            + (" EXCEEDED" if self.exceeds_ceiling else "")
+        )
+        return (
+            f"{self.count} x {self.instance_type} ({self.capacity_type}): "
+            f"${self.usd_per_hour:,.2f}/hour, {run}, {ceiling}; {self.basis}; GPU nodes only"
+        )
+
+    def as_outputs(self) -> dict[str, object]:
+        """Stack-output shaped dict (camelCase), for `pulumi.export("cost", ...)`."""
+        return {
+            "instanceType": self.instance_type,
+            "count": self.count,
+            "capacityType": self.capacity_type,
+            "usdPerInstanceHour": self.usd_per_instance_hour,
+            "usdPerHour": self.usd_per_hour,
+            "runHours": self.run_hours,
+            "usdPerRun": self.usd_per_run,
+            "expectedHours": self.expected_hours,
+            "expectedUsd": self.expected_usd,
+            "leased": self.lease_tail_hours is not None,
+            "maxUsdPerRun": self.max_usd_per_run,
+            "basis": self.basis,
+            "summary": self.summary(),
+        }
+
+
+def estimate_cost(
+    instance_type: str,
+    count: int,
+    capacity_type: CapacityType,
+    *,
+    run_hours: float | None,
+    max_usd_per_run: float | None,
+    usd_per_instance_hour: float | None = None,
+    expected_hours: float | None = None,
+    lease_tail_hours: float | None = None,
+    nodes_owned: bool = True,
+) -> CostEstimate:
+    """The full estimate for one stack's GPU nodes.
+
+    From the stack config: `estimate_cost(gpu.instance_type, gpu.count, gpu.capacity.type,
+    run_hours=cost.run_hours(job.max_run_hours), max_usd_per_run=cost.max_usd_per_run,
+    usd_per_instance_hour=cost.usd_per_instance_hour)`.
+    """
+    price = instance_price(
+        instance_type, capacity_type, usd_per_instance_hour=usd_per_instance_hour
+    )
+    hourly = round(price.usd_per_instance_hour * count, 4)
+    per_run = round(hourly * run_hours, 2) if run_hours is not None else None
+    basis = price.basis
+    if price.source is not None:
+        basis += f", {PRICE_REGION}, as of {price.source.as_of}"
+        if not price.source.confirmed:
+            basis += " (unconfirmed)"
+    return CostEstimate(
+        instance_type=instance_type,
+        count=count,
+        capacity_type=capacity_type,
+        usd_per_instance_hour=price.usd_per_instance_hour,
+        usd_per_hour=hourly,
+        run_hours=run_hours,
+        expected_hours=expected_hours,
+        lease_tail_hours=lease_tail_hours,
+        nodes_owned=nodes_owned,
+        usd_per_run=per_run,
+        max_usd_per_run=max_usd_per_run,
+        basis=basis,
+    )

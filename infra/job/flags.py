@@ -1,0 +1,218 @@
+"""The trainer's command line, rendered from the stack config.
+
+The PyTorchJob, the offline plan and the local run all print or execute the command this module
+renders, and a test parses it with the trainer's own parser (`trainer.config.parse_args`), so a
+stack file can never produce a flag the trainer would reject at minute twenty of a GPU run.
+No pulumi and no torch here: the local run imports it on a laptop.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from infra.config.job import RENDERED_TRAINER_FLAGS
+from infra.estimates.duration import watchdog_floor_seconds
+from infra.estimates.memory_fit import parallelism
+from infra.facts.instances import ALLREDUCE_BUSBW_FLOOR_GBPS, HYPERPOD_PREFIX
+from trainer.config import format_args
+
+if TYPE_CHECKING:
+    from infra.config.stack import StackConfig
+
+CHECKPOINTS_DIR = "checkpoints"
+"""Directory under the shared mount, or key prefix in the bucket, with one entry per run."""
+LOCAL_CHECKPOINT_MOUNT = "/scratch"
+"""The pod-local volume of a stack without FSx: where outputs bound for S3 are staged."""
+CHECKPOINT_BUCKET_ENV = "CHECKPOINT_BUCKET"
+"""The container variable holding the bucket's name. The name is known only at deploy time,
+so the trainer's arguments refer to it as `$(CHECKPOINT_BUCKET)`, which the kubelet expands
+from the container's environment before it starts the command (Kubernetes docs, "Define a
+command and arguments for a container": "Use environment variables to define arguments")."""
+
+
+def preflight_flags(config: StackConfig) -> dict[str, Any]:
+    """What each node must be (trainer.preflight), from the same instance facts the node group
+    and the pod's resource requests are built from."""
+    facts, nodes = config.instance, config.gpu_nodes
+    instance_type = nodes.instance_type.removeprefix(HYPERPOD_PREFIX)
+    return {
+        "preflight": config.job.preflight,
+        "expect_gpu": facts.gpu_model,
+        "expect_gpu_memory_gib": facts.gpu_memory_gib,
+        "expect_efa_devices": nodes.efa_interface_count if nodes.efa_enabled else 0,
+        "allreduce_floor_gbps": ALLREDUCE_BUSBW_FLOOR_GBPS.get(instance_type, 0.0),
+    }
+
+
+def trainer_flags(config: StackConfig) -> dict[str, Any]:
+    """Every trainer flag the experiment sets, except the run's paths (`{flag: value}`).
+
+    Values left `None` keep the trainer's default. `dataset_config_name` is rendered as ''
+    when the stack sets it to null, because the trainer's own default is 'en'.
+    """
+    model, data, training = config.model, config.data, config.training
+    chosen = parallelism(config)
+    flags: dict[str, Any] = {
+        "model": model.preset,
+        "num_layers": model.num_layers,
+        "hidden_width": model.hidden_size,
+        "num_heads": model.num_heads,
+        "num_key_value_heads": model.num_key_value_heads,
+        "intermediate_size": model.intermediate_size,
+        "vocab_size": model.vocab_size,
+        "max_context_width": training.context_width,
+        "init_from": model.init_from,
+        "attn_implementation": model.attn_implementation,
+        "dataset": data.dataset,
+        "dataset_config_name": data.dataset_config_name or "",
+        "tokenizer": data.tokenizer,
+        "text_column": data.text_column,
+        "num_workers": data.num_workers,
+        "train_batch_size": training.micro_batch_size,
+        # `auto` keys resolved by the memory estimate (infra.estimates.memory_fit.parallelism).
+        "sharding_strategy": chosen.sharding_strategy,
+        "hsdp_shard_size": training.hsdp_shard_size,
+        "bf16": training.bf16,
+        "activation_checkpointing": chosen.activation_checkpointing != "off",
+        "ac_mode": None
+        if chosen.activation_checkpointing == "off"
+        else chosen.activation_checkpointing,
+        "cpu_offload": training.cpu_offload,
+        "compile": training.compile,
+        "max_steps": training.max_steps,
+        "lr": training.lr,
+        "min_lr": training.min_lr,
+        "warmup": training.warmup,
+        "lr_decay_style": training.lr_decay_style,
+        "weight_decay": training.weight_decay,
+        "beta1": training.beta1,
+        "beta2": training.beta2,
+        "grad_clip": training.grad_clip,
+        "gradient_accumulation_steps": config.gradient_accumulation_steps,
+        "seed": training.seed,
+        "checkpoint_freq": training.checkpoint_every,
+        "keep_last_checkpoints": training.keep_last_checkpoints,
+        "logging_freq": training.logging_every,
+        "validation_freq": training.validation_every,
+        "validation_batches": training.validation_batches,
+        # A save of this model is no hang (trainer.watchdog): the floor is sized from it.
+        "watchdog_floor_s": watchdog_floor_seconds(config),
+        **preflight_flags(config),
+    }
+    return {**flags, **training.extra_args}
+
+
+def run_id(config: StackConfig) -> str:
+    """The run's directory name: `job.runId`, else the job name plus a hash of the flags.
+
+    A pod that restarts (same flags) finds its checkpoints and resumes; an edited experiment
+    (other flags, so another hash) starts fresh instead of loading an incompatible checkpoint.
+    """
+    if config.job.run_id is not None:
+        return config.job.run_id
+    text = json.dumps(trainer_flags(config), sort_keys=True, default=str)
+    return f"{config.job.name}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Where one run keeps its state: on the FSx volume, or in the stack's S3 bucket.
+
+    Either way every pod of the job sees the same checkpoints, and a restarted or rescheduled
+    pod resumes from them.
+    """
+
+    mount_path: str
+    """The FSx mount, or (in S3) the pod-local volume where outputs are staged."""
+    shared: bool
+    """Whether the pods mount FSx; otherwise the run lives in S3."""
+    run_dir: str
+    """A directory under the FSx mount, or `s3://$(CHECKPOINT_BUCKET)/checkpoints/<run id>`."""
+    export_dir: str | None
+    tensorboard_dir: str
+    staging_dir: str | None = None
+    """In S3: the local directory rank 0 writes the metrics, events and export into first."""
+
+    @property
+    def in_s3(self) -> bool:
+        return not self.shared
+
+    @property
+    def local_dump_dir(self) -> str:
+        """A local directory for files the process writes as it dies (flight recorder)."""
+        return self.staging_dir if self.staging_dir is not None else self.run_dir
+
+
+def s3_run_prefix(config: StackConfig) -> str:
+    """The run's key prefix in the bucket when it has no FSx."""
+    return f"{CHECKPOINTS_DIR}/{run_id(config)}"
+
+
+def run_paths(
+    config: StackConfig, *, shared: bool | None = None, mount_path: str | None = None
+) -> RunPaths:
+    """The run's paths: under the FSx mount, or in S3 when the pods mount no claim.
+
+    `shared` defaults to whether the stack mounts FSx; `mount_path` to storage.fsx.mountPath.
+    """
+    fsx = config.storage.fsx
+    if shared is None:
+        shared = fsx.enabled
+    if shared:
+        mount = mount_path or fsx.mount_path
+        run_dir = f"{mount.rstrip('/')}/{CHECKPOINTS_DIR}/{run_id(config)}"
+        staging = None
+    else:
+        mount = LOCAL_CHECKPOINT_MOUNT
+        run_dir = f"s3://$({CHECKPOINT_BUCKET_ENV})/{s3_run_prefix(config)}"
+        staging = f"{mount}/outputs"
+    return RunPaths(
+        mount_path=mount,
+        shared=shared,
+        run_dir=run_dir,
+        export_dir=f"{run_dir}/export" if config.training.export_model else None,
+        tensorboard_dir=f"{run_dir}/tensorboard",
+        staging_dir=staging,
+    )
+
+
+def trainer_argv(config: StackConfig, paths: RunPaths) -> list[str]:
+    """Arguments after `-m trainer`: the experiment's flags plus the run's paths.
+
+    `--resume_from_checkpoint` is the checkpoint directory itself: the trainer resumes from the
+    newest complete step there and starts fresh when there is none, so a restarted pod resumes.
+    """
+    flags = {
+        **trainer_flags(config),
+        "checkpoint_dir": paths.run_dir,
+        "resume_from_checkpoint": paths.run_dir,
+        "export_dir": paths.export_dir,
+        "tensorboard_dir": paths.tensorboard_dir,
+        "staging_dir": paths.staging_dir,
+    }
+    return format_args(flags)
+
+
+def torchrun_command(config: StackConfig, paths: RunPaths) -> list[str]:
+    """The container's whole command line.
+
+    torchrun takes the rendezvous endpoint and backend from the `PET_*` variables the training
+    operator injects (see `job_manifest.elastic_policy`); the node and process counts are
+    written out so the manifest shows them.
+    """
+    return [
+        "torchrun",
+        f"--nnodes={config.gpu_nodes.count}",
+        f"--nproc_per_node={config.gpus_per_node}",
+        "-m",
+        "trainer",
+        *trainer_argv(config, paths),
+    ]
+
+
+def rendered_flag_names() -> frozenset[str]:
+    """Flags this module renders itself (extraArgs may not set them)."""
+    return RENDERED_TRAINER_FLAGS

@@ -1,0 +1,258 @@
+"""The training run itself: a Kubeflow PyTorchJob (plus its HF-token Secret) on the cluster.
+
+The manifest comes from `infra.job.manifest` (pure, also printed by the offline plan); this
+component only registers it. Two choices matter for `pulumi up` on a changed experiment:
+
+* The PyTorchJob keeps its name (`job.name`) and any change to its `spec` replaces it, old one
+  deleted first (`replace_on_changes=["spec"]`, `delete_before_replace=True`). The operator
+  does not restart running pods when a spec is edited in place, and Kubernetes refuses a second
+  job of the same name, so delete-then-create is the only clean relaunch. A config hash in the
+  name would allow create-before-delete, but the new job's pods would then wait for GPUs the
+  old job still holds while `up` waits for the new job to run: a deadlock on a full node group.
+* `up` returns once every worker runs, not when training ends, and fails fast with the reason
+  when the job fails or its workers cannot start: a `JobStartWatch` (`infra.launch.start_watch`,
+  rule in `infra.job.start_rule`) created after the PyTorchJob. The job itself carries no
+  `pulumi.com/waitFor`, which can only wait (for a failed job, until its timeout) and counts
+  crash-looping pods as running.
+
+Construction (`infra/program.py`):
+
+    namespace = JobNamespace("job-namespace", JobNamespaceArgs(config=stack.job,
+        k8s_provider=cluster.k8s_provider, depends_on=cluster.ready))
+    job = TrainingJob("job", TrainingJobArgs(
+        config=stack, image_uri=image.image_uri, k8s_provider=cluster.k8s_provider,
+        kubeconfig=cluster.kubeconfig, namespace=namespace.name,
+        pvc_name=storage.pvc_name, mount_path=storage.mount_path,
+        placement=Placement(cluster.gpu_node_selector, cluster.gpu_tolerations),
+        depends_on=[*cluster.ready, *addons.ready, *storage.ready]))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from infra.config.job import JobConfig
+from infra.config.stack import StackConfig
+from infra.job.flags import CHECKPOINT_BUCKET_ENV, RunPaths
+from infra.job.manifest import (
+    API_VERSION,
+    HF_TOKEN_SECRET_KEY,
+    KIND,
+    JobManifest,
+    Placement,
+    S3Bucket,
+    kubectl_commands,
+    network_policy,
+    render_job,
+)
+from infra.launch.start_watch import JobStartWatch, wait_limit_seconds
+
+
+def create_timeout(start_timeout_s: int) -> str:
+    """The engine's timeout for the job's start watch (`pulumi.CustomTimeouts`): as long as
+    every worker may take to start (`job.startTimeoutMinutes`: GPU nodes scaling up, a 20 GB
+    image pull), plus the minute each must then run without a restart."""
+    return f"{-(-int(wait_limit_seconds(start_timeout_s)) // 60)}m"
+
+
+def _uid(metadata: Any) -> str | None:
+    """`metadata.uid` of the job as the provider returns it (a dict for a CustomResource)."""
+    if isinstance(metadata, dict):
+        return metadata.get("uid")
+    return getattr(metadata, "uid", None)
+
+
+@dataclass
+class JobNamespaceArgs:
+    config: JobConfig
+    k8s_provider: pulumi.ProviderResource
+    depends_on: Sequence[pulumi.Resource] = ()
+
+
+class JobNamespace(pulumi.ComponentResource):
+    """The job's namespace: created by the stack, or an existing one referenced by name.
+
+    Separate from TrainingJob because the FSx claim (Storage) must live in it before the job.
+    """
+
+    name: pulumi.Output[str]
+
+    def __init__(
+        self, name: str, args: JobNamespaceArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("fsdp-eks:job:JobNamespace", name, None, opts)
+        if args.config.create_namespace:
+            namespace = k8s.core.v1.Namespace(
+                f"{name}-namespace",
+                metadata={
+                    "name": args.config.namespace,
+                    "labels": {"app.kubernetes.io/part-of": "fsdp-eks"},
+                },
+                opts=pulumi.ResourceOptions(
+                    parent=self, provider=args.k8s_provider, depends_on=list(args.depends_on)
+                ),
+            )
+            self.name = namespace.metadata.apply(lambda meta: str(meta["name"]))
+        else:
+            self.name = pulumi.Output.from_input(args.config.namespace)
+        self.register_outputs({"name": self.name})
+
+
+@dataclass
+class TrainingJobArgs:
+    config: StackConfig
+    """The whole validated stack config (the job reads model/data/training/job/gpuNodes)."""
+    image_uri: pulumi.Input[str]
+    """Digest-pinned image (TrainerImage.image_uri) or image.uri from the config."""
+    k8s_provider: pulumi.ProviderResource
+    kubeconfig: pulumi.Input[str]
+    """The same kubeconfig as `k8s_provider` (Cluster.kubeconfig): `up` watches the job's start
+    through it."""
+    namespace: pulumi.Input[str]
+    """JobNamespace.name, so the job waits for its namespace."""
+    pvc_name: pulumi.Input[str] | None = None
+    """FSx claim in the namespace (Storage.pvc_name); None: a pod-local checkpoint volume."""
+    mount_path: str | None = None
+    """Where the claim is mounted (Storage.mount_path); default storage.fsx.mountPath."""
+    placement: Placement | None = None
+    """GPU node selector and tolerations from the cluster; default: by instance type."""
+    depends_on: Sequence[pulumi.Resource] = field(default_factory=list)
+    """Node groups, device plugins, training operator, storage: all must exist first."""
+    service_account_name: str | None = None
+    """The pods' own service account (infra.platform.run_access, for a run in S3)."""
+    bucket: S3Bucket | None = None
+    """The bucket a run without FSx lives in (its checkpoints, metrics and export)."""
+
+
+def checkpoint_location(paths: RunPaths, bucket: S3Bucket | None) -> pulumi.Output[str]:
+    """Where the run's checkpoints are, with the bucket's real name in place of the
+    `$(CHECKPOINT_BUCKET)` the kubelet expands in the pod."""
+    if not paths.in_s3 or bucket is None:
+        return pulumi.Output.from_input(paths.run_dir)
+    placeholder = f"$({CHECKPOINT_BUCKET_ENV})"
+    return pulumi.Output.from_input(bucket.name).apply(
+        lambda name: paths.run_dir.replace(placeholder, name)
+    )
+
+
+class TrainingJob(pulumi.ComponentResource):
+    """`fsdp-eks:job:TrainingJob`: the PyTorchJob running `torchrun ... -m trainer <args>`."""
+
+    job_name: pulumi.Output[str]
+    namespace: pulumi.Output[str]
+    image: pulumi.Output[str]
+    run_id: str
+    checkpoint_path: pulumi.Output[str]
+    """The run's checkpoint directory on FSx, or its `s3://` URI."""
+    manifest: JobManifest
+    kubectl: dict[str, str]
+    network_policy: k8s.networking.v1.NetworkPolicy
+    start: JobStartWatch
+
+    def __init__(
+        self, name: str, args: TrainingJobArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("fsdp-eks:job:TrainingJob", name, None, opts)
+        config = args.config
+        job_name = config.job.name
+        assert job_name is not None  # filled from the stack name by parse_stack_config
+        k8s_opts = pulumi.ResourceOptions(parent=self, provider=args.k8s_provider)
+
+        secret_name = None
+        depends_on = list(args.depends_on)
+        if config.hf_token is not None:
+            secret_name = f"{job_name}-hf-token"
+            secret = k8s.core.v1.Secret(
+                f"{name}-hf-token",
+                metadata={"name": secret_name, "namespace": args.namespace},
+                type="Opaque",
+                string_data={
+                    HF_TOKEN_SECRET_KEY: pulumi.Output.secret(config.hf_token.get_secret_value())
+                },
+                opts=k8s_opts,
+            )
+            # A pod started before its Secret exists fails to start (CreateContainerConfigError).
+            depends_on.append(secret)
+
+        self.manifest = render_job(
+            config,
+            image=args.image_uri,
+            pvc_name=args.pvc_name,
+            mount_path=args.mount_path,
+            placement=args.placement,
+            hf_secret_name=secret_name,
+            service_account_name=args.service_account_name,
+            bucket=args.bucket,
+        )
+        # Only the job's own pods may connect to its rendezvous store and NCCL ports; created
+        # first, so no pod of the job is ever reachable from the rest of a shared cluster.
+        policy = network_policy(job_name, args.namespace)
+        self.network_policy = k8s.networking.v1.NetworkPolicy(
+            f"{name}-network-policy",
+            metadata=policy["metadata"],
+            spec=policy["spec"],
+            opts=pulumi.ResourceOptions.merge(
+                k8s_opts, pulumi.ResourceOptions(depends_on=list(args.depends_on))
+            ),
+        )
+        depends_on.append(self.network_policy)
+        metadata = {**self.manifest.metadata, "namespace": args.namespace}
+        job = k8s.apiextensions.CustomResource(
+            f"{name}-pytorchjob",
+            api_version=API_VERSION,
+            kind=KIND,
+            metadata=metadata,
+            spec=self.manifest.spec,
+            opts=pulumi.ResourceOptions.merge(
+                k8s_opts,
+                pulumi.ResourceOptions(
+                    depends_on=depends_on,
+                    # Same-name relaunch: the old job must be gone before the new one exists.
+                    delete_before_replace=True,
+                    replace_on_changes=["spec"],
+                ),
+            ),
+        )
+        # `up` waits here for every worker to run, and fails with the reason when they can't.
+        # A new uid is a new job (a replaced spec): only then is there a start to wait for.
+        # The SDK sets an Output for each registered property on the resource (pulumi
+        # `sdk/python/lib/pulumi/runtime/rpc.py` `transfer_properties`); CustomResource
+        # declares none of them for type checkers.
+        job_metadata: pulumi.Output[Any] = job.metadata  # type: ignore[attr-defined]
+        wait_for = create_timeout(config.job.start_timeout_seconds)
+        self.start = JobStartWatch(
+            f"{name}-start",
+            kubeconfig=args.kubeconfig,
+            namespace=args.namespace,
+            job_name=job_name,
+            job_uid=job_metadata.apply(_uid),
+            workers=config.gpu_nodes.count,
+            backoff_limit=config.job.backoff_limit,
+            start_timeout_seconds=config.job.start_timeout_seconds,
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                depends_on=[job],
+                custom_timeouts=pulumi.CustomTimeouts(create=wait_for, update=wait_for),
+            ),
+        )
+        # Derived from the job's id so that anything reading the name waits for the job.
+        self.job_name = job.id.apply(lambda _: job_name)
+        self.namespace = pulumi.Output.from_input(args.namespace)
+        self.image = pulumi.Output.from_input(args.image_uri)
+        self.run_id = self.manifest.run_id
+        self.checkpoint_path = checkpoint_location(self.manifest.paths, args.bucket)
+        self.kubectl = kubectl_commands(job_name, config.job.namespace)
+        self.register_outputs(
+            {
+                "jobName": self.job_name,
+                "namespace": self.namespace,
+                "image": self.image,
+                "runId": self.run_id,
+                "checkpointPath": self.checkpoint_path,
+            }
+        )

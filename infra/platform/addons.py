@@ -1,0 +1,179 @@
+"""Cluster add-ons a GPU training job needs: the device plugins and the training operator.
+
+The AL2023 NVIDIA AMI brings the driver and the EFA host stack, but a node advertises
+`nvidia.com/gpu` and `vpc.amazonaws.com/efa` only once the device plugins run on it. Both
+plugins are pinned Helm releases (`helm.v3.Release`: one custom resource, visible in offline
+tests) scheduled only on the GPU nodes: the node selector and tolerations come from the
+cluster component, so plugins and node group can never disagree about which nodes are GPU
+nodes. The EFA plugin is installed only for instance types with EFA.
+
+On an existing cluster each add-on has an `install` switch; what is switched off is not
+created, changed or deleted by the stack.
+
+Construction (STACK's `__main__`), after `Cluster`:
+
+    addons = Addons("addons", AddonsArgs(
+        config=stack.addons, k8s_provider=cluster.k8s_provider,
+        gpu_node_selector=cluster.gpu_node_selector, gpu_tolerations=cluster.gpu_tolerations,
+        efa_enabled=stack.gpu_nodes.efa_enabled, cluster_ready=cluster.ready))
+
+and the PyTorchJob depends on `addons.ready`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from infra.config.addons import AddonsConfig
+from infra.platform.training_operator import TrainingOperator, TrainingOperatorArgs
+
+NVIDIA_CHART_REPO = "https://nvidia.github.io/k8s-device-plugin"
+NVIDIA_CHART = "nvidia-device-plugin"
+EFA_CHART_REPO = "https://aws.github.io/eks-charts"
+EFA_CHART = "aws-efa-k8s-device-plugin"
+PLUGIN_NAMESPACE = "kube-system"
+RELEASE_TIMEOUT_SECONDS = 600
+
+
+@dataclass
+class AddonsArgs:
+    config: AddonsConfig
+    k8s_provider: k8s.Provider
+    gpu_node_selector: Mapping[str, str]
+    """Labels only the GPU nodes carry (from the cluster component)."""
+    gpu_tolerations: Sequence[Mapping[str, Any]]
+    """Tolerations for the GPU nodes' taints (from the cluster component)."""
+    efa_enabled: bool
+    """Whether the GPU nodes have EFA interfaces (`GpuNodesConfig.efa_enabled`)."""
+    cluster_ready: Sequence[pulumi.Resource] = ()
+    """What must exist before anything is scheduled (node groups)."""
+    operator_node_selector: Mapping[str, str] = field(default_factory=dict)
+    """Where the training operator may run (e.g. system nodes); empty: any untainted node."""
+
+
+def gpu_node_affinity(selector: Mapping[str, str]) -> dict[str, Any]:
+    """A required node affinity equal to `selector`.
+
+    The NVIDIA chart's default affinity asks for labels that node feature discovery would
+    set; EKS nodes have none of them, so the plugin would never schedule. Giving our own
+    `nodeSelectorTerms` replaces that list (Helm merges maps but replaces lists).
+    """
+    expressions = [
+        {"key": key, "operator": "In", "values": [value]} for key, value in sorted(selector.items())
+    ]
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": expressions}]
+            }
+        }
+    }
+
+
+class Addons(pulumi.ComponentResource):
+    """NVIDIA + EFA device plugins (Helm) and the Kubeflow training operator."""
+
+    nvidia_device_plugin: k8s.helm.v3.Release | None
+    efa_device_plugin: k8s.helm.v3.Release | None
+    training_operator: TrainingOperator | None
+    ready: list[pulumi.Resource]
+    """Everything the PyTorchJob must wait for (empty when nothing is installed)."""
+
+    def __init__(
+        self, name: str, args: AddonsArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("fsdp-eks:addons:Addons", name, None, opts)
+        if not args.gpu_node_selector:
+            raise ValueError(
+                "AddonsArgs.gpu_node_selector is empty: the device plugins would run on every "
+                "node; pass the GPU node group's labels (Cluster.gpu_node_selector)"
+            )
+        config = args.config
+        self._args = args
+        self.ready = []
+        self.nvidia_device_plugin = None
+        self.efa_device_plugin = None
+        self.training_operator = None
+
+        if config.nvidia_device_plugin.install:
+            self.nvidia_device_plugin = self._plugin(
+                f"{name}-nvidia-device-plugin",
+                release=NVIDIA_CHART,
+                chart=NVIDIA_CHART,
+                repo=NVIDIA_CHART_REPO,
+                version=config.nvidia_device_plugin.version,
+                values={"affinity": gpu_node_affinity(args.gpu_node_selector)},
+            )
+            self.ready.append(self.nvidia_device_plugin)
+        if args.efa_enabled and config.efa_device_plugin.install:
+            self.efa_device_plugin = self._plugin(
+                f"{name}-efa-device-plugin",
+                release=EFA_CHART,
+                chart=EFA_CHART,
+                repo=EFA_CHART_REPO,
+                version=config.efa_device_plugin.version,
+                values={},
+            )
+            self.ready.append(self.efa_device_plugin)
+        if config.training_operator.install:
+            self.training_operator = TrainingOperator(
+                f"{name}-training-operator",
+                TrainingOperatorArgs(
+                    config=config.training_operator,
+                    k8s_provider=args.k8s_provider,
+                    node_selector=args.operator_node_selector,
+                    depends_on=list(args.cluster_ready),
+                ),
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+            self.ready.extend(self.training_operator.ready)
+
+        self.register_outputs(
+            {
+                "nvidiaDevicePluginVersion": config.nvidia_device_plugin.version
+                if self.nvidia_device_plugin
+                else None,
+                "efaDevicePluginVersion": config.efa_device_plugin.version
+                if self.efa_device_plugin
+                else None,
+                "trainingOperatorVersion": config.training_operator.version
+                if self.training_operator
+                else None,
+            }
+        )
+
+    def _plugin(
+        self,
+        resource_name: str,
+        *,
+        release: str,
+        chart: str,
+        repo: str,
+        version: str,
+        values: dict[str, Any],
+    ) -> k8s.helm.v3.Release:
+        """A device-plugin DaemonSet pinned to `version`, on the GPU nodes and nowhere else."""
+        args = self._args
+        return k8s.helm.v3.Release(
+            resource_name,
+            name=release,
+            chart=chart,
+            version=version,
+            repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=repo),
+            namespace=PLUGIN_NAMESPACE,
+            values={
+                **values,
+                "nodeSelector": dict(args.gpu_node_selector),
+                "tolerations": [dict(toleration) for toleration in args.gpu_tolerations],
+            },
+            # A DaemonSet on nodes still joining is not a failure; give them time.
+            timeout=RELEASE_TIMEOUT_SECONDS,
+            opts=pulumi.ResourceOptions(
+                parent=self, provider=args.k8s_provider, depends_on=list(args.cluster_ready)
+            ),
+        )

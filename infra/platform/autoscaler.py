@@ -1,0 +1,241 @@
+"""The run leases its GPUs: the Kubernetes Cluster Autoscaler scales the GPU nodes 0 -> N -> 0.
+
+The GPU node group starts at zero nodes (`infra.platform.gpu_nodes`: min 0, max `count`, its desired
+size left to the autoscaler after creation). The PyTorchJob's pending pods make the autoscaler
+raise the node group's Auto Scaling group to `count`; once the job has ended and its pods
+are cleaned up, the nodes are unneeded and go after `scaleDownUnneededMinutes`.
+
+Karpenter and EKS Auto Mode cannot express the launch template our GPU nodes need (one EFA
+interface per network card, a cluster placement group, a capacity reservation target), so
+the managed node group stays and the upstream autoscaler drives it. Facts it rests on, from
+kubernetes/autoscaler `cluster-autoscaler/cloudprovider/aws/README.md`:
+
+* A group with no node is known only from its ASG's tags: labels, taints and extended
+  resources (`k8s.io/cluster-autoscaler/node-template/{label,taint,resources}/...`). EKS reads
+  a managed group's labels and taints from `DescribeNodegroup` only while the group has never
+  had a node, and EKS does not copy node-group labels or taints to the ASG; without these
+  tags the autoscaler never scales up for a pod that selects our pool and asks for
+  `vpc.amazonaws.com/efa`, or it brings up nodes it believes lack EFA.
+* Auto-discovery finds the ASGs tagged `k8s.io/cluster-autoscaler/enabled` and
+  `k8s.io/cluster-autoscaler/<cluster>`, which EKS puts on every managed node group's ASG
+  (`owned`). The write actions are granted only on ASGs with that cluster tag.
+
+The autoscaler runs on the system nodes, bound by EKS Pod Identity to its role.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_kubernetes as k8s
+
+from infra.config.cluster import GpuNodesConfig
+from infra.job.manifest import EFA_RESOURCE, GPU_RESOURCE
+from infra.platform.gpu_nodes import NODE_POOL_LABEL, gpu_labels, gpu_taints
+from infra.platform.iam import POD_IDENTITY_PRINCIPAL
+
+CHART_REPO = "https://kubernetes.github.io/autoscaler"
+CHART = "cluster-autoscaler"
+CHART_VERSION = "9.59.0"
+"""kubernetes/autoscaler `cluster-autoscaler/charts/cluster-autoscaler/Chart.yaml`: chart
+9.59.0 ships Cluster Autoscaler 1.35.0, the minor of `infra.facts.eks_versions`' default Kubernetes
+version (the autoscaler's minor should match the cluster's)."""
+NAMESPACE = "kube-system"
+SERVICE_ACCOUNT = "cluster-autoscaler"
+TEMPLATE_TAG = "k8s.io/cluster-autoscaler/node-template"
+SYSTEM_NODE_SELECTOR = {NODE_POOL_LABEL: "system"}
+"""Where the autoscaler runs: the system nodes (`infra.platform.cluster`), never a GPU node it may
+remove."""
+OWNED_TAG = "k8s.io/cluster-autoscaler/{cluster}"
+"""Tagged `owned` by EKS on the ASG of each managed node group of the cluster."""
+
+READ_ACTIONS = (
+    "autoscaling:DescribeAutoScalingGroups",
+    "autoscaling:DescribeAutoScalingInstances",
+    "autoscaling:DescribeLaunchConfigurations",
+    "autoscaling:DescribeScalingActivities",
+    "autoscaling:DescribeTags",
+    "ec2:DescribeImages",
+    "ec2:DescribeInstanceTypes",
+    "ec2:DescribeLaunchTemplateVersions",
+    "ec2:GetInstanceTypesFromInstanceRequirements",
+    "eks:DescribeNodegroup",
+)
+"""The README's "full features" read set: Describe calls take no resource ARN."""
+WRITE_ACTIONS = (
+    "autoscaling:SetDesiredCapacity",
+    "autoscaling:TerminateInstanceInAutoScalingGroup",
+)
+
+
+def node_template_tags(config: GpuNodesConfig, efa_interfaces: int | None = None) -> dict[str, str]:
+    """ASG tags that describe a GPU node before one exists: its extended resources (what the
+    job's pods request), labels (what they select) and taints (what they tolerate)."""
+    tags = {f"{TEMPLATE_TAG}/resources/{GPU_RESOURCE}": str(config.facts.gpus)}
+    efa = config.efa_interface_count if efa_interfaces is None else efa_interfaces
+    if config.efa_enabled and efa:
+        tags[f"{TEMPLATE_TAG}/resources/{EFA_RESOURCE}"] = str(efa)
+    for key, value in gpu_labels(config).items():
+        tags[f"{TEMPLATE_TAG}/label/{key}"] = value
+    for taint in gpu_taints(config):
+        tags[f"{TEMPLATE_TAG}/taint/{taint.key}"] = f"{taint.value or ''}:{taint.effect}"
+    return tags
+
+
+def permissions(cluster_name: str) -> dict[str, Any]:
+    """The autoscaler's IAM policy: reads anywhere, scaling only this cluster's groups."""
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Sid": "Discover", "Effect": "Allow", "Action": list(READ_ACTIONS), "Resource": "*"},
+            {
+                "Sid": "ScaleThisClustersGroups",
+                "Effect": "Allow",
+                "Action": list(WRITE_ACTIONS),
+                "Resource": "*",
+                "Condition": {
+                    "StringEquals": {
+                        f"aws:ResourceTag/{OWNED_TAG.format(cluster=cluster_name)}": "owned"
+                    }
+                },
+            },
+        ],
+    }
+
+
+def trust(cluster_name: str) -> dict[str, Any]:
+    """Pod Identity may hand the role to this cluster's autoscaler service account only."""
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Principal": {"Service": POD_IDENTITY_PRINCIPAL},
+                "Action": ["sts:AssumeRole", "sts:TagSession"],
+                "Condition": {
+                    "StringEquals": {
+                        "aws:RequestTag/eks-cluster-name": cluster_name,
+                        "aws:RequestTag/kubernetes-namespace": NAMESPACE,
+                        "aws:RequestTag/kubernetes-service-account": SERVICE_ACCOUNT,
+                    }
+                },
+            }
+        ],
+    }
+
+
+def chart_values(
+    cluster_name: str, region: str, system_selector: Mapping[str, str], scale_down_minutes: int
+) -> dict[str, Any]:
+    """Values of the pinned chart (keys of its `values.yaml`); `extraArgs` are flags of
+    Cluster Autoscaler 1.35.0 (`cluster-autoscaler/config/flags/flags.go`)."""
+    return {
+        "cloudProvider": "aws",
+        "awsRegion": region,
+        "autoDiscovery": {"clusterName": cluster_name},
+        "rbac": {"serviceAccount": {"create": True, "name": SERVICE_ACCOUNT}},
+        "nodeSelector": dict(system_selector),
+        "extraArgs": {
+            # GPU nodes leave this long after their last training pod is gone.
+            "scale-down-unneeded-time": f"{scale_down_minutes}m",
+            "scale-down-delay-after-add": f"{scale_down_minutes}m",
+            # A pod's emptyDir (the trainer's scratch, /dev/shm) must not pin a GPU node.
+            "skip-nodes-with-local-storage": "false",
+            "balance-similar-node-groups": "false",
+            "expander": "least-waste",
+        },
+    }
+
+
+def _value_of(key: str) -> Callable[[Mapping[str, str]], str]:
+    return lambda tags: tags[key]
+
+
+@dataclass
+class ClusterAutoscalerArgs:
+    cluster_name: pulumi.Input[str]
+    region: pulumi.Input[str]
+    k8s_provider: k8s.Provider
+    system_selector: Mapping[str, str]
+    scale_down_minutes: int
+    gpu_asg_name: pulumi.Input[str]
+    gpu_nodes: GpuNodesConfig
+    efa_interfaces: pulumi.Input[int]
+    cluster_ready: Sequence[pulumi.Resource] = ()
+    tags: Mapping[str, str] = field(default_factory=dict)
+
+
+class ClusterAutoscaler(pulumi.ComponentResource):
+    """The autoscaler's role, its Pod Identity binding, the Helm release, and the GPU ASG's
+    node-template tags."""
+
+    def __init__(
+        self, name: str, args: ClusterAutoscalerArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("fsdp-eks:autoscaler:ClusterAutoscaler", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        cluster = pulumi.Output.from_input(args.cluster_name)
+        role = aws.iam.Role(
+            f"{name}-role",
+            assume_role_policy=cluster.apply(lambda c: json.dumps(trust(c))),
+            description="Cluster Autoscaler (Pod Identity): scale this cluster's node groups",
+            tags=dict(args.tags),
+            opts=child,
+        )
+        aws.iam.RolePolicy(
+            f"{name}-policy",
+            role=role.id,
+            policy=cluster.apply(lambda c: json.dumps(permissions(c))),
+            opts=child,
+        )
+        association = aws.eks.PodIdentityAssociation(
+            f"{name}-identity",
+            cluster_name=args.cluster_name,
+            namespace=NAMESPACE,
+            service_account=SERVICE_ACCOUNT,
+            role_arn=role.arn,
+            tags=dict(args.tags),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.cluster_ready)),
+        )
+        # One tag resource per key: the ASG is EKS's, so the stack adds tags, never owns it.
+        template = pulumi.Output.from_input(args.efa_interfaces).apply(
+            lambda efa: node_template_tags(args.gpu_nodes, efa)
+        )
+        self.template_tags: dict[str, aws.autoscaling.Tag] = {}
+        for key in node_template_tags(args.gpu_nodes):
+            slug = re.sub(r"[^a-z0-9]+", "-", key.removeprefix(TEMPLATE_TAG).lower()).strip("-")
+            self.template_tags[key] = aws.autoscaling.Tag(
+                f"{name}-{slug}",
+                autoscaling_group_name=args.gpu_asg_name,
+                tag=aws.autoscaling.TagTagArgs(
+                    key=key,
+                    value=template.apply(_value_of(key)),
+                    propagate_at_launch=False,
+                ),
+                opts=child,
+            )
+        values = pulumi.Output.all(args.cluster_name, args.region).apply(
+            lambda cr: chart_values(cr[0], cr[1], args.system_selector, args.scale_down_minutes)
+        )
+        self.release = k8s.helm.v3.Release(
+            f"{name}-release",
+            name=CHART,
+            chart=CHART,
+            version=CHART_VERSION,
+            repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=CHART_REPO),
+            namespace=NAMESPACE,
+            values=values,
+            # Pod Identity injects credentials only into pods created after the association.
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                provider=args.k8s_provider,
+                depends_on=[association, *args.cluster_ready],
+            ),
+        )
+        self.register_outputs({})

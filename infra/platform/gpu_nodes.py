@@ -1,0 +1,360 @@
+"""The GPU node group: an EKS managed node group on our own launch template.
+
+One path serves every capacity type, because the launch template carries what EFA and reserved
+capacity need and pulumi-eks's `ManagedNodeGroup(enable_efa_support=True)` cannot express:
+
+* one EFA interface per network card (card 0 `efa`, the rest `efa-only`, which take no IP
+  address), each with the EFA security group (all traffic to and from itself) *and* the cluster
+  security group: a launch template that names security groups stops EKS from attaching the
+  cluster SG, and without it nodes cannot reach the control plane or FSx;
+* the capacity reservation target (ODCR) or capacity-block market type, which pulumi-eks does
+  not expose; a cluster placement group only when no reservation fixes the placement already;
+* IMDSv2 required with hop limit 1 (pods cannot reach the node role's credentials), a gp3
+  root volume large enough for the trainer image and caches.
+
+Instances without EFA get the same node group without EFA interfaces (EKS then attaches the
+cluster SG itself). The node group's AMI type is `AL2023_x86_64_NVIDIA` (driver, EFA host
+software); the device plugins come from the add-ons component.
+
+With a capacity block, run `pulumi up` once the block is active: EKS waits for the nodes to
+join, and a block that has not started has no instances to give.
+
+At deploy time `aws.ec2.get_instance_type` confirms the EFA count of `infra/facts/instances.py`; the
+interfaces are built from the confirmed count, so a wrong table fails `pulumi up` by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pulumi
+import pulumi_aws as aws
+
+from infra.config.cluster import GPU_TAINT_KEY, GpuNodesConfig, TaintConfig
+
+GPU_AMI_TYPE = "AL2023_x86_64_NVIDIA"
+ROOT_DEVICE = "/dev/xvda"
+"""Root device of the AL2023 EKS AMIs."""
+IMDS_HOP_LIMIT = 1
+"""IMDSv2 answers only processes on the node itself (host network), not pods: with 2, any pod
+could read the node role's credentials. Nothing on these nodes needs IMDS from a pod network:
+the trainer calls no AWS API (checkpoints go to FSx or the pod's own volume), the FSx CSI
+driver's credentials come from EKS Pod Identity (its agent is a host-network DaemonSet on
+169.254.170.23), the FSx CSI node plugin falls back to the
+Kubernetes API for its instance data when IMDS is unreachable (aws-fsx-csi-driver
+`pkg/cloud/metadata.go` `NewMetadataService`), the EFA device plugin runs on the host network
+(eks-charts `aws-efa-k8s-device-plugin` daemonset, `hostNetwork: true`) and the NVIDIA one
+talks only to the driver. terraform-aws-eks made 1 its default in v21 (docs/UPGRADE-21.0.md)."""
+NODE_POOL_LABEL = "fsdp-eks/node-pool"
+
+_ReservationTarget = (
+    aws.ec2.LaunchTemplateCapacityReservationSpecificationCapacityReservationTargetArgs
+)
+
+_CAPACITY_TYPES = {
+    "on-demand": "ON_DEMAND",
+    "spot": "SPOT",
+    "reservation": "ON_DEMAND",  # an ODCR is consumed by on-demand launches that target it
+    "block": "CAPACITY_BLOCK",
+}
+_TAINT_EFFECTS = {
+    "NoSchedule": "NO_SCHEDULE",
+    "NoExecute": "NO_EXECUTE",
+    "PreferNoSchedule": "PREFER_NO_SCHEDULE",
+}
+
+
+def gpu_taints(config: GpuNodesConfig) -> list[TaintConfig]:
+    """The GPU taint, then the stack's extra taints."""
+    gpu = TaintConfig.model_validate({"key": GPU_TAINT_KEY, "value": "true"})
+    return [gpu, *config.taints]
+
+
+def gpu_tolerations(config: GpuNodesConfig) -> list[dict[str, str]]:
+    """Kubernetes tolerations that let a pod onto the GPU nodes (the job's pod spec uses them)."""
+    tolerations = [{"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]
+    tolerations += [
+        {"key": t.key, "operator": "Equal", "value": t.value, "effect": t.effect}
+        for t in config.taints
+    ]
+    return tolerations
+
+
+def gpu_labels(config: GpuNodesConfig) -> dict[str, str]:
+    """Node labels: the pool, GPU presence (the NVIDIA device plugin's default affinity), EFA."""
+    labels = {NODE_POOL_LABEL: "gpu", "nvidia.com/gpu.present": "true"}
+    if config.efa_enabled:
+        labels["vpc.amazonaws.com/efa.present"] = "true"
+    return {**labels, **config.labels}
+
+
+def efa_network_interfaces(
+    count: int, security_group_ids: list[str]
+) -> list[aws.ec2.LaunchTemplateNetworkInterfaceArgs]:
+    """One EFA interface per network card.
+
+    Card 0 is `efa` (EFA with ENA: the node's IP and TCP traffic) at device index 0; the other
+    cards are `efa-only` at device index 1, which take no IP address, so a p5 does not burn 32
+    subnet IPs and Linux sees no extra routes.
+    """
+    if count < 1:
+        raise ValueError(f"EFA interface count must be >= 1, got {count}")
+    return [
+        aws.ec2.LaunchTemplateNetworkInterfaceArgs(
+            network_card_index=card,
+            device_index=0 if card == 0 else 1,
+            interface_type="efa" if card == 0 else "efa-only",
+            security_groups=list(security_group_ids),
+            delete_on_termination="true",
+        )
+        for card in range(count)
+    ]
+
+
+def confirm_efa_interfaces(
+    config: GpuNodesConfig, opts: pulumi.InvokeOutputOptions | None = None
+) -> pulumi.Output[int]:
+    """EFA interfaces per node as AWS reports them, failing if `infra/facts/instances.py` disagrees.
+
+    A wrong table would silently give nodes fewer EFA devices than the hardware has (NCCL then
+    runs slower) or ask for more than exist (launches fail much later); a clear error at
+    `pulumi up` names the fix instead.
+    """
+    expected = config.facts.efa_interfaces
+    instance = aws.ec2.get_instance_type_output(instance_type=config.instance_type, opts=opts)
+
+    def check(values: list[Any]) -> int:
+        supported, maximum = bool(values[0]), int(values[1] or 0)
+        reported = maximum if supported else 0
+        if reported != expected:
+            raise ValueError(
+                f"gpuNodes.instanceType {config.instance_type!r}: AWS reports {reported} EFA "
+                f"interfaces (efa_supported={supported}), infra/facts/instances.py says "
+                f"{expected}; correct the facts table before deploying"
+            )
+        return reported
+
+    return pulumi.Output.all(instance.efa_supported, instance.efa_maximum_interfaces).apply(check)
+
+
+def _first_asg_name(resources: Any) -> str:
+    """`resources[0].autoscaling_groups[0].name` of an `aws.eks.NodeGroup` (empty until known)."""
+    for resource in resources or []:
+        for group in getattr(resource, "autoscaling_groups", None) or []:
+            return str(group.name)
+    return ""
+
+
+@dataclass
+class GpuNodeGroupArgs:
+    """Inputs of `GpuNodeGroup`; cluster values are the scalar outputs of the EKS cluster."""
+
+    config: GpuNodesConfig
+    cluster_name: pulumi.Input[str]
+    cluster_security_group_id: pulumi.Input[str]
+    vpc_id: pulumi.Input[str]
+    subnet_id: pulumi.Input[str]
+    """The GPU subnet: one AZ, the capacity's."""
+    node_role_arn: pulumi.Input[str]
+    kubernetes_version: pulumi.Input[str] | None = None
+    depends_on: list[pulumi.Resource] = field(default_factory=list)
+    """What the node group must wait for beyond its inputs (the node role's policies: nodes
+    without them cannot join). Given here because a component's own `depends_on` is not
+    passed on to its children by the Python SDK."""
+    tags: Mapping[str, str] = field(default_factory=dict)
+
+
+class GpuNodeGroup(pulumi.ComponentResource):
+    """GPU nodes: EFA security group, placement group, launch template, managed node group."""
+
+    node_group: aws.eks.NodeGroup
+    launch_template: aws.ec2.LaunchTemplate
+    efa_security_group: aws.ec2.SecurityGroup | None
+    placement_group: aws.ec2.PlacementGroup | None
+    efa_interface_count: pulumi.Output[int]
+    """EFA interfaces per node, as confirmed by AWS (0 without EFA)."""
+    labels: dict[str, str]
+    taints: list[TaintConfig]
+    asg_name: pulumi.Output[str]
+    """The Auto Scaling group EKS made for the node group (what the autoscaler scales)."""
+
+    def __init__(
+        self, name: str, args: GpuNodeGroupArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("fsdp-eks:gpu_nodes:GpuNodeGroup", name, None, opts)
+        config = args.config
+        child = pulumi.ResourceOptions(parent=self)
+        tags = {**args.tags, "fsdp-eks/node-pool": "gpu"}
+        self.labels = gpu_labels(config)
+        self.taints = gpu_taints(config)
+
+        self.efa_security_group = None
+        if config.efa_enabled:
+            self.efa_security_group = self._efa_security_group(name, args.vpc_id, tags)
+            self.efa_interface_count = confirm_efa_interfaces(
+                config, pulumi.InvokeOutputOptions(parent=self)
+            )
+        else:
+            self.efa_interface_count = pulumi.Output.from_input(0)
+
+        self.placement_group = None
+        if config.placement_group_enabled:
+            self.placement_group = aws.ec2.PlacementGroup(
+                f"{name}-placement",
+                strategy="cluster",  # EFA latency: all nodes on one network spine
+                tags=tags,
+                opts=child,
+            )
+
+        self.launch_template = self._launch_template(name, args, tags)
+        self.node_group = aws.eks.NodeGroup(
+            f"{name}-nodes",
+            cluster_name=args.cluster_name,
+            node_role_arn=args.node_role_arn,
+            subnet_ids=[args.subnet_id],
+            ami_type=GPU_AMI_TYPE,
+            instance_types=[config.instance_type],
+            capacity_type=_CAPACITY_TYPES[config.capacity.type],
+            version=args.kubernetes_version,
+            # Leased (infra.platform.autoscaler): created at zero nodes, the Cluster Autoscaler
+            # raises it to `count` for the job's pods and lowers it after; Pulumi must not fight it,
+            # so the desired size is ignored after creation. A capacity block's group must be
+            # at zero to be updated outside its window. Kept warm: `count` all along.
+            scaling_config=aws.eks.NodeGroupScalingConfigArgs(
+                desired_size=config.count if config.keep_warm else 0,
+                min_size=config.count if config.keep_warm else 0,
+                max_size=config.count,
+            ),
+            launch_template=aws.eks.NodeGroupLaunchTemplateArgs(
+                id=self.launch_template.id,
+                version=self.launch_template.latest_version.apply(str),
+            ),
+            labels=self.labels,
+            taints=[
+                aws.eks.NodeGroupTaintArgs(
+                    key=t.key, value=t.value, effect=_TAINT_EFFECTS[t.effect]
+                )
+                for t in self.taints
+            ],
+            tags={
+                **tags,
+                "fsdp-eks/efa-interfaces": self.efa_interface_count.apply(str),
+            },
+            # Reserved capacity has no room for a second group while the first still holds it.
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                depends_on=args.depends_on,
+                delete_before_replace=config.capacity.is_reserved,
+                ignore_changes=[] if config.keep_warm else ["scalingConfig.desiredSize"],
+            ),
+        )
+        self.asg_name = self.node_group.resources.apply(_first_asg_name)
+        self.register_outputs(
+            {
+                "nodeGroupName": self.node_group.node_group_name,
+                "efaInterfaceCount": self.efa_interface_count,
+            }
+        )
+
+    def _efa_security_group(
+        self, name: str, vpc_id: pulumi.Input[str], tags: Mapping[str, str]
+    ) -> aws.ec2.SecurityGroup:
+        """The group EFA requires: all traffic to and from its own members, nothing else.
+
+        It has no other egress on purpose; the cluster SG on the same interfaces carries the
+        nodes' general traffic.
+        """
+        child = pulumi.ResourceOptions(parent=self)
+        group = aws.ec2.SecurityGroup(
+            f"{name}-efa",
+            vpc_id=vpc_id,
+            description="EFA: all traffic between the GPU nodes' EFA interfaces",
+            tags={**tags, "Name": f"{name}-efa"},
+            opts=child,
+        )
+        aws.vpc.SecurityGroupIngressRule(
+            f"{name}-efa-in-self",
+            security_group_id=group.id,
+            referenced_security_group_id=group.id,
+            ip_protocol="-1",
+            description="EFA: all traffic from members",
+            opts=child,
+        )
+        aws.vpc.SecurityGroupEgressRule(
+            f"{name}-efa-out-self",
+            security_group_id=group.id,
+            referenced_security_group_id=group.id,
+            ip_protocol="-1",
+            description="EFA: all traffic to members",
+            opts=child,
+        )
+        return group
+
+    def _launch_template(
+        self, name: str, args: GpuNodeGroupArgs, tags: Mapping[str, str]
+    ) -> aws.ec2.LaunchTemplate:
+        config = args.config
+        network_interfaces: pulumi.Input[list[aws.ec2.LaunchTemplateNetworkInterfaceArgs]] | None
+        network_interfaces = None
+        if self.efa_security_group is not None:
+            network_interfaces = pulumi.Output.all(
+                self.efa_interface_count,
+                self.efa_security_group.id,
+                args.cluster_security_group_id,
+            ).apply(lambda v: efa_network_interfaces(int(v[0]), [str(v[1]), str(v[2])]))
+
+        placement = None
+        if self.placement_group is not None:
+            placement = aws.ec2.LaunchTemplatePlacementArgs(group_name=self.placement_group.name)
+
+        reservation = None
+        market = None
+        if config.capacity.is_reserved:
+            target = (
+                aws.ec2.LaunchTemplateCapacityReservationSpecificationCapacityReservationTargetArgs
+            )
+            reservation = aws.ec2.LaunchTemplateCapacityReservationSpecificationArgs(
+                capacity_reservation_target=target(
+                    capacity_reservation_id=config.capacity.reservation_id
+                )
+            )
+        if config.capacity.type == "block":
+            market = aws.ec2.LaunchTemplateInstanceMarketOptionsArgs(market_type="capacity-block")
+
+        return aws.ec2.LaunchTemplate(
+            f"{name}-lt",
+            description=f"GPU nodes ({config.instance_type}) for EKS",
+            update_default_version=True,
+            metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
+                http_endpoint="enabled",
+                http_tokens="required",
+                http_put_response_hop_limit=IMDS_HOP_LIMIT,
+            ),
+            block_device_mappings=[
+                aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
+                    device_name=ROOT_DEVICE,
+                    ebs=aws.ec2.LaunchTemplateBlockDeviceMappingEbsArgs(
+                        volume_size=config.root_volume_gib,
+                        volume_type="gp3",
+                        # image pulls of a ~20 GB trainer image are throughput-bound
+                        throughput=500,
+                        iops=6000,
+                        encrypted="true",
+                        delete_on_termination="true",
+                    ),
+                )
+            ],
+            network_interfaces=network_interfaces,
+            placement=placement,
+            capacity_reservation_specification=reservation,
+            instance_market_options=market,
+            tag_specifications=[
+                aws.ec2.LaunchTemplateTagSpecificationArgs(
+                    resource_type="instance", tags={**tags, "Name": f"{name}-gpu"}
+                )
+            ],
+            tags=dict(tags),
+            opts=pulumi.ResourceOptions(parent=self),
+        )

@@ -1,0 +1,156 @@
+"""The job's own access to its run's prefix of the bucket: checkpoints in S3 when there is no FSx.
+
+A stack without FSx keeps the run's checkpoints, metrics, TensorBoard events and export under
+`s3://<bucket>/checkpoints/<run id>/` (trainer.checkpoint_store, trainer.output_mirror). The
+job's pods get a service account of their own, bound by EKS Pod Identity to a role that may
+read, write and delete objects under that prefix and nothing else. Pod Identity injects the
+credentials through the agent's container-credentials endpoint, which the CRT-based client of
+`s3torchconnector` reads from the default chain like any AWS SDK.
+
+One grant is wider than the prefix, on purpose: `s3:ListBucket` on the bucket without an
+`s3:prefix` condition. DCP's writer asks whether `.metadata` exists before and after every save
+(torch `distributed/checkpoint/filesystem.py`, `_metadata_exists` and `finish`), and
+s3torchconnector answers with HeadObject, expecting a 404 for a missing key. S3 returns 404 for
+a missing key only to a caller with `s3:ListBucket` on the bucket, and 403 to everyone else
+(Amazon S3 API Reference, HeadObject, "Permissions"). A HeadObject request carries no
+`s3:prefix` key, so a condition on it would deny ListBucket there and every save would fail
+with a 403 at its first step. Listing reveals key names only; objects outside the prefix stay
+unreadable.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_kubernetes as k8s
+
+from infra.platform.iam import POD_IDENTITY_PRINCIPAL
+
+OBJECT_ACTIONS = (
+    "s3:GetObject",  # loads, and HeadObject of objects that exist
+    "s3:PutObject",  # shards, markers, metrics (multipart uploads included)
+    "s3:DeleteObject",  # pruning, and clearing a crashed save before it is retried
+    "s3:AbortMultipartUpload",  # a failed large upload leaves no billed parts behind
+)
+"""What the trainer does to objects under its run's prefix."""
+
+
+def service_account_name(job_name: str) -> str:
+    """The job's service account (one per job: each is bound to its own run's prefix)."""
+    return f"{job_name}-trainer"
+
+
+def trust(cluster_name: str, namespace: str, service_account: str) -> dict[str, Any]:
+    """Pod Identity may hand the role to this job's service account on this cluster only
+    (the session tags Pod Identity sets: EKS User Guide, "pod identity ... session tags")."""
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Sid": "EksPodIdentityForThisJob",
+                "Effect": "Allow",
+                "Principal": {"Service": POD_IDENTITY_PRINCIPAL},
+                "Action": ["sts:AssumeRole", "sts:TagSession"],
+                "Condition": {
+                    "StringEquals": {
+                        "aws:RequestTag/eks-cluster-name": cluster_name,
+                        "aws:RequestTag/kubernetes-namespace": namespace,
+                        "aws:RequestTag/kubernetes-service-account": service_account,
+                    }
+                },
+            }
+        ],
+    }
+
+
+def permissions(bucket_arn: str, prefix: str) -> dict[str, Any]:
+    """Objects under `prefix/` only; key listing of the bucket (see the module docstring)."""
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Sid": "ThisRunsObjects",
+                "Effect": "Allow",
+                "Action": list(OBJECT_ACTIONS),
+                "Resource": f"{bucket_arn}/{prefix.strip('/')}/*",
+            },
+            {
+                "Sid": "KeyListingSoHeadObjectOfAMissingKeyIs404",
+                "Effect": "Allow",
+                "Action": "s3:ListBucket",
+                "Resource": bucket_arn,
+            },
+        ],
+    }
+
+
+@dataclass
+class CheckpointAccessArgs:
+    cluster_name: pulumi.Input[str]
+    namespace: pulumi.Input[str]
+    """The job's namespace (an output of its Namespace resource, so the account waits)."""
+    job_name: str
+    bucket_arn: pulumi.Input[str]
+    prefix: str
+    """The run's key prefix in the bucket (`checkpoints/<run id>`)."""
+    k8s_provider: pulumi.ProviderResource
+    cluster_ready: Sequence[pulumi.Resource] = ()
+    """The cluster and its pod identity agent: associations need the cluster."""
+    tags: Mapping[str, str] = field(default_factory=dict)
+
+
+class CheckpointAccess(pulumi.ComponentResource):
+    """Service account, role, policy and Pod Identity association for one run's prefix."""
+
+    service_account_name: str
+    ready: list[pulumi.Resource]
+    """What the job must wait for: Pod Identity injects credentials only into pods created
+    after the association exists (EKS User Guide, "Assign an IAM role to a service
+    account")."""
+
+    def __init__(
+        self, name: str, args: CheckpointAccessArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("fsdp-eks:storage:CheckpointAccess", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        self.service_account_name = service_account_name(args.job_name)
+        account = k8s.core.v1.ServiceAccount(
+            f"{name}-service-account",
+            metadata={"name": self.service_account_name, "namespace": args.namespace},
+            # The pods mount their own token (the job sets automountServiceAccountToken); the
+            # account itself grants nothing inside Kubernetes.
+            opts=pulumi.ResourceOptions(parent=self, provider=args.k8s_provider),
+        )
+        role = aws.iam.Role(
+            f"{name}-role",
+            assume_role_policy=pulumi.Output.all(args.cluster_name, args.namespace).apply(
+                lambda cn: json.dumps(trust(cn[0], cn[1], self.service_account_name))
+            ),
+            description=f"Trainer of {args.job_name} (Pod Identity): its run's prefix in S3",
+            tags=dict(args.tags),
+            opts=child,
+        )
+        policy = aws.iam.RolePolicy(
+            f"{name}-policy",
+            role=role.id,
+            policy=pulumi.Output.from_input(args.bucket_arn).apply(
+                lambda arn: json.dumps(permissions(arn, args.prefix))
+            ),
+            opts=child,
+        )
+        association = aws.eks.PodIdentityAssociation(
+            f"{name}-identity",
+            cluster_name=args.cluster_name,
+            namespace=args.namespace,
+            service_account=self.service_account_name,
+            role_arn=role.arn,
+            tags=dict(args.tags),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.cluster_ready)),
+        )
+        self.ready = [account, policy, association]
+        self.register_outputs({"serviceAccountName": self.service_account_name})

@@ -1,0 +1,265 @@
+"""Where a training run stands: the PyTorchJob's state, its pods, time left and money spent.
+
+    python scripts/cli/status.py --stack llama31-8b-p5
+    python scripts/cli/status.py --job llama31-8b-p5 --namespace training --json
+
+Exit status: 0 while the job is pending, running or done; 1 when it failed; 2 when it cannot be
+found. Reads the job and pods with kubectl (the cluster's kubeconfig must be current:
+`aws eks update-kubeconfig --name <cluster>`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make `scripts.*` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from scripts.cli.run_target import (
+    RunTarget,
+    TargetError,
+    add_target_arguments,
+    kubectl_json,
+    resolve,
+)
+
+JOB_LABEL = "training.kubeflow.org/job-name"
+GPU_POOL_SELECTOR = "fsdp-eks/node-pool=gpu"
+"""The GPU node group's label (`infra.platform.gpu_nodes.gpu_labels`)."""
+SCALE_DOWN_TAINT = "ToBeDeletedByClusterAutoscaler"
+"""The taint Cluster Autoscaler puts on a node it is removing (kubernetes/autoscaler
+`cluster-autoscaler/utils/taints/taints.go`)."""
+_TERMINAL = ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True)
+class PodRow:
+    name: str
+    phase: str
+    node: str
+    restarts: int
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    name: str
+    state: str
+    """ready, not ready, or removing (cordoned, or tainted for scale-down)."""
+
+
+def node_rows(nodes: Mapping[str, Any]) -> list[NodeRow]:
+    """The GPU nodes (`kubectl get nodes -o json`) and where each stands in the lease."""
+    rows = []
+    for node in nodes.get("items") or []:
+        spec, status = node.get("spec") or {}, node.get("status") or {}
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in status.get("conditions") or []
+        )
+        removing = spec.get("unschedulable") or any(
+            t.get("key") == SCALE_DOWN_TAINT for t in spec.get("taints") or []
+        )
+        state = "removing" if removing else "ready" if ready else "not ready"
+        rows.append(NodeRow(node["metadata"]["name"], state))
+    return sorted(rows, key=lambda r: r.name)
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    name: str
+    namespace: str
+    state: str
+    """The newest true condition: Created, Running, Restarting, Succeeded or Failed."""
+    message: str
+    started: str | None
+    elapsed_s: float | None
+    deadline_s: int | None
+    replicas: dict[str, dict[str, int]]
+    pods: list[PodRow]
+    usd_per_hour: float | None
+    gpu_nodes: list[NodeRow] | None = None
+    """None: the nodes could not be read (no permission to list nodes)."""
+    restarts: str | None = None
+    """The run's restart history from its metrics file (`trainer.restarts`), when readable."""
+
+    @property
+    def spent_usd(self) -> float | None:
+        if self.usd_per_hour is None or self.elapsed_s is None:
+            return None
+        return round(self.usd_per_hour * self.elapsed_s / 3600, 2)
+
+
+def _parse_time(text: Any) -> datetime | None:
+    if not isinstance(text, str):
+        return None
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def summarize(
+    job: Mapping[str, Any], pods: Mapping[str, Any], *, now: datetime, usd_per_hour: float | None
+) -> JobStatus:
+    """The status of a PyTorchJob (`kubectl get pytorchjob -o json`) and its pods."""
+    status = job.get("status") or {}
+    true_conditions = [c for c in status.get("conditions") or [] if c.get("status") == "True"]
+    latest: Mapping[str, Any] = max(
+        true_conditions, key=lambda c: c.get("lastTransitionTime", ""), default={}
+    )
+    started = _parse_time(status.get("startTime"))
+    ended = _parse_time(status.get("completionTime"))
+    if ended is None and latest.get("type") in _TERMINAL:
+        ended = _parse_time(latest.get("lastTransitionTime"))
+    elapsed = ((ended or now) - started).total_seconds() if started else None
+    rows = [
+        PodRow(
+            name=pod["metadata"]["name"],
+            phase=(pod.get("status") or {}).get("phase", "Unknown"),
+            node=(pod.get("spec") or {}).get("nodeName") or "-",
+            restarts=sum(
+                c.get("restartCount", 0)
+                for c in (pod.get("status") or {}).get("containerStatuses") or []
+            ),
+        )
+        for pod in pods.get("items") or []
+    ]
+    deadline = ((job.get("spec") or {}).get("runPolicy") or {}).get("activeDeadlineSeconds")
+    return JobStatus(
+        name=job["metadata"]["name"],
+        namespace=job["metadata"].get("namespace", "default"),
+        state=latest.get("type", "Pending"),
+        message=latest.get("message", ""),
+        started=status.get("startTime"),
+        elapsed_s=elapsed,
+        deadline_s=int(deadline) if deadline else None,
+        replicas={k: dict(v) for k, v in (status.get("replicaStatuses") or {}).items()},
+        pods=sorted(rows, key=lambda r: r.name),
+        usd_per_hour=usd_per_hour,
+    )
+
+
+def _duration(seconds: float) -> str:
+    whole = int(seconds)
+    return f"{whole // 3600}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
+
+
+def format_status(status: JobStatus) -> str:
+    lines = [f"job {status.name} ({status.namespace}): {status.state}"]
+    if status.message:
+        lines[0] += f" - {status.message}"
+    if status.elapsed_s is not None:
+        timing = f"  started {status.started}, {_duration(status.elapsed_s)} elapsed"
+        if status.deadline_s:
+            left = max(0.0, status.deadline_s - status.elapsed_s)
+            timing += f", deadline in {_duration(left)}"
+        lines.append(timing)
+    for replica, counts in sorted(status.replicas.items()):
+        summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()) if isinstance(n, int))
+        lines.append(f"  {replica.lower()}s: {summary or 'none'}")
+    if status.spent_usd is not None:
+        lines.append(
+            f"  GPU nodes so far: ~${status.spent_usd:,.2f} (at ${status.usd_per_hour:,.2f}/h, "
+            f"estimate; nodes also bill while idle)"
+        )
+    if status.gpu_nodes is not None:
+        lines.append(f"  GPU nodes: {gpu_node_summary(status.gpu_nodes)}")
+    if status.restarts is not None:
+        lines.append(f"  {status.restarts}")
+    if status.pods:
+        width = max(len(p.name) for p in status.pods)
+        lines.append(f"  {'POD'.ljust(width)}  PHASE      RESTARTS  NODE")
+        lines.extend(
+            f"  {p.name.ljust(width)}  {p.phase.ljust(9)}  {str(p.restarts).ljust(8)}  {p.node}"
+            for p in status.pods
+        )
+    else:
+        lines.append("  no pods (not scheduled yet, or cleaned up after the run)")
+    return "\n".join(lines)
+
+
+def restart_summary(records: list[dict[str, Any]]) -> str | None:
+    """One line from the `start` entries the trainer writes at each start; None before any."""
+    starts = [r["start"] for r in records if r.get("kind") == "run" and "start" in r]
+    if not starts:
+        return None
+    last = starts[-1]
+    restarts = int(last.get("attempt", 1)) - 1
+    if restarts == 0:
+        return "restarts: none (first start)"
+    lost_steps = sum(int(s.get("steps_lost", 0)) for s in starts)
+    return (
+        f"restarts: {restarts} (the last after {last.get('after')}, resumed at step "
+        f"{last.get('resumed_step')}); {lost_steps} step(s) and "
+        f"{float(last.get('total_wall_lost_s', 0)) / 60:.0f} min lost, goodput "
+        f"{float(last.get('goodput', 1)):.1%}"
+    )
+
+
+def read_restarts(target: RunTarget) -> str | None:
+    """The restart line from the run's metrics file in S3; None when it cannot be read."""
+    try:
+        uri = f"{target.require_checkpoint_uri()}/metrics.jsonl"
+    except TargetError:
+        return None
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from scripts.cli.plot import fetch_s3
+    from trainer.restarts import read_records
+
+    with tempfile.TemporaryDirectory() as scratch:
+        try:
+            return restart_summary(read_records(fetch_s3(uri, Path(scratch))))
+        except (BotoCoreError, ClientError) as error:
+            return f"restarts: unknown ({uri} not readable: {error})"
+
+
+def gpu_node_summary(nodes: list[NodeRow]) -> str:
+    """One line on the lease: none (scaled to zero, or not up yet), or counts by state."""
+    if not nodes:
+        return "none (scaled to zero, or still coming up for pending pods)"
+    counts: dict[str, int] = {}
+    for node in nodes:
+        counts[node.state] = counts.get(node.state, 0) + 1
+    return ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+
+
+def fetch_status(target: RunTarget, *, now: datetime | None = None) -> JobStatus:
+    name = target.require_job()
+    job = kubectl_json(target, "get", "pytorchjob", name)
+    pods = kubectl_json(target, "get", "pods", "-l", f"{JOB_LABEL}={name}")
+    summary = summarize(job, pods, now=now or datetime.now(UTC), usd_per_hour=target.usd_per_hour)
+    summary = replace(summary, restarts=read_restarts(target))
+    try:
+        nodes = node_rows(kubectl_json(target, "get", "nodes", "-l", GPU_POOL_SELECTOR))
+    except TargetError:
+        return summary  # listing nodes is cluster-wide: a namespaced user may not
+    return replace(summary, gpu_nodes=nodes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_target_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print the status as JSON")
+    options = parser.parse_args(argv)
+    try:
+        status = fetch_status(resolve(options))
+    except TargetError as error:
+        print(f"status: {error}", file=sys.stderr)
+        return 2
+    if options.json:
+        print(json.dumps({**asdict(status), "spent_usd": status.spent_usd}, indent=2))
+    else:
+        print(format_status(status))
+    return 1 if status.state == "Failed" else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

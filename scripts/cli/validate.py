@@ -1,0 +1,573 @@
+"""Check a stack's GPU cluster before paying for a run: GPUs, EFA devices, NCCL over EFA.
+
+    python scripts/cli/validate.py llama31-8b-p5                # all checks
+    python scripts/cli/validate.py llama31-8b-p5 --skip nccl    # devices only
+    python scripts/cli/validate.py llama31-8b-p5 --render-only  # print the manifests
+
+Run it after `pulumi up` with kubectl pointed at the stack's cluster. Everything is derived
+from the stack file (`stacks/Pulumi.<stack>.yaml`), through the same config model as the
+Pulumi program:
+
+1. nodes: `gpuNodes.count` nodes of `gpuNodes.instanceType` are Ready, and each advertises
+   allocatable `nvidia.com/gpu` and `vpc.amazonaws.com/efa` equal to `infra/facts/instances.py`;
+2. nvidia-smi: a Job runs one pod per GPU node, each taking the whole node, and every pod
+   sees all its GPUs (and EFA devices) — the device plugins work end to end — and can write
+   to the job's FSx claim, i.e. the CSI driver mounts Lustre on the GPU nodes;
+3. nccl: a PyTorchJob runs an all-reduce over every GPU (`infra/job/payloads/nccl_allreduce.py`,
+launched by torchrun like the trainer) and reports bus bandwidth and the transport NCCL chose:
+   `NET/OFI` with the `efa` provider (EFA) or `NET/Socket` (the silent TCP fallback).
+
+Exit status 0 when every check passes. Checks that need a cluster use `kubectl`; the parsers
+of their output are plain functions (unit-tested on captured-format text).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
+    sys.path.insert(0, str(REPO_ROOT))
+
+from infra.config import StackConfig, load_stack_file  # noqa: E402
+from infra.job.cluster_checks import (  # noqa: E402
+    ExpectedNodeResources,
+    expected_node_resources,
+    validation_manifests,
+)
+from infra.job.manifest import CONTAINER_NAME, EFA_RESOURCE, GPU_RESOURCE  # noqa: E402
+
+log = logging.getLogger("validate_cluster")
+
+BENCH_SCRIPT = REPO_ROOT / "infra" / "job" / "payloads" / "nccl_allreduce.py"
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+CHECKS = ("nodes", "nvidia-smi", "nccl")
+
+
+# -- results -----------------------------------------------------------------------------------
+
+
+@dataclass
+class CheckResult:
+    name: str
+    passed: bool
+    detail: str
+    problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class NodeResources:
+    name: str
+    ready: bool
+    gpus: int
+    efa: int
+
+
+def _quantity(value: Any) -> int:
+    """Extended resources are whole numbers; Kubernetes reports them as strings."""
+    try:
+        return int(str(value))
+    except ValueError:
+        return 0
+
+
+def parse_nodes(nodes_json: dict[str, Any]) -> list[NodeResources]:
+    """`kubectl get nodes -o json` → each node's readiness and allocatable GPUs/EFA devices."""
+    nodes = []
+    for item in nodes_json.get("items", []):
+        status = item.get("status", {})
+        allocatable = status.get("allocatable", {})
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in status.get("conditions", [])
+        )
+        nodes.append(
+            NodeResources(
+                name=item["metadata"]["name"],
+                ready=ready,
+                gpus=_quantity(allocatable.get(GPU_RESOURCE, 0)),
+                efa=_quantity(allocatable.get(EFA_RESOURCE, 0)),
+            )
+        )
+    return sorted(nodes, key=lambda node: node.name)
+
+
+def check_nodes(nodes: Sequence[NodeResources], expected: ExpectedNodeResources) -> CheckResult:
+    """Every expected node is Ready and advertises exactly the GPUs and EFA devices it has."""
+    problems = []
+    ready = [node for node in nodes if node.ready]
+    if len(ready) < expected.node_count:
+        problems.append(
+            f"{len(ready)} Ready {expected.instance_type} node(s), expected {expected.node_count}"
+            " (node group still scaling, capacity not granted, or nodes failing to join)"
+        )
+    for node in nodes:
+        if not node.ready:
+            problems.append(f"{node.name}: not Ready")
+        if node.gpus != expected.gpus:
+            hint = " (NVIDIA device plugin not running on it?)" if node.gpus == 0 else ""
+            problems.append(
+                f"{node.name}: allocatable {GPU_RESOURCE}={node.gpus}, expected {expected.gpus}"
+                + hint
+            )
+        if node.efa != expected.efa:
+            hint = " (EFA device plugin not running on it?)" if node.efa == 0 else ""
+            problems.append(
+                f"{node.name}: allocatable {EFA_RESOURCE}={node.efa}, expected {expected.efa}"
+                + hint
+            )
+    detail = (
+        f"{len(ready)}/{expected.node_count} {expected.instance_type} Ready; expected per node "
+        f"{GPU_RESOURCE}={expected.gpus}, {EFA_RESOURCE}={expected.efa}"
+    )
+    return CheckResult("nodes", not problems, detail, problems)
+
+
+@dataclass(frozen=True)
+class GpuCheckReport:
+    node: str
+    gpus: list[str]
+    efa_devices: int
+    fsx: str | None = None
+    """`writable <size> KiB`, `not writable`, or None when no claim was mounted."""
+
+
+def parse_gpu_check_log(text: str) -> GpuCheckReport:
+    """One gpu-check pod's log (`node:`, `gpu:` and `efa_devices:` lines)."""
+    node, gpus, efa, fsx = "?", [], 0, None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        value = value.strip()
+        if key == "node":
+            node = value
+        elif key == "gpu":
+            gpus.append(value)
+        elif key == "efa_devices" and value.isdigit():
+            efa = int(value)
+        elif key == "fsx":
+            fsx = value
+    return GpuCheckReport(node=node, gpus=gpus, efa_devices=efa, fsx=fsx)
+
+
+def check_gpu_reports(
+    reports: Sequence[GpuCheckReport], expected: ExpectedNodeResources, *, fsx: bool = False
+) -> CheckResult:
+    """All GPUs and EFA devices visible in every pod; with `fsx`, the claim writable too."""
+    problems = []
+    nodes = {report.node for report in reports}
+    if len(nodes) < expected.node_count:
+        problems.append(
+            f"nvidia-smi ran on {len(nodes)} distinct node(s), expected {expected.node_count}"
+        )
+    for report in reports:
+        if len(report.gpus) != expected.gpus:
+            problems.append(
+                f"{report.node}: nvidia-smi lists {len(report.gpus)} GPU(s), expected "
+                f"{expected.gpus}"
+            )
+        if report.efa_devices != expected.efa:
+            problems.append(
+                f"{report.node}: {report.efa_devices} EFA device(s) in the pod, expected "
+                f"{expected.efa}"
+            )
+        if fsx and not (report.fsx or "").startswith("writable"):
+            problems.append(f"{report.node}: FSx claim {report.fsx or 'not mounted'}")
+    models = sorted({gpu.split(",")[1].strip() for r in reports for gpu in r.gpus if "," in gpu})
+    detail = f"{len(nodes)} node(s), {'/'.join(models) or 'no GPUs'}"
+    if fsx:
+        detail += ", FSx writable" if not problems else ", FSx checked"
+    return CheckResult("nvidia-smi", not problems, detail, problems)
+
+
+@dataclass(frozen=True)
+class NcclReport:
+    sizes: list[int]
+    busbw: list[float]
+    """Out-of-place bus bandwidth (GB/s) per message size."""
+    avg_busbw: float | None
+    network: str | None
+    """`OFI`, `Socket` or `IB`: the NCCL net transport the log shows."""
+    provider: str | None
+    """Libfabric provider the OFI plugin selected (`efa`; `tcp`/`sockets` is no better)."""
+    gpudirect_rdma: bool
+    wrong: int | None
+
+    @property
+    def peak_busbw(self) -> float | None:
+        return max(self.busbw) if self.busbw else None
+
+
+_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+\w+\s+\w+\s+-?\d+\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)")
+_AVG = re.compile(r"#\s*Avg bus bandwidth\s*:\s*([\d.]+)")
+_WRONG = re.compile(r"#\s*Out of bounds values\s*:\s*(\d+)")
+_PROVIDER = re.compile(r"NET/OFI Selected [Pp]rovider is (\w[\w-]*)")
+_USING_NETWORK = re.compile(r"NCCL INFO Using network (.+?)\s*$")
+_OFI_MARKS = ("NET/OFI", "NET/AWS Libfabric", "NET/Libfabric")
+
+
+def _network_name(text: str) -> str | None:
+    lowered = text.lower()
+    if "libfabric" in lowered or "ofi" in lowered:
+        return "OFI"
+    if "socket" in lowered:
+        return "Socket"
+    if lowered.startswith("ib"):
+        return "IB"
+    return None
+
+
+def parse_nccl_log(text: str) -> NcclReport:
+    """An all-reduce log (ours or nccl-tests' `all_reduce_perf`) with `NCCL_DEBUG=INFO`."""
+    sizes: list[int] = []
+    busbw: list[float] = []
+    avg = wrong = None
+    network = provider = None
+    gdr = False
+    for line in text.splitlines():
+        if row := _ROW.match(line):
+            sizes.append(int(row.group(1)))
+            busbw.append(float(row.group(5)))
+        elif match := _AVG.search(line):
+            avg = float(match.group(1))
+        elif match := _WRONG.search(line):
+            wrong = int(match.group(1))
+        if match := _PROVIDER.search(line):
+            provider = match.group(1).lower()
+        if match := _USING_NETWORK.search(line):
+            network = _network_name(match.group(1)) or network
+        elif network is None and any(mark in line for mark in _OFI_MARKS):
+            network = "OFI"
+        elif network is None and "NET/Socket" in line:
+            network = "Socket"
+        if "GDRDMA" in line or "GPU Direct RDMA Enabled" in line:
+            gdr = True
+    return NcclReport(sizes, busbw, avg, network, provider, gdr, wrong)
+
+
+def check_nccl(report: NcclReport, expected: ExpectedNodeResources) -> CheckResult:
+    """NCCL's transport against what the stack asked for, and a sane bandwidth table."""
+    problems, warnings = [], []
+    if not report.busbw:
+        problems.append("no bandwidth rows in the log: the benchmark did not run to the end")
+    if report.wrong:
+        problems.append(f"{report.wrong} wrong values after all-reduce")
+    multi_node = expected.node_count > 1
+    if multi_node and expected.efa:
+        if report.network != "OFI":
+            problems.append(
+                f"NCCL used {report.network or 'an unknown transport'}, not NET/OFI: EFA is "
+                "not in use (pods without vpc.amazonaws.com/efa, no aws-ofi-nccl in the image, "
+                "or FI_PROVIDER not efa)"
+            )
+        elif report.provider not in (None, "efa"):
+            problems.append(f"NET/OFI selected libfabric provider {report.provider!r}, not efa")
+        if expected.gpudirect_rdma and report.network == "OFI" and not report.gpudirect_rdma:
+            warnings.append(
+                "no GDRDMA channels in the log: GPUDirect RDMA seems off (expected on this type)"
+            )
+    elif multi_node and report.network == "OFI" and report.provider == "efa":
+        warnings.append("NCCL used EFA although the stack does not enable it")
+    transport = report.network or "unknown"
+    if report.provider:
+        transport += f" ({report.provider}{', GPUDirect RDMA' if report.gpudirect_rdma else ''})"
+    if not multi_node:
+        transport += "; one node: the network is not exercised"
+    bandwidth = (
+        f"busbw avg {report.avg_busbw:.1f} GB/s, peak {report.peak_busbw:.1f} GB/s"
+        if report.avg_busbw is not None and report.peak_busbw is not None
+        else "no bandwidth"
+    )
+    return CheckResult(
+        "nccl", not problems, f"{bandwidth}, transport {transport}", problems, warnings
+    )
+
+
+# -- cluster access ------------------------------------------------------------------------------
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """Writes shared sub-objects (labels) out in full: no YAML anchors in manifests."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def to_yaml(manifests: Iterable[dict[str, Any]]) -> str:
+    return yaml.dump_all(list(manifests), Dumper=_PlainDumper, sort_keys=False)
+
+
+Runner = Callable[[Sequence[str], str | None], str]
+
+
+def run_command(argv: Sequence[str], stdin: str | None = None) -> str:
+    """Run a command, returning stdout; a failure raises with its stderr."""
+    log.debug("$ %s", " ".join(argv))
+    completed = subprocess.run(list(argv), input=stdin, capture_output=True, text=True, check=False)
+    if completed.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv[:4])} ... failed: {completed.stderr.strip()}")
+    return completed.stdout
+
+
+class Kubectl:
+    """The few kubectl calls the checks make (a runner can be swapped in tests)."""
+
+    def __init__(self, context: str | None = None, runner: Runner = run_command) -> None:
+        self._base = ["kubectl"] + ([f"--context={context}"] if context else [])
+        self._run = runner
+
+    def __call__(self, *args: str, stdin: str | None = None) -> str:
+        return self._run([*self._base, *args], stdin)
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self(*args, "-o", "json"))
+
+    def apply(self, manifests: Iterable[dict[str, Any]]) -> None:
+        documents = to_yaml(manifests)
+        self(
+            "apply",
+            "--server-side",
+            "--field-manager=fsdp-eks-validate",
+            "-f",
+            "-",
+            stdin=documents,
+        )
+
+    def delete(self, manifests: Iterable[dict[str, Any]]) -> None:
+        documents = to_yaml(manifests)
+        self("delete", "--ignore-not-found", "--wait=false", "-f", "-", stdin=documents)
+
+
+PROGRESS_EVERY_S = 60.0
+"""How often a waiting check says what it waits for and for how long (a check may take up to
+`--timeout`, 30 minutes by default: GPU nodes scaling up, an image pull)."""
+
+
+def wait_until(
+    condition: Callable[[], str | None],
+    *,
+    timeout_s: float,
+    interval_s: float = 10.0,
+    what: str = "the check",
+    report: Callable[[str], None] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> str:
+    """Poll `condition` until it returns a state (not None) or `timeout_s` passes; every
+    `PROGRESS_EVERY_S` say what is awaited and for how long (`report`, the log by default)."""
+    say = report or log.info
+    started = clock()
+    deadline = started + timeout_s
+    reported = started
+    while True:
+        state = condition()
+        if state is not None:
+            return state
+        now = clock()
+        if now >= deadline:
+            return "timeout"
+        if now - reported >= PROGRESS_EVERY_S:
+            say(f"waiting for {what}: {_minutes(now - started)} of {_minutes(timeout_s)}")
+            reported = now
+        sleep(interval_s)
+
+
+def _minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
+
+
+def job_state(job: dict[str, Any]) -> str | None:
+    """`Complete`/`Failed` for a batch Job, `Succeeded`/`Failed` for a PyTorchJob, else None."""
+    for condition in job.get("status", {}).get("conditions", []) or []:
+        if condition.get("status") == "True" and condition.get("type") in (
+            "Complete",
+            "Succeeded",
+            "Failed",
+        ):
+            return str(condition["type"])
+    return None
+
+
+# -- the checks ----------------------------------------------------------------------------------
+
+
+def run_node_check(kubectl: Kubectl, expected: ExpectedNodeResources) -> CheckResult:
+    nodes = parse_nodes(
+        kubectl.json("get", "nodes", "-l", f"{INSTANCE_TYPE_LABEL}={expected.instance_type}")
+    )
+    return check_nodes(nodes, expected)
+
+
+def run_gpu_check(
+    kubectl: Kubectl,
+    job: dict[str, Any],
+    expected: ExpectedNodeResources,
+    timeout_s: float,
+    *,
+    fsx: bool = False,
+) -> CheckResult:
+    name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
+    state = wait_until(
+        lambda: job_state(kubectl.json("-n", namespace, "get", "job", name)),
+        timeout_s=timeout_s,
+        what=f"job {name} (nvidia-smi on every GPU node)",
+    )
+    pods = kubectl.json("-n", namespace, "get", "pods", "-l", f"job-name={name}")
+    reports = []
+    for pod in pods.get("items", []):
+        pod_name = pod["metadata"]["name"]
+        try:
+            reports.append(parse_gpu_check_log(kubectl("-n", namespace, "logs", pod_name)))
+        except RuntimeError as error:
+            log.warning("no log from %s: %s", pod_name, error)
+    result = check_gpu_reports(reports, expected, fsx=fsx)
+    if state != "Complete":
+        result.passed = False
+        result.problems.insert(
+            0, f"job {name} ended {state}: see kubectl -n {namespace} describe job {name}"
+        )
+    return result
+
+
+def run_nccl_check(
+    kubectl: Kubectl, job: dict[str, Any], expected: ExpectedNodeResources, timeout_s: float
+) -> tuple[CheckResult, str]:
+    name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
+    state = wait_until(
+        lambda: job_state(kubectl.json("-n", namespace, "get", "pytorchjob", name)),
+        timeout_s=timeout_s,
+        what=f"PyTorchJob {name} (the NCCL all-reduce)",
+    )
+    try:
+        text = kubectl("-n", namespace, "logs", f"{name}-worker-0", "-c", CONTAINER_NAME)
+    except RuntimeError as error:
+        text = ""
+        log.warning("no log from %s-worker-0: %s", name, error)
+    result = check_nccl(parse_nccl_log(text), expected)
+    if state != "Succeeded":
+        result.passed = False
+        result.problems.insert(
+            0,
+            f"PyTorchJob {name} ended {state}: "
+            f"see kubectl -n {namespace} describe pytorchjob {name}",
+        )
+    return result, text
+
+
+def stack_name(stack: str) -> str:
+    """`dev`, `Pulumi.dev.yaml` or `stacks/Pulumi.dev.yaml` → `dev` (for `pulumi --stack`)."""
+    name = Path(stack).name
+    if name.endswith((".yaml", ".yml")):
+        return name.removeprefix("Pulumi.").rsplit(".", 1)[0]
+    return stack
+
+
+def resolve_image(config: StackConfig, stack: str, image: str | None) -> str:
+    """`--image`, else the stack's own `image.uri`, else the image `pulumi up` built."""
+    if image:
+        return image
+    if config.image.uri:
+        return config.image.uri
+    try:
+        return run_command(["pulumi", "stack", "output", "image", "--stack", stack]).strip()
+    except (RuntimeError, FileNotFoundError) as error:
+        raise SystemExit(
+            f"no image to run: pass --image, set image.uri, or run `pulumi up` first ({error})"
+        ) from error
+
+
+def _format_report(results: Sequence[CheckResult]) -> str:
+    lines = []
+    for result in results:
+        lines.append(f"{'PASS' if result.passed else 'FAIL'}  {result.name:<11} {result.detail}")
+        lines += [f"      - {problem}" for problem in result.problems]
+        lines += [f"      ! {warning}" for warning in result.warnings]
+    return "\n".join(lines)
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Validate a stack's GPU cluster: devices, nvidia-smi, NCCL over EFA."
+    )
+    parser.add_argument("stack", help="stack name (stacks/Pulumi.<stack>.yaml) or a stack file")
+    parser.add_argument("--image", help="image for the check pods (default: the trainer image)")
+    parser.add_argument("--context", help="kubectl context (default: the current one)")
+    parser.add_argument("--skip", action="append", choices=CHECKS, default=[], help="skip a check")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds per check job")
+    parser.add_argument("--keep", action="store_true", help="leave the check jobs in place")
+    parser.add_argument("--render-only", action="store_true", help="print manifests and exit")
+    parser.add_argument("--json", type=Path, help="also write the results as JSON here")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(message)s"
+    )
+    config = load_stack_file(args.stack)
+    expected = expected_node_resources(config)
+    run_id = f"validate-{secrets.token_hex(3)}"
+    if args.render_only:
+        image = args.image or config.image.uri or "<trainer image: pulumi stack output image>"
+    else:
+        image = resolve_image(config, stack_name(args.stack), args.image)
+    claim = config.storage.claim_name(stack_name(args.stack))
+    gpu_job, bench, nccl = validation_manifests(
+        config,
+        image=image,
+        run_id=run_id,
+        bench_script=BENCH_SCRIPT.read_text(),
+        claim_name=claim,
+    )
+    if args.render_only:
+        print(to_yaml([gpu_job, bench, nccl]))
+        return 0
+
+    kubectl = Kubectl(args.context)
+    results: list[CheckResult] = []
+    created: list[dict[str, Any]] = []
+    try:
+        if "nodes" not in args.skip:
+            log.info("checking %d %s node(s)", expected.node_count, expected.instance_type)
+            results.append(run_node_check(kubectl, expected))
+        if "nvidia-smi" not in args.skip:
+            log.info("running nvidia-smi on every GPU node (job %s)", gpu_job["metadata"]["name"])
+            kubectl.apply([gpu_job])
+            created.append(gpu_job)
+            results.append(
+                run_gpu_check(kubectl, gpu_job, expected, args.timeout, fsx=claim is not None)
+            )
+        if "nccl" not in args.skip:
+            log.info("running the NCCL all-reduce (PyTorchJob %s)", nccl["metadata"]["name"])
+            kubectl.apply([bench, nccl])
+            created += [bench, nccl]
+            result, text = run_nccl_check(kubectl, nccl, expected, args.timeout)
+            results.append(result)
+            if not result.passed:
+                log.info("last lines of the NCCL log:\n%s", "\n".join(text.splitlines()[-40:]))
+    finally:
+        if created and not args.keep:
+            kubectl.delete(reversed(created))
+    print(_format_report(results))
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in results], indent=2))
+    return 0 if all(result.passed for result in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
