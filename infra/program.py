@@ -4,21 +4,26 @@ Read top-down it is the architecture: config → network → cluster → namespa
 add-ons, the GPU lease (autoscaler), the run's S3 access (no FSx) and image → the PyTorchJob →
 outputs. It lives in a
 function (called by the root `__main__.py`) so that tests and the offline plan can evaluate
-it repeatedly under the mock runtime. The config is loaded and validated first: a bad stack
-file raises before any resource is registered.
+it repeatedly under the mock runtime. The config is read from the engine, parsed and checked
+first (the run plan's memory, deadline and cost, and the whole-stack checks): a bad stack file
+raises before any resource is registered.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import pulumi
 import pulumi_aws as aws
+from pulumi.runtime import config as runtime_config
 
-from infra.config import StackConfig, load_stack_config
-from infra.config.stack import PROJECT, cost_estimate, dns_name
+from infra.config import PROJECT, StackConfig
+from infra.config.parse import dns_name
+from infra.estimates.run_plan import RunPlan
 from infra.image.trainer_image import TrainerImage, TrainerImageArgs
 from infra.job.flags import s3_run_prefix
 from infra.job.manifest import Placement, S3Bucket
-from infra.job.stack_checks import require_semantics
+from infra.job.stack_checks import checked_run_plan
 from infra.launch.training_job import JobNamespace, JobNamespaceArgs, TrainingJob, TrainingJobArgs
 from infra.platform.addons import Addons, AddonsArgs
 from infra.platform.autoscaler import SYSTEM_NODE_SELECTOR, ClusterAutoscaler, ClusterAutoscalerArgs
@@ -39,10 +44,22 @@ def resource_tags(stack: StackConfig) -> dict[str, str]:
     }
 
 
+def checked_run() -> RunPlan:
+    """The running stack's config, from every key the engine passed, parsed and checked.
+
+    Reads the whole config map, not single keys, so that a misspelt key is an error instead of
+    a silently ignored setting (the Pulumi CLI accepts undeclared keys).
+    """
+    values: dict[str, Any] = {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
+    secret_keys = {k for k in values if pulumi.runtime.is_config_secret(k)}
+    secret_keys |= set(runtime_config.get_config_secret_keys_env())
+    return checked_run_plan(values, stack_name=pulumi.get_stack(), secret_keys=secret_keys)
+
+
 def main() -> None:
-    source = f"stack {pulumi.get_stack()!r}"
-    stack = require_semantics(load_stack_config(), source=source)
-    check_capacity_block(stack, source=source)  # a block must hold the whole run
+    plan = checked_run()
+    stack = plan.config
+    check_capacity_block(plan, source=f"stack {pulumi.get_stack()!r}")  # it must hold the run
     tags = resource_tags(stack)
 
     aws_profile = pulumi.Config("aws").get("profile")
@@ -142,7 +159,7 @@ def main() -> None:
                 namespace=namespace.name,
                 job_name=str(stack.job.name),
                 bucket_arn=storage.bucket_arn,
-                prefix=s3_run_prefix(stack),
+                prefix=s3_run_prefix(plan),
                 k8s_provider=cluster.k8s_provider,
                 cluster_ready=cluster.ready,
                 tags=tags,
@@ -160,7 +177,7 @@ def main() -> None:
     job = TrainingJob(
         "job",
         TrainingJobArgs(
-            config=stack,
+            plan=plan,
             image_uri=image.image_uri,
             k8s_provider=cluster.k8s_provider,
             kubeconfig=cluster.kubeconfig,
@@ -184,7 +201,8 @@ def main() -> None:
         ),
     )
 
-    estimate = cost_estimate(stack)
+    estimate = plan.cost
+    assert estimate is not None  # a checked plan is priced
     pulumi.export("clusterName", cluster.name)
     pulumi.export("vpcId", cluster.vpc_id)
     pulumi.export("gpuSubnetId", cluster.gpu_subnet_id)

@@ -47,7 +47,7 @@ def assert_one_line_mistake(result: Result, *fragments: str) -> None:
 @pytest.fixture
 def no_pulumi(monkeypatch: pytest.MonkeyPatch) -> None:
     """No Pulumi CLI: no selected stack to fall back on (as on a fresh machine)."""
-    monkeypatch.setattr("scripts.cli.shutil.which", lambda name: None)
+    monkeypatch.setattr("scripts.cli.main.shutil.which", lambda name: None)
 
 
 def test_the_console_script_is_declared() -> None:
@@ -192,7 +192,7 @@ def test_status_and_logs_through_the_stack_selected_in_pulumi(
     fake_cli: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """No `-s`: the stack `pulumi stack select` chose (the fake CLI answers), as `pulumi` does."""
-    monkeypatch.setattr("scripts.cli.selected_stack", lambda: "llama3-8b-p5")
+    monkeypatch.setattr("scripts.cli.main.selected_stack", lambda: "llama3-8b-p5")
     shown = invoke("status")
     assert shown.exit_code == 0, shown.output
     assert f"job {JOB_NAME} ({NAMESPACE}): Running" in shown.stdout

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from infra.config import StackConfig, StackConfigError, load_stack_file
+from infra.estimates.run_plan import plan_run
 from infra.job.flags import run_id
 from infra.job.manifest import render_job
 from scripts.cli import local as local_run
@@ -24,7 +25,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 def test_local_plan_keeps_the_stacks_choices_and_scales_the_rest(tmp_path: Path) -> None:
     config = load_stack_file("llama31-8b-p5")
     plan = local_topology.plan_local_run(
-        config,
+        plan_run(config),
         "llama31-8b-p5",
         out_dir=tmp_path,
         assets_dir=tmp_path / "assets",
@@ -54,7 +55,7 @@ def test_local_plan_keeps_the_stacks_choices_and_scales_the_rest(tmp_path: Path)
 
 def test_mixture_of_experts_stacks_run_the_tiny_moe_locally(tmp_path: Path) -> None:
     plan = local_topology.plan_local_run(
-        load_stack_file("mixtral-8x7b-p5"),
+        plan_run(load_stack_file("mixtral-8x7b-p5")),
         "mixtral-8x7b-p5",
         out_dir=tmp_path,
         assets_dir=tmp_path / "assets",
@@ -107,7 +108,7 @@ def _plan(
     config: StackConfig, name: str, tmp_path: Path, **kwargs: Any
 ) -> local_topology.LocalPlan:
     return local_topology.plan_local_run(
-        config,
+        plan_run(config),
         name,
         out_dir=tmp_path,
         assets_dir=tmp_path / "assets",
@@ -136,7 +137,7 @@ def test_a_multi_node_fsx_stack_is_rehearsed_as_agents_sharing_one_directory(
     assert plan.cluster_nodes == 4 and plan.shared_storage
     assert [(a.index, a.nproc) for a in plan.agents] == [(0, 1), (1, 1)]
     # One directory plays FSx for both, at the job's own path below the mount.
-    job = render_job(config, image="img", pvc_name="claim")
+    job = render_job(plan_run(config), image="img", pvc_name="claim")
     relative = Path(job.paths.run_dir).relative_to(job.paths.mount_path)
     for agent in plan.agents:
         assert agent.volume_dir == tmp_path / "llama31-8b-p5" / "shared"
@@ -160,7 +161,7 @@ def test_agents_join_through_the_rendezvous_the_job_renders(tmp_path: Path) -> N
     reads them as its flags' defaults (torch `distributed/argparse_util.py` `env`)."""
     config = load_stack_file("llama31-8b-p5")
     plan = _plan(config, "llama31-8b-p5", tmp_path)
-    policy = render_job(config, image="img", pvc_name="claim").spec["elasticPolicy"]
+    policy = render_job(plan_run(config), image="img", pvc_name="claim").spec["elasticPolicy"]
     conf = ",".join(f"{c['key']}={c['value']}" for c in policy["rdzvConf"])
     assert "join_timeout=" in conf
     envs = [local_topology.agent_env(plan, a, endpoint="127.0.0.1:29400") for a in plan.agents]
@@ -202,7 +203,7 @@ def test_a_stack_without_fsx_is_rehearsed_with_one_directory_playing_its_s3_pref
     assert not dev.shared_storage
     (agent,) = dev.agents  # one node, as a single torchrun with both processes
     assert agent.nproc == 2 and agent.volume_dir == tmp_path / "dev" / "shared"
-    run = run_id(load_stack_file("dev"))
+    run = run_id(plan_run(load_stack_file("dev")))
     assert agent.run_dir == agent.volume_dir / "checkpoints" / run
     assert "as the run's prefix in S3" in local_topology.describe_topology(dev)
 
@@ -286,7 +287,7 @@ def test_every_stack_rehearses_locally_without_pulumi_or_its_secrets(
     name = path.stem.removeprefix("Pulumi.")
     config = load_stack_file(path)
     plan = local_topology.plan_local_run(
-        config,
+        plan_run(config),
         name,
         out_dir=tmp_path,
         assets_dir=tmp_path / "assets",

@@ -209,7 +209,7 @@ def test_the_deploy_job_outlasts_a_first_up() -> None:
     job's timeout must cover every wait of a first `up` summed as if none overlapped, and the
     AWS session must last as long (configure-aws-credentials defaults to one hour: its
     src/index.ts DEFAULT_ROLE_DURATION = 3600; STS allows up to 12 hours)."""
-    from infra.config.stack import load_stack_file
+    from infra.config import load_stack_file
     from infra.image.build import QUEUE_ALLOWANCE_MINUTES
     from infra.launch.training_job import create_timeout
     from infra.platform.addons import RELEASE_TIMEOUT_SECONDS

@@ -35,11 +35,18 @@ DEFAULT_TOKENIZER = "hf-internal-testing/llama-tokenizer"
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
+AC_SWITCHES: dict[str, str] = {**dict.fromkeys(_TRUE, "full"), **dict.fromkeys(_FALSE, "off")}
+"""`--activation_checkpointing` given as a switch, as the awsome-distributed-training FSDP
+sample takes it: on means every layer (full), off none."""
 
 
-def _flag(default: Any, help: str, *aliases: str) -> Any:
-    """A config field that is also a command-line flag (aliases are extra spellings)."""
-    return field(default=default, metadata={"help": help, "aliases": aliases})
+def _flag(default: Any, help: str, *aliases: str, synonyms: Mapping[str, str] | None = None) -> Any:
+    """A config field that is also a command-line flag (aliases are extra spellings of the
+    flag; synonyms, for a choice, extra spellings of a value)."""
+    return field(
+        default=default,
+        metadata={"help": help, "aliases": aliases, "synonyms": dict(synonyms or {})},
+    )
 
 
 @dataclass
@@ -209,16 +216,18 @@ class ParallelConfig:
     bf16: bool = _flag(
         True, "bf16 mixed precision: bf16 compute and all-gather, fp32 master weights and reduce."
     )
-    activation_checkpointing: bool = _flag(
-        True, "Recompute activations in backward to save memory."
-    )
-    ac_mode: Literal["full", "op", "selective"] = _flag(
+    activation_checkpointing: Literal["off", "full", "op", "selective"] = _flag(
         "full",
-        "full: recompute every decoder layer in backward; op: keep each layer's attention and "
-        "every second matmul output, recompute the rest (torchtitan's op-level selective "
-        "checkpointing); selective: recompute every --ac_every-th layer.",
+        "Recompute activations in backward to save memory. full: every decoder layer's "
+        "forward again; op: keep each layer's attention and every second matmul output, "
+        "recompute the rest (torchtitan's op-level selective checkpointing); selective: "
+        "every --ac_every-th layer; off: keep everything. 1/true and 0/false mean full and "
+        "off, as in the awsome-distributed-training FSDP sample.",
+        synonyms=AC_SWITCHES,
     )
-    ac_every: int = _flag(2, "With --ac_mode selective, checkpoint one layer in every N.")
+    ac_every: int = _flag(
+        2, "With --activation_checkpointing selective, checkpoint one layer in every N."
+    )
     cpu_offload: bool = _flag(False, "Keep sharded params, grads and optimizer state in CPU RAM.")
     compile: bool | None = _flag(
         None,
@@ -512,6 +521,15 @@ def parse_switch(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected 0/1/true/false, got {text!r}")
 
 
+def _choice(synonyms: Mapping[str, str]) -> Any:
+    """A choice's text, with its synonyms (case-insensitive) mapped to the canonical value."""
+
+    def convert(text: str) -> str:
+        return synonyms.get(text.strip().lower(), text)
+
+    return convert
+
+
 def _strip_optional(annotation: Any) -> tuple[Any, bool]:
     origin = get_origin(annotation)
     if origin in (Union, types.UnionType):
@@ -529,7 +547,8 @@ def _add_field(group: argparse._ArgumentGroup, f: dataclasses.Field[Any], hint: 
     if inner is bool:
         kwargs.update(type=parse_switch, nargs="?", const=True, metavar="0|1")
     elif get_origin(inner) is Literal:
-        kwargs.update(type=str, choices=list(get_args(inner)))
+        synonyms = f.metadata.get("synonyms", {})
+        kwargs.update(type=_choice(synonyms), choices=list(get_args(inner)))
     elif inner in (int, float, str):
         kwargs.update(type=inner, metavar=inner.__name__.upper())
     else:  # pragma: no cover - a new field type needs a rule here

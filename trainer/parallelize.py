@@ -38,14 +38,15 @@ class ParallelPlan:
 
     sharding_strategy: str = "full"
     bf16: bool = True
-    activation_checkpointing: bool = False
-    ac_mode: str = "full"
+    activation_checkpointing: str = "off"
+    """off, full, op or selective (`--activation_checkpointing`)."""
     ac_every: int = 1
     compile: bool = False
     cpu_offload: bool = False
 
 
 AC_MODES = ("full", "op", "selective")
+"""The ways a layer can be checkpointed (`--activation_checkpointing` besides off)."""
 
 _ATTENTION_OPS = frozenset(
     getattr(torch.ops.aten, name).default
@@ -91,7 +92,9 @@ def checkpointed_layer_indices(num_layers: int, mode: str, every: int) -> list[i
         return list(range(num_layers))
     if mode == "selective":
         return [i for i in range(num_layers) if i % every == 0]
-    raise ValueError(f"--ac_mode {mode!r} is not supported; allowed: {', '.join(AC_MODES)}")
+    raise ValueError(
+        f"--activation_checkpointing {mode!r} is not supported; allowed: {', '.join(AC_MODES)}"
+    )
 
 
 def apply_activation_checkpointing(model: nn.Module, mode: str, every: int) -> int:
@@ -230,8 +233,10 @@ def check_replicas_identical(model: nn.Module, mesh: DeviceMesh) -> None:
 def parallelize_model(model: nn.Module, mesh: DeviceMesh, plan: ParallelPlan) -> FSDPModule:
     """Activation checkpointing → compile → FSDP2, on a model still on the meta device."""
     checkpointed = 0
-    if plan.activation_checkpointing:
-        checkpointed = apply_activation_checkpointing(model, plan.ac_mode, plan.ac_every)
+    if plan.activation_checkpointing != "off":
+        checkpointed = apply_activation_checkpointing(
+            model, plan.activation_checkpointing, plan.ac_every
+        )
     if plan.compile:
         apply_compile(model)
     apply_fsdp(model, mesh, plan)

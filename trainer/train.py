@@ -230,7 +230,6 @@ class Trainer:
             sharding_strategy=cfg.parallel.sharding_strategy,
             bf16=cfg.parallel.bf16,
             activation_checkpointing=cfg.parallel.activation_checkpointing,
-            ac_mode=cfg.parallel.ac_mode,
             ac_every=cfg.parallel.ac_every,
             compile=self.compiled,
             cpu_offload=cfg.parallel.cpu_offload,
@@ -567,11 +566,10 @@ class Trainer:
         """The settings that decide GPU efficiency, and why each is what it is (issue 14)."""
         parallel, logging_cfg = self.cfg.parallel, self.cfg.logging
         mesh = dict(zip(self.mesh.mesh_dim_names or (), self.mesh.shape, strict=True))
-        checkpointing = (
-            f"{parallel.ac_mode}"
-            + (f" every {parallel.ac_every}" if parallel.ac_mode == "selective" else "")
-            if parallel.activation_checkpointing
-            else "off"
+        checkpointing = parallel.activation_checkpointing + (
+            f" every {parallel.ac_every}"
+            if parallel.activation_checkpointing == "selective"
+            else ""
         )
         compile_why = "--compile" if parallel.compile is not None else f"{self.device.type}"
         loss = (

@@ -1,29 +1,28 @@
-"""The typed, validated stack config: the single source of truth for every component.
+"""The stack schema: one typed, validated model of a stack file, its loaders and its errors.
 
 Import from here: `StackConfig` (the whole stack file), the loaders and the error type. This
-package imports no pulumi and no torch, so scripts without either (the local run) can use it.
+package imports no pulumi and no torch, and no estimate: it is the floor they stand on.
 """
 
-from infra.config.stack import (
-    PROJECT,
-    StackConfig,
-    StackConfigError,
+from infra.config.errors import StackConfigError
+from infra.config.files import (
     StackFile,
-    load_stack_config,
     load_stack_file,
-    parse_stack_config,
     read_stack_file,
     stack_file_path,
+    stack_names,
 )
+from infra.config.parse import parse_stack_config
+from infra.config.stack import PROJECT, StackConfig
 
 __all__ = [
     "PROJECT",
     "StackConfig",
     "StackConfigError",
     "StackFile",
-    "load_stack_config",
     "load_stack_file",
     "parse_stack_config",
     "read_stack_file",
     "stack_file_path",
+    "stack_names",
 ]

@@ -47,7 +47,7 @@ RENDERED_TRAINER_FLAGS = frozenset(
         "intermediate_size", "vocab_size", "max_context_width", "init_from",
         "attn_implementation", "dataset", "dataset_config_name", "tokenizer", "text_column",
         "num_workers", "train_batch_size", "sharding_strategy", "hsdp_shard_size", "bf16",
-        "activation_checkpointing", "ac_mode", "cpu_offload", "compile", "max_steps", "lr",
+        "activation_checkpointing", "cpu_offload", "compile", "max_steps", "lr",
         "min_lr", "warmup", "lr_decay_style", "weight_decay", "beta1", "beta2", "grad_clip",
         "gradient_accumulation_steps", "seed", "checkpoint_freq", "keep_last_checkpoints",
         "logging_freq", "validation_freq", "validation_batches", "checkpoint_dir",

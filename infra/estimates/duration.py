@@ -249,17 +249,17 @@ SHUTDOWN_MARGIN_S = 60
 leaving the process group, and the agent reaping its workers."""
 
 
-def shutdown_grace_seconds(config: StackConfig) -> int:
+def shutdown_grace_seconds(
+    estimate: DurationEstimate, *, max_steps: int, checkpoint_s: float
+) -> int:
     """How long a worker needs between SIGTERM and its exit: the step in flight (at the low
     MFU), two checkpoint writes (an asynchronous save still in flight, which the stop save
     waits for, then the stop save itself; or one save on a slow, busy file system) and a
     margin.
     The pod's `terminationGracePeriodSeconds` and torchrun's shutdown timeout derive from it
     (`infra.job.manifest`); a Kubernetes default of 30 s would kill a large save half way."""
-    estimate = estimate_duration(config)
-    step_s = estimate.training_hours_at(estimate.mfu.low) * 3600 / config.training.max_steps
-    save_s = checkpoint_seconds(config)
-    return math.ceil(step_s + 2 * save_s + SHUTDOWN_MARGIN_S)
+    step_s = estimate.training_hours_at(estimate.mfu.low) * 3600 / max_steps
+    return math.ceil(step_s + 2 * checkpoint_s + SHUTDOWN_MARGIN_S)
 
 
 def checkpoint_seconds(config: StackConfig) -> float:
@@ -272,7 +272,7 @@ WATCHDOG_FLOOR_MIN_S = 600
 """The trainer's own default floor: whatever the estimate, a hang is not called sooner."""
 
 
-def watchdog_floor_seconds(config: StackConfig) -> int:
+def watchdog_floor_seconds(shutdown_grace_s: int) -> int:
     """The trainer's `--watchdog_floor_s` for this run: twice the longest stretch between two
     steps that is not a hang (a step at the low MFU with a checkpoint save), at least 10 min."""
-    return max(WATCHDOG_FLOOR_MIN_S, 2 * shutdown_grace_seconds(config))
+    return max(WATCHDOG_FLOOR_MIN_S, 2 * shutdown_grace_s)

@@ -105,8 +105,8 @@ class RunShape:
     checkpointed_layers: int
     """Decoder layers that recompute their activations in backward."""
     ac_keeps_matmuls: bool = False
-    """Op-level checkpointing (`trainer.parallelize`, `--ac_mode op`): a checkpointed layer
-    keeps attention's and every second matmul's output, not only its input."""
+    """Op-level checkpointing (`trainer.parallelize`, `--activation_checkpointing op`): a
+    checkpointed layer keeps attention's and every second matmul's output, not only its input."""
     cpu_offload: bool = False
     bf16: bool = True
     loss_chunk_tokens: int = 0

@@ -22,7 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from infra.config.stack import StackConfig
+from infra.config import StackConfig
+from infra.estimates.run_plan import RunPlan
 from infra.job.manifest import (
     API_VERSION,
     CONTAINER_NAME,
@@ -187,15 +188,15 @@ def bench_config_map(config: StackConfig, *, run_id: str, script_text: str) -> d
     }
 
 
-def nccl_env(config: StackConfig) -> list[dict[str, Any]]:
+def nccl_env(plan: RunPlan) -> list[dict[str, Any]]:
     """The trainer's NCCL/EFA environment, with the debug output the verdict is read from."""
     overrides = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
-    env = [e for e in container_env(config, hf_secret_name=None) if e["name"] not in overrides]
+    env = [e for e in container_env(plan, hf_secret_name=None) if e["name"] not in overrides]
     return env + [{"name": name, "value": value} for name, value in overrides.items()]
 
 
 def nccl_job(
-    config: StackConfig,
+    plan: RunPlan,
     *,
     image: str,
     run_id: str,
@@ -203,6 +204,7 @@ def nccl_job(
     min_bytes: int = 8 << 20,
 ) -> dict[str, Any]:
     """All-reduce over every GPU of every node, launched like the trainer (torchrun, PET_*)."""
+    config = plan.config
     expected = expected_node_resources(config)
     placement = default_placement(config)
     facts = config.instance
@@ -223,7 +225,7 @@ def nccl_job(
             f"--min-bytes={min_bytes}",
             f"--max-bytes={max_bytes}",
         ],
-        "env": nccl_env(config),
+        "env": nccl_env(plan),
         "resources": {
             "requests": {**limits_with_memory, "cpu": str(max(1, facts.vcpus // 4))},
             "limits": limits_with_memory,
@@ -280,7 +282,7 @@ def nccl_job(
 
 
 def validation_manifests(
-    config: StackConfig,
+    plan: RunPlan,
     *,
     image: str,
     run_id: str,
@@ -288,8 +290,9 @@ def validation_manifests(
     claim_name: str | None = None,
 ) -> list[dict[str, Any]]:
     """Everything the validation run applies, in apply order."""
+    config = plan.config
     return [
         gpu_check_job(config, image=image, run_id=run_id, claim_name=claim_name),
         bench_config_map(config, run_id=run_id, script_text=bench_script),
-        nccl_job(config, image=image, run_id=run_id),
+        nccl_job(plan, image=image, run_id=run_id),
     ]

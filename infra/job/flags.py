@@ -14,13 +14,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from infra.config.job import RENDERED_TRAINER_FLAGS
-from infra.estimates.duration import watchdog_floor_seconds
-from infra.estimates.memory_fit import parallelism
 from infra.facts.instances import ALLREDUCE_BUSBW_FLOOR_GBPS, HYPERPOD_PREFIX
 from trainer.config import format_args
 
 if TYPE_CHECKING:
-    from infra.config.stack import StackConfig
+    from infra.config import StackConfig
+    from infra.estimates.run_plan import RunPlan
 
 CHECKPOINTS_DIR = "checkpoints"
 """Directory under the shared mount, or key prefix in the bucket, with one entry per run."""
@@ -47,14 +46,15 @@ def preflight_flags(config: StackConfig) -> dict[str, Any]:
     }
 
 
-def trainer_flags(config: StackConfig) -> dict[str, Any]:
+def trainer_flags(plan: RunPlan) -> dict[str, Any]:
     """Every trainer flag the experiment sets, except the run's paths (`{flag: value}`).
 
     Values left `None` keep the trainer's default. `dataset_config_name` is rendered as ''
     when the stack sets it to null, because the trainer's own default is 'en'.
     """
+    config = plan.config
     model, data, training = config.model, config.data, config.training
-    chosen = parallelism(config)
+    chosen = plan.parallelism
     flags: dict[str, Any] = {
         "model": model.preset,
         "num_layers": model.num_layers,
@@ -72,14 +72,11 @@ def trainer_flags(config: StackConfig) -> dict[str, Any]:
         "text_column": data.text_column,
         "num_workers": data.num_workers,
         "train_batch_size": training.micro_batch_size,
-        # `auto` keys resolved by the memory estimate (infra.estimates.memory_fit.parallelism).
+        # `auto` keys resolved by the memory estimate (the run plan's parallelism).
         "sharding_strategy": chosen.sharding_strategy,
         "hsdp_shard_size": training.hsdp_shard_size,
         "bf16": training.bf16,
-        "activation_checkpointing": chosen.activation_checkpointing != "off",
-        "ac_mode": None
-        if chosen.activation_checkpointing == "off"
-        else chosen.activation_checkpointing,
+        "activation_checkpointing": chosen.activation_checkpointing,
         "cpu_offload": training.cpu_offload,
         "compile": training.compile,
         "max_steps": training.max_steps,
@@ -99,22 +96,23 @@ def trainer_flags(config: StackConfig) -> dict[str, Any]:
         "validation_freq": training.validation_every,
         "validation_batches": training.validation_batches,
         # A save of this model is no hang (trainer.watchdog): the floor is sized from it.
-        "watchdog_floor_s": watchdog_floor_seconds(config),
+        "watchdog_floor_s": plan.timeouts.watchdog_floor_seconds,
         **preflight_flags(config),
     }
     return {**flags, **training.extra_args}
 
 
-def run_id(config: StackConfig) -> str:
+def run_id(plan: RunPlan) -> str:
     """The run's directory name: `job.runId`, else the job name plus a hash of the flags.
 
     A pod that restarts (same flags) finds its checkpoints and resumes; an edited experiment
     (other flags, so another hash) starts fresh instead of loading an incompatible checkpoint.
     """
-    if config.job.run_id is not None:
-        return config.job.run_id
-    text = json.dumps(trainer_flags(config), sort_keys=True, default=str)
-    return f"{config.job.name}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
+    job = plan.config.job
+    if job.run_id is not None:
+        return job.run_id
+    text = json.dumps(trainer_flags(plan), sort_keys=True, default=str)
+    return f"{job.name}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
 
 
 @dataclass(frozen=True)
@@ -146,28 +144,29 @@ class RunPaths:
         return self.staging_dir if self.staging_dir is not None else self.run_dir
 
 
-def s3_run_prefix(config: StackConfig) -> str:
+def s3_run_prefix(plan: RunPlan) -> str:
     """The run's key prefix in the bucket when it has no FSx."""
-    return f"{CHECKPOINTS_DIR}/{run_id(config)}"
+    return f"{CHECKPOINTS_DIR}/{run_id(plan)}"
 
 
 def run_paths(
-    config: StackConfig, *, shared: bool | None = None, mount_path: str | None = None
+    plan: RunPlan, *, shared: bool | None = None, mount_path: str | None = None
 ) -> RunPaths:
     """The run's paths: under the FSx mount, or in S3 when the pods mount no claim.
 
     `shared` defaults to whether the stack mounts FSx; `mount_path` to storage.fsx.mountPath.
     """
+    config = plan.config
     fsx = config.storage.fsx
     if shared is None:
         shared = fsx.enabled
     if shared:
         mount = mount_path or fsx.mount_path
-        run_dir = f"{mount.rstrip('/')}/{CHECKPOINTS_DIR}/{run_id(config)}"
+        run_dir = f"{mount.rstrip('/')}/{CHECKPOINTS_DIR}/{run_id(plan)}"
         staging = None
     else:
         mount = LOCAL_CHECKPOINT_MOUNT
-        run_dir = f"s3://$({CHECKPOINT_BUCKET_ENV})/{s3_run_prefix(config)}"
+        run_dir = f"s3://$({CHECKPOINT_BUCKET_ENV})/{s3_run_prefix(plan)}"
         staging = f"{mount}/outputs"
     return RunPaths(
         mount_path=mount,
@@ -179,14 +178,14 @@ def run_paths(
     )
 
 
-def trainer_argv(config: StackConfig, paths: RunPaths) -> list[str]:
+def trainer_argv(plan: RunPlan, paths: RunPaths) -> list[str]:
     """Arguments after `-m trainer`: the experiment's flags plus the run's paths.
 
     `--resume_from_checkpoint` is the checkpoint directory itself: the trainer resumes from the
     newest complete step there and starts fresh when there is none, so a restarted pod resumes.
     """
     flags = {
-        **trainer_flags(config),
+        **trainer_flags(plan),
         "checkpoint_dir": paths.run_dir,
         "resume_from_checkpoint": paths.run_dir,
         "export_dir": paths.export_dir,
@@ -196,20 +195,21 @@ def trainer_argv(config: StackConfig, paths: RunPaths) -> list[str]:
     return format_args(flags)
 
 
-def torchrun_command(config: StackConfig, paths: RunPaths) -> list[str]:
+def torchrun_command(plan: RunPlan, paths: RunPaths) -> list[str]:
     """The container's whole command line.
 
     torchrun takes the rendezvous endpoint and backend from the `PET_*` variables the training
     operator injects (see `job_manifest.elastic_policy`); the node and process counts are
     written out so the manifest shows them.
     """
+    config = plan.config
     return [
         "torchrun",
         f"--nnodes={config.gpu_nodes.count}",
         f"--nproc_per_node={config.gpus_per_node}",
         "-m",
         "trainer",
-        *trainer_argv(config, paths),
+        *trainer_argv(plan, paths),
     ]
 
 

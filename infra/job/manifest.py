@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from infra.config.cluster import GPU_TAINT_KEY
-from infra.estimates.duration import shutdown_grace_seconds
 from infra.facts.instances import scheduling_labels
 from infra.job.flags import CHECKPOINT_BUCKET_ENV, RunPaths, run_paths, torchrun_command
 
 if TYPE_CHECKING:
-    from infra.config.stack import StackConfig
+    from infra.config import StackConfig
+    from infra.estimates.run_plan import RunPlan
 
 API_VERSION = "kubeflow.org/v1"
 KIND = "PyTorchJob"
@@ -159,7 +159,7 @@ def s3_env(bucket: S3Bucket | None) -> list[dict[str, Any]]:
 
 
 def container_env(
-    config: StackConfig, *, hf_secret_name: str | None, run_dir: str | None = None
+    plan: RunPlan, *, hf_secret_name: str | None, run_dir: str | None = None
 ) -> list[dict[str, Any]]:
     """The NCCL/EFA environment of the design brief, plus the HF token and `job.extraEnv`.
 
@@ -167,6 +167,7 @@ def container_env(
     NCCL_P2P_DISABLE, CUDA_LAUNCH_BLOCKING) are never set; the config model rejects them in
     extraEnv. The collective timeout is the trainer's own (30 minutes, trainer.distributed).
     """
+    config = plan.config
     values: dict[str, str] = {}
     if config.gpu_nodes.efa_enabled:
         values["FI_PROVIDER"] = "efa"
@@ -191,7 +192,7 @@ def container_env(
     # torchrun SIGKILLs its workers this long after forwarding a SIGTERM (torch
     # `distributed/launcher/api.py`, default 30 s): long enough for the trainer's stop save,
     # and shorter than the pod's grace period so the agent itself exits before the kubelet's kill.
-    values["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(shutdown_grace_seconds(config))
+    values["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(plan.timeouts.shutdown_grace_seconds)
     if run_dir is not None:  # beside the checkpoints, so the dump outlives the pod
         values["TORCH_FR_DUMP_TEMP_FILE"] = f"{run_dir}/flight-recorder-rank-"
     if hf_secret_name is not None:
@@ -352,7 +353,7 @@ class JobManifest:
 
 
 def render_job(
-    config: StackConfig,
+    plan: RunPlan,
     *,
     image: Any,
     pvc_name: Any | None,
@@ -362,20 +363,21 @@ def render_job(
     service_account_name: str | None = None,
     bucket: S3Bucket | None = None,
 ) -> JobManifest:
-    """The whole PyTorchJob for `config`.
+    """The whole PyTorchJob of the planned run.
 
     `image` (digest-pinned URI) and `pvc_name` may be plain strings or Pulumi outputs.
     `mount_path` is where the claim is mounted (default: storage.fsx.mountPath). Without a
     claim the run lives in S3: `bucket` names it and `service_account_name` is the account
     bound to the run's prefix (infra.platform.run_access).
     """
+    config = plan.config
     job = config.job
     assert job.name is not None  # parse_stack_config fills it from the stack name
     shared = pvc_name is not None
-    paths = run_paths(config, shared=shared, mount_path=mount_path if shared else None)
+    paths = run_paths(plan, shared=shared, mount_path=mount_path if shared else None)
     size = pod_size(config)
     where = placement or default_placement(config)
-    command = torchrun_command(config, paths)
+    command = torchrun_command(plan, paths)
     volumes, mounts = _volumes(paths, size, pvc_name)
     trainer_mounts = list(mounts)
     if hf_secret_name is not None:
@@ -394,7 +396,7 @@ def render_job(
         "command": command[:1],
         "args": command[1:],
         "env": [
-            *container_env(config, hf_secret_name=hf_secret_name, run_dir=paths.local_dump_dir),
+            *container_env(plan, hf_secret_name=hf_secret_name, run_dir=paths.local_dump_dir),
             *s3_env(bucket),
             # The node a preflight failure names (Kubernetes downward API).
             {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
@@ -417,7 +419,7 @@ def render_job(
         "securityContext": pod_security_context(),
         # SIGTERM (spot interruption, drain, deadline) to SIGKILL: the trainer saves a
         # checkpoint at the next step boundary (trainer.preemption) and torchrun waits for it.
-        "terminationGracePeriodSeconds": shutdown_grace_seconds(config) + AGENT_EXIT_S,
+        "terminationGracePeriodSeconds": plan.timeouts.shutdown_grace_seconds + AGENT_EXIT_S,
         # Nothing in the pod calls the Kubernetes API: torchrun finds its peers through the
         # c10d store on worker 0 and the operator passes everything else in environment
         # variables. A pod given its own service account (for AWS access) keeps the token.
@@ -441,7 +443,7 @@ def render_job(
             workers=config.gpu_nodes.count,
             max_restarts=job.backoff_limit,
             run_name=job.name,
-            start_timeout_s=job.start_timeout_seconds,
+            start_timeout_s=plan.timeouts.start_budget_seconds,
         ),
         "pytorchReplicaSpecs": {
             "Worker": {

@@ -12,21 +12,25 @@ local caches.
 
 They run on a config the model has accepted (they need what it renders, and the renderers
 depend on the model, not the other way round): the program, the offline plan and the local
-run call `require_semantics` right after parsing, before any resource is registered, and a
-problem is the same one-line-per-problem "stack is invalid" error.
+run call `check_run` right after parsing, before any resource is registered: it lists these
+problems together with the run plan's (memory, deadline, cost), all at once, in the same
+one-line-per-problem "stack is invalid" error.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import posixpath
 import re
+from collections.abc import Collection, Mapping
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from infra.config.stack import StackConfigError
+from infra.config import StackConfigError, parse_stack_config, read_stack_file
+from infra.estimates.run_plan import RunPlan, plan_run
 from infra.job.flags import RunPaths, trainer_argv
 from infra.job.manifest import (
     CONTAINER_NAME,
@@ -41,7 +45,7 @@ from infra.job.manifest import (
 from trainer.config import DEFAULT_TOKENIZER, parse_args
 
 if TYPE_CHECKING:
-    from infra.config.stack import StackConfig
+    from infra.config import StackConfig
 
 SYSTEM_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease"})
 """Kubernetes' own namespaces (the API server creates them); a job there shares RBAC and
@@ -69,20 +73,20 @@ The trainer checks the real tokenizer at start (`trainer.train`); this catches t
 ones at plan time."""
 
 
-def extra_args_problems(config: StackConfig) -> list[str]:
+def extra_args_problems(plan: RunPlan) -> list[str]:
     """The job's whole trainer argv (paths included), extraArgs merged in, through the
     trainer's own parser and its own consistency checks (what every worker does at start).
 
     argparse reports a bad value by printing to stderr and raising SystemExit(2) (Python's
     `argparse.ArgumentParser.error`); stderr is captured, so nothing is printed and nothing
     exits."""
-    extra = config.training.extra_args
+    extra = plan.config.training.extra_args
     if not extra:
         return []
     stderr = io.StringIO()
     try:
         with contextlib.redirect_stderr(stderr):
-            parse_args(_rendered_argv(config))
+            parse_args(_rendered_argv(plan))
     except SystemExit:
         message = stderr.getvalue().strip().splitlines()[-1].split("error: ", 1)[-1]
         named = _ARGPARSE_FLAG.findall(message)
@@ -93,13 +97,15 @@ def extra_args_problems(config: StackConfig) -> list[str]:
     return []
 
 
-def extra_env_problems(config: StackConfig) -> list[str]:
+def extra_env_problems(plan: RunPlan) -> list[str]:
     """`job.extraEnv` may add variables, not replace the stack's nor carry credentials."""
+    config = plan.config
     extra = config.job.extra_env
     if not extra:
         return []
     bare = config.model_copy(update={"job": config.job.model_copy(update={"extra_env": {}})})
-    rendered = {e["name"]: e["value"] for e in container_env(bare, hf_secret_name="x")}
+    bare_plan = dataclasses.replace(plan, config=bare)
+    rendered = {e["name"]: e["value"] for e in container_env(bare_plan, hf_secret_name="x")}
     if not config.storage.fsx.enabled:  # the run in S3: its bucket and region (s3_env)
         placeholder = S3Bucket(name="<the stack's bucket>", region="<aws:region>")
         rendered.update({e["name"]: e["value"] for e in s3_env(placeholder)})
@@ -236,21 +242,22 @@ def image_dirs() -> tuple[str, ...]:
     return tuple(sorted({image_code_dir(), *opt_dirs}))
 
 
-def _rendered_job(config: StackConfig) -> JobManifest:
+def _rendered_job(plan: RunPlan) -> JobManifest:
     """The job as the program renders it, with placeholders for deploy-time values (the image
     digest, the claim's and the token Secret's names): the volumes and mounts depend only on
     whether there is a claim and a token."""
+    config = plan.config
     return render_job(
-        config,
+        plan,
         image="image",
         pvc_name="claim" if config.storage.fsx.enabled else None,
         hf_secret_name="hf-token" if config.hf_token is not None else None,
     )
 
 
-def _rendered_argv(config: StackConfig) -> list[str]:
+def _rendered_argv(plan: RunPlan) -> list[str]:
     """The trainer's argv exactly as the job runs it (`-m trainer ...`)."""
-    return trainer_argv(config, _rendered_job(config).paths)
+    return trainer_argv(plan, _rendered_job(plan).paths)
 
 
 def _trainer_mounts(manifest: JobManifest) -> list[tuple[str, dict[str, Any]]]:
@@ -373,13 +380,13 @@ def _output_problem(
     )
 
 
-def path_problems(config: StackConfig) -> list[str]:
+def path_problems(plan: RunPlan) -> list[str]:
     """Every path the job's trainer reads or writes lies on a volume its pod mounts: what it
     reads on one that exists before the pod starts (the FSx claim), what it writes on one it
     can write (a claim or a disk-backed emptyDir). Checked on the rendered argv and mounts."""
-    manifest = _rendered_job(config)
+    manifest = _rendered_job(plan)
     mounts = _trainer_mounts(manifest)
-    flags = _flag_values(trainer_argv(config, manifest.paths))
+    flags = _flag_values(trainer_argv(plan, manifest.paths))
     problems = []
     for flag, key in INPUT_FLAGS.items():
         if flag in flags:
@@ -387,12 +394,12 @@ def path_problems(config: StackConfig) -> list[str]:
             problems.extend([problem] if problem else [])
     for flag in OUTPUT_FLAGS:
         if flag in flags:
-            problem = _output_problem(flag, flags[flag], config, mounts, manifest.paths)
+            problem = _output_problem(flag, flags[flag], plan.config, mounts, manifest.paths)
             problems.extend([problem] if problem else [])
     return problems
 
 
-def mount_problems(config: StackConfig) -> list[str]:
+def mount_problems(plan: RunPlan) -> list[str]:
     """No volume the pod mounts hides the image's code, its libraries or its local caches.
 
     A volume mounted at a directory replaces what the image has there for the container
@@ -401,7 +408,7 @@ def mount_problems(config: StackConfig) -> list[str]:
     storage.fsx.mountPath is the stack's to choose; the other mounts are fixed by the job."""
     protected = [*image_dirs(), *BASE_LIBRARY_DIRS, *LOCAL_CACHE_DIRS]
     problems = []
-    for mount, volume in _trainer_mounts(_rendered_job(config)):
+    for mount, volume in _trainer_mounts(_rendered_job(plan)):
         hidden = [d for d in protected if _under(d, mount) or _under(mount, d)]
         if not hidden:
             continue
@@ -414,22 +421,57 @@ def mount_problems(config: StackConfig) -> list[str]:
     return problems
 
 
-def semantic_problems(config: StackConfig) -> list[str]:
-    """Every whole-stack problem of this module, one message each."""
-    return [
-        *extra_args_problems(config),
-        *extra_env_problems(config),
+def semantic_problems(plan: RunPlan) -> list[str]:
+    """Every whole-stack problem of this module, one message each. The checks that render the
+    job need its timeouts, which a run without a duration estimate lacks (its plan says why)."""
+    config = plan.config
+    problems = [
         *addon_problems(config),
         *namespace_problems(config),
         *vocabulary_problems(config),
-        *path_problems(config),
-        *mount_problems(config),
     ]
+    if plan.has_timeouts:
+        problems = [
+            *extra_args_problems(plan),
+            *extra_env_problems(plan),
+            *problems,
+            *path_problems(plan),
+            *mount_problems(plan),
+        ]
+    return problems
 
 
-def require_semantics(config: StackConfig, *, source: str) -> StackConfig:
-    """`config` when it passes every check here; else StackConfigError listing the problems."""
-    problems = semantic_problems(config)
+def check_run(config: StackConfig, *, source: str) -> RunPlan:
+    """`config`'s run plan when nothing stops the run; else StackConfigError listing every
+    problem at once: the plan's (memory, deadline, cost) and this module's."""
+    plan = plan_run(config)
+    problems = [*plan.problems, *semantic_problems(plan)]
     if problems:
         raise StackConfigError(problems, source=source)
-    return config
+    return plan
+
+
+def checked_run_plan(
+    values: Mapping[str, Any],
+    *,
+    stack_name: str,
+    secret_keys: Collection[str] = (),
+    source: str | None = None,
+) -> RunPlan:
+    """Raw stack-config values parsed (`infra.config.parse_stack_config`) and their run checked
+    (`check_run`): what the Pulumi program does before it registers anything."""
+    config = parse_stack_config(
+        values, stack_name=stack_name, secret_keys=secret_keys, source=source
+    )
+    return check_run(config, source=source or f"stack {stack_name!r}")
+
+
+def plan_stack_file(stack: str | Path, stacks_dir: Path | None = None) -> RunPlan:
+    """A stack file read, parsed and checked as `pulumi up` would, without the engine."""
+    stack_file = read_stack_file(stack, stacks_dir)
+    return checked_run_plan(
+        stack_file.config,
+        stack_name=stack_file.stack_name,
+        secret_keys=stack_file.secret_keys,
+        source=stack_file.path.name,
+    )

@@ -20,7 +20,7 @@ Construction (`infra/program.py`):
     namespace = JobNamespace("job-namespace", JobNamespaceArgs(config=stack.job,
         k8s_provider=cluster.k8s_provider, depends_on=cluster.ready))
     job = TrainingJob("job", TrainingJobArgs(
-        config=stack, image_uri=image.image_uri, k8s_provider=cluster.k8s_provider,
+        plan=plan, image_uri=image.image_uri, k8s_provider=cluster.k8s_provider,
         kubeconfig=cluster.kubeconfig, namespace=namespace.name,
         pvc_name=storage.pvc_name, mount_path=storage.mount_path,
         placement=Placement(cluster.gpu_node_selector, cluster.gpu_tolerations),
@@ -37,7 +37,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.config.job import JobConfig
-from infra.config.stack import StackConfig
+from infra.estimates.run_plan import RunPlan
 from infra.job.flags import CHECKPOINT_BUCKET_ENV, RunPaths
 from infra.job.manifest import (
     API_VERSION,
@@ -105,8 +105,8 @@ class JobNamespace(pulumi.ComponentResource):
 
 @dataclass
 class TrainingJobArgs:
-    config: StackConfig
-    """The whole validated stack config (the job reads model/data/training/job/gpuNodes)."""
+    plan: RunPlan
+    """The checked run plan: the stack config and every figure the job renders from it."""
     image_uri: pulumi.Input[str]
     """Digest-pinned image (TrainerImage.image_uri) or image.uri from the config."""
     k8s_provider: pulumi.ProviderResource
@@ -158,7 +158,7 @@ class TrainingJob(pulumi.ComponentResource):
         self, name: str, args: TrainingJobArgs, opts: pulumi.ResourceOptions | None = None
     ) -> None:
         super().__init__("fsdp-eks:job:TrainingJob", name, None, opts)
-        config = args.config
+        config = args.plan.config
         job_name = config.job.name
         assert job_name is not None  # filled from the stack name by parse_stack_config
         k8s_opts = pulumi.ResourceOptions(parent=self, provider=args.k8s_provider)
@@ -180,7 +180,7 @@ class TrainingJob(pulumi.ComponentResource):
             depends_on.append(secret)
 
         self.manifest = render_job(
-            config,
+            args.plan,
             image=args.image_uri,
             pvc_name=args.pvc_name,
             mount_path=args.mount_path,
@@ -224,7 +224,8 @@ class TrainingJob(pulumi.ComponentResource):
         # `sdk/python/lib/pulumi/runtime/rpc.py` `transfer_properties`); CustomResource
         # declares none of them for type checkers.
         job_metadata: pulumi.Output[Any] = job.metadata  # type: ignore[attr-defined]
-        wait_for = create_timeout(config.job.start_timeout_seconds)
+        start_budget_s = args.plan.timeouts.start_budget_seconds
+        wait_for = create_timeout(start_budget_s)
         self.start = JobStartWatch(
             f"{name}-start",
             kubeconfig=args.kubeconfig,
@@ -233,7 +234,7 @@ class TrainingJob(pulumi.ComponentResource):
             job_uid=job_metadata.apply(_uid),
             workers=config.gpu_nodes.count,
             backoff_limit=config.job.backoff_limit,
-            start_timeout_seconds=config.job.start_timeout_seconds,
+            start_timeout_seconds=start_budget_s,
             opts=pulumi.ResourceOptions(
                 parent=self,
                 depends_on=[job],

@@ -17,20 +17,23 @@ from typing import TYPE_CHECKING, Any
 import pulumi
 import pulumi_aws as aws
 
-from infra.config.stack import StackConfigError
-from infra.estimates.duration import estimate_duration
+from infra.config import StackConfigError
 from infra.facts.instances import HYPERPOD_PREFIX
 
 if TYPE_CHECKING:
-    from infra.config.stack import StackConfig
+    from infra.config import StackConfig
+    from infra.estimates.run_plan import RunPlan
 
 
 def _time(value: str) -> datetime:
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
-def block_problems(config: StackConfig, block: Mapping[str, Any], now: datetime) -> list[str]:
-    """What is wrong with running `config` in `block` (the data source's fields) from `now`."""
+def block_problems(
+    config: StackConfig, block: Mapping[str, Any], now: datetime, *, run_hours: float
+) -> list[str]:
+    """What is wrong with running `config` in `block` (the data source's fields) from `now`,
+    for a run expected to take `run_hours`."""
     nodes = config.gpu_nodes
     block_id = nodes.capacity.reservation_id
     problems = []
@@ -55,7 +58,7 @@ def block_problems(config: StackConfig, block: Mapping[str, Any], now: datetime)
     if block.get("end_date"):
         start = max(now, _time(block["start_date"])) if block.get("start_date") else now
         hours_left = (_time(block["end_date"]) - start).total_seconds() / 3600
-        needed = estimate_duration(config).hours
+        needed = run_hours
         if hours_left < needed:
             left = max(hours_left, 0)
             problems.append(
@@ -67,9 +70,10 @@ def block_problems(config: StackConfig, block: Mapping[str, Any], now: datetime)
     return problems
 
 
-def check_capacity_block(config: StackConfig, *, source: str) -> None:
+def check_capacity_block(plan: RunPlan, *, source: str) -> None:
     """For a stack on a Capacity Block: look it up and raise StackConfigError on a mismatch.
     A plain (blocking) invoke: the error must come from the program itself, as one line."""
+    config = plan.config
     capacity = config.gpu_nodes.capacity
     if capacity.type != "block" or capacity.reservation_id is None:
         return
@@ -81,7 +85,8 @@ def check_capacity_block(config: StackConfig, *, source: str) -> None:
         "start_date": found.start_date,
         "end_date": found.end_date,
     }
-    problems = block_problems(config, block, datetime.now(UTC))
+    assert plan.duration is not None  # a checked plan has one
+    problems = block_problems(config, block, datetime.now(UTC), run_hours=plan.duration.hours)
     if problems:
         raise StackConfigError(problems, source=source)
     pulumi.log.info(

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pulumi
 import pulumi_aws as aws
 
-from infra.config.stack import lease_tail_hours
+from infra.estimates.cost import lease_tail_hours
 
 if TYPE_CHECKING:
     from infra.config import StackConfig

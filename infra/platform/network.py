@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_aws as aws
 
+from infra.config import StackConfigError
 from infra.config.cluster import NetworkConfig
-from infra.config.stack import StackConfigError
 
 INTERNAL_ELB_TAG = {"kubernetes.io/role/internal-elb": "1"}
 PUBLIC_ELB_TAG = {"kubernetes.io/role/elb": "1"}

@@ -72,7 +72,9 @@ def worker(args: argparse.Namespace) -> None:
     model = build_model(hf_config_from(shape))
     mesh = build_mesh(info, "full")
     # fp32 compute: bf16 matmuls on a CPU without bf16 units are far slower than fp32 ones.
-    plan = ParallelPlan(bf16=False, activation_checkpointing=bool(args.activation_checkpointing))
+    plan = ParallelPlan(
+        bf16=False, activation_checkpointing="full" if args.activation_checkpointing else "off"
+    )
     parallelize_model(model, mesh, plan)
     materialize(model, device=torch.device("cpu"), seed=shard_coordinate(mesh))
     # The fused kernel, as on a GPU (`build_optimizer` picks it there): the foreach path the

@@ -36,7 +36,7 @@ import torch
 
 from scripts.bench.matrix import DOCS, MATRIX_BATCH_SIZE, run_matrix
 from scripts.bench.matrix import MODELS as MATRIX_MODELS
-from trainer.config import TrainConfig, parse_switch
+from trainer.config import AC_SWITCHES, TrainConfig, parse_switch
 from trainer.distributed import (
     DistInfo,
     all_reduce_max,
@@ -84,16 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--compile", type=parse_switch, default=False, help="torch.compile each decoder layer.")
     add(
         "--activation_checkpointing",
-        type=parse_switch,
-        default=False,
-        help="Recompute activations in backward (saves memory, costs ~1/3 more compute).",
-    )
-    add(
-        "--ac_mode",
-        choices=AC_MODES,
-        default="full",
-        help="full: every layer; op: keep attention and every second matmul; selective: "
-        "every --ac_every-th layer (trainer.parallelize).",
+        type=lambda text: AC_SWITCHES.get(text.lower(), text),
+        choices=("off", *AC_MODES),
+        default="off",
+        help="As the trainer's flag: off; full: every layer; op: keep attention and every "
+        "second matmul; selective: every --ac_every-th layer (trainer.parallelize).",
     )
     add(
         "--loss_chunk_tokens",
@@ -101,7 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=TrainConfig().parallel.loss_chunk_tokens,
         help="As the trainer's flag: the loss in slices of this many positions; 0: whole.",
     )
-    add("--ac_every", type=int, default=2, help="With --ac_mode selective: one layer in N.")
+    add(
+        "--ac_every",
+        type=int,
+        default=2,
+        help="With --activation_checkpointing selective: one layer in N.",
+    )
     add(
         "--sharding_strategy",
         choices=("full", "hybrid", "shard_grad_op", "no_shard"),
@@ -196,8 +196,7 @@ class BenchResult:
     device: str
     dtype: str
     compile: bool
-    activation_checkpointing: bool
-    ac_mode: str
+    activation_checkpointing: str
     loss_chunk_tokens: int
     sharding_strategy: str
     steps: int
@@ -222,8 +221,7 @@ class BenchResult:
             ("precision", self.dtype),
             (
                 "compile / AC",
-                f"{int(self.compile)} / "
-                + (self.ac_mode if self.activation_checkpointing else "off"),
+                f"{int(self.compile)} / {self.activation_checkpointing}",
             ),
             ("loss", f"slices of {self.loss_chunk_tokens}" if self.loss_chunk_tokens else "whole"),
             ("sharding", self.sharding_strategy),
@@ -272,7 +270,6 @@ def run_benchmark(args: argparse.Namespace, info: DistInfo) -> BenchResult:
         sharding_strategy=args.sharding_strategy,
         bf16=args.bf16,
         activation_checkpointing=args.activation_checkpointing,
-        ac_mode=args.ac_mode,
         ac_every=args.ac_every,
         compile=args.compile,
         cpu_offload=args.cpu_offload,
@@ -356,7 +353,6 @@ def run_benchmark(args: argparse.Namespace, info: DistInfo) -> BenchResult:
         dtype="bf16 compute, fp32 master/reduce" if args.bf16 else "fp32",
         compile=args.compile,
         activation_checkpointing=args.activation_checkpointing,
-        ac_mode=args.ac_mode,
         loss_chunk_tokens=args.loss_chunk_tokens,
         sharding_strategy=args.sharding_strategy,
         steps=args.steps,

@@ -41,8 +41,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO_ROOT))
 
-from infra.config import StackConfigError, load_stack_file  # noqa: E402
-from infra.job.stack_checks import require_semantics  # noqa: E402
+from infra.config import StackConfigError  # noqa: E402
+from infra.job.stack_checks import plan_stack_file  # noqa: E402
 from scripts.cli.local_topology import (  # noqa: E402
     LocalAgent,
     LocalPlan,
@@ -255,18 +255,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # The same parser and whole-stack checks as the plan and the Pulumi program, so a
         # stack they refuse stops here with the very message `scripts/cli/plan.py` prints.
-        config = load_stack_file(args.stack)
-        require_semantics(config, source=str(args.stack))
+        run = plan_stack_file(args.stack)
     except (StackConfigError, FileNotFoundError) as err:
         print(err, file=sys.stderr)
         return 2
+    config = run.config
     stack_name = Path(args.stack).name.removeprefix("Pulumi.").removesuffix(".yaml")
     out_dir = args.out.resolve()
     # Each local run starts from scratch; only the generated corpus and tokenizer are reused.
     shutil.rmtree(out_dir / stack_name, ignore_errors=True)
     device, nproc = local_devices(args.device)
     plan = plan_local_run(
-        config,
+        run,
         stack_name,
         out_dir=out_dir,
         assets_dir=out_dir / "tiny-assets",

@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from infra.config import StackConfig, StackConfigError
-from infra.config.stack import cross_section_problems
-from infra.estimates.memory_fit import parallelism
+from infra.config import StackConfigError
+from infra.estimates.run_plan import RunPlan
 from infra.job.flags import RunPaths, run_paths, torchrun_command, trainer_flags
 from infra.job.manifest import elastic_policy
 from trainer.config import format_args, parse_args
@@ -45,7 +44,7 @@ LOCAL_OVERRIDES: dict[str, Any] = {
     "lr": 3e-3,
     "min_lr": 3e-4,
     "weight_decay": 0.0,
-    "activation_checkpointing": False,
+    "activation_checkpointing": "off",
     "compile": False,
     "cpu_offload": False,
     "validation_freq": 0,
@@ -140,7 +139,7 @@ def local_run_dir(volume: Path, paths: RunPaths) -> Path:
 
 
 def plan_local_run(
-    config: StackConfig,
+    run: RunPlan,
     stack_name: str,
     *,
     out_dir: Path,
@@ -155,16 +154,17 @@ def plan_local_run(
     """Scale the stack's job to this machine, keeping its topology and what else it sets.
 
     `nproc` is the number of trainer processes this machine runs, shared by the agents.
-    `check_config=False` skips the whole-stack checks the plan and the program run, only so
-    that a test can show the failure a check exists for (tests/test_local_run.py).
+    `check_config=False` lets a run plan with problems through, only so that a test can show
+    the failure a check exists for (tests/test_local_run.py).
     """
     from trainer.tiny_assets import ensure_tiny_assets
 
-    if check_config and (problems := cross_section_problems(config)):
-        raise StackConfigError(problems, source=f"stack {stack_name!r}")
+    config = run.config
+    if check_config and run.problems:
+        raise StackConfigError(list(run.problems), source=f"stack {stack_name!r}")
     assert config.job.name is not None  # parse_stack_config fills it from the stack name
-    paths = run_paths(config)
-    cluster_command = torchrun_command(config, paths)
+    paths = run_paths(run)
+    cluster_command = torchrun_command(run, paths)
     assets = ensure_tiny_assets(assets_dir)
     run_root = out_dir / stack_name
     metrics_file = run_root / "metrics.jsonl"
@@ -174,7 +174,7 @@ def plan_local_run(
     # Interrupt half way between two checkpoints, so the restart visibly replays a few steps.
     fail_at = (steps // 2 // checkpoint_every) * checkpoint_every + max(1, checkpoint_every // 2)
     flags = {
-        **trainer_flags(config),
+        **trainer_flags(run),
         **LOCAL_OVERRIDES,
         # The same kind of model at debug size: mixture-of-experts stacks get the tiny MoE.
         "model": "tiny-moe" if config.model_shape().num_local_experts else "tiny",
@@ -192,9 +192,7 @@ def plan_local_run(
         "device": device,
         "bf16": device == "cuda" and config.training.bf16,
         # Hybrid sharding shards within a node (one agent here) and replicates across them.
-        "hsdp_shard_size": (
-            per_agent if parallelism(config).sharding_strategy == "hybrid" else None
-        ),
+        "hsdp_shard_size": (per_agent if run.parallelism.sharding_strategy == "hybrid" else None),
     }
     agents = []
     for index, volume in enumerate(volume_dirs(run_root, agents=agent_count)):
@@ -218,7 +216,7 @@ def plan_local_run(
             workers=agent_count,
             max_restarts=config.job.backoff_limit,
             run_name=config.job.name,
-            start_timeout_s=config.job.start_timeout_seconds,
+            start_timeout_s=run.timeouts.start_budget_seconds,
         ),
         device=device,
         metrics_file=metrics_file,

@@ -178,8 +178,8 @@ def _script_command(
 
 
 def known_stacks() -> list[str]:
-    """`infra.config.stack.stack_names`, imported only when a stack is missing (pydantic)."""
-    from infra.config.stack import stack_names
+    """`infra.config.stack_names`, imported only when a stack is missing (pydantic)."""
+    from infra.config import stack_names
 
     return stack_names()
 

@@ -34,16 +34,16 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from infra.config import StackConfig, StackConfigError, StackFile, read_stack_file  # noqa: E402
-from infra.config.stack import (  # noqa: E402
-    config_warnings,
-    cost_estimate,
+from infra.config import (  # noqa: E402
+    StackConfig,
+    StackConfigError,
+    StackFile,
     parse_stack_config,
+    read_stack_file,
 )
-from infra.estimates.duration import checkpoint_seconds, estimate_duration  # noqa: E402
-from infra.estimates.memory_fit import memory_fit, parallelism  # noqa: E402
+from infra.estimates.run_plan import RunPlan  # noqa: E402
 from infra.job.flags import run_paths  # noqa: E402
-from infra.job.stack_checks import require_semantics  # noqa: E402
+from infra.job.stack_checks import check_run  # noqa: E402
 from infra.offline import Evaluation, RecordedResource, evaluate  # noqa: E402
 from infra.platform.gpu_lease import lease_line  # noqa: E402
 from infra.policy.offline import Violation, run_policies  # noqa: E402
@@ -83,7 +83,7 @@ HIDDEN_TYPES = ("kubernetes:core/v1:Secret",)
 @dataclass(frozen=True)
 class Plan:
     stack: StackFile
-    config: StackConfig
+    run: RunPlan
     evaluation: Evaluation
     seconds: float
     violations: list[Violation]
@@ -107,12 +107,12 @@ def plan_stack(name: str | Path) -> Plan:
         secret_keys=stack.secret_keys,
         source=stack.path.name,
     )
-    require_semantics(config, source=stack.path.name)
+    run = check_run(config, source=stack.path.name)
     start = time.perf_counter()
     evaluation = evaluate_stack(stack)
     seconds = time.perf_counter() - start
     violations = run_policies(evaluation, policy_config_for(config))
-    return Plan(stack, config, evaluation, seconds, violations)
+    return Plan(stack, run, evaluation, seconds, violations)
 
 
 def whole_numbers(value: Any) -> Any:
@@ -202,9 +202,10 @@ def placement_line(config: StackConfig, evaluation: Evaluation | None = None) ->
     return f"Where:  {where}; cluster mode {config.cluster.mode}"
 
 
-def saves_line(config: StackConfig) -> str:
+def saves_line(plan: RunPlan) -> str:
     """Where the checkpoints go, how often, and what one save costs."""
-    paths = run_paths(config)
+    config = plan.config
+    paths = run_paths(plan)
     where = (
         f"FSx ({paths.run_dir})"
         if not paths.in_s3
@@ -213,19 +214,21 @@ def saves_line(config: StackConfig) -> str:
     every = config.training.checkpoint_every
     when = f"every {every} steps and at the end" if every else "at the end"
     background = str(config.training.extra_args.get("async_checkpoint", 1)) not in ("0", "False")
-    return f"Saves:  {where}, {when}, ~{checkpoint_seconds(config):.0f} s of writing each" + (
+    return f"Saves:  {where}, {when}, ~{plan.timeouts.checkpoint_seconds:.0f} s of writing each" + (
         " (in the background)" if background else ""
     )
 
 
-def summary_lines(config: StackConfig, evaluation: Evaluation | None = None) -> list[str]:
+def summary_lines(plan: RunPlan, evaluation: Evaluation | None = None) -> list[str]:
+    config = plan.config
     facts = config.instance
     shape = config.model_shape()
     params = approx_num_parameters(shape) / 1e9
     training = config.training
     nodes = config.gpu_nodes
-    fit = memory_fit(config)
-    chosen = parallelism(config)
+    fit = plan.memory
+    chosen = plan.parallelism
+    assert plan.duration is not None and plan.cost is not None  # a checked plan has both
     return [
         f"Nodes:  {nodes.count} x {nodes.instance_type} ({facts.gpus} x {facts.gpu_model} "
         f"{facts.gpu_memory_gib} GB, {nodes.efa_interface_count} EFA) -> "
@@ -239,10 +242,10 @@ def summary_lines(config: StackConfig, evaluation: Evaluation | None = None) -> 
         f"{config.gradient_accumulation_steps} accumulation = {config.global_batch_size} "
         f"sequences ({config.tokens_per_step:,} tokens) per step, {training.max_steps} steps",
         f"Memory: {'fits' if fit.fits else 'DOES NOT FIT'}, {fit.summary()}",
-        saves_line(config),
-        f"Time:   {estimate_duration(config).summary()}; deadline "
+        saves_line(plan),
+        f"Time:   {plan.duration.summary()}; deadline "
         + (f"{config.job.max_run_hours:g} h" if config.job.max_run_hours else "none"),
-        f"Cost:   {cost_estimate(config).summary()}",
+        f"Cost:   {plan.cost.summary()}",
     ]
 
 
@@ -257,11 +260,8 @@ def render(plan: Plan, *, verbose: bool = False) -> str:
     evaluation = plan.evaluation
     lines = [
         f"Stack {plan.stack.stack_name} ({display_path(plan.stack.path)})",
-        *(f"  {line}" for line in summary_lines(plan.config, plan.evaluation)),
-        *(
-            f"  Warning: {warning}"
-            for warning in [*plan.stack.warnings, *config_warnings(plan.config)]
-        ),
+        *(f"  {line}" for line in summary_lines(plan.run, plan.evaluation)),
+        *(f"  Warning: {warning}" for warning in [*plan.stack.warnings, *plan.run.warnings]),
         "",
         "Guardrails:",
         *([f"  {violation}" for violation in plan.violations] or ["  all passed"]),

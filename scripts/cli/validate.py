@@ -42,13 +42,14 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO_ROOT))
 
-from infra.config import StackConfig, load_stack_file  # noqa: E402
+from infra.config import StackConfig  # noqa: E402
 from infra.job.cluster_checks import (  # noqa: E402
     ExpectedNodeResources,
     expected_node_resources,
     validation_manifests,
 )
 from infra.job.manifest import CONTAINER_NAME, EFA_RESOURCE, GPU_RESOURCE  # noqa: E402
+from infra.job.stack_checks import plan_stack_file  # noqa: E402
 
 log = logging.getLogger("validate_cluster")
 
@@ -519,7 +520,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(message)s"
     )
-    config = load_stack_file(args.stack)
+    plan = plan_stack_file(args.stack)
+    config = plan.config
     expected = expected_node_resources(config)
     run_id = f"validate-{secrets.token_hex(3)}"
     if args.render_only:
@@ -528,7 +530,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         image = resolve_image(config, stack_name(args.stack), args.image)
     claim = config.storage.claim_name(stack_name(args.stack))
     gpu_job, bench, nccl = validation_manifests(
-        config,
+        plan,
         image=image,
         run_id=run_id,
         bench_script=BENCH_SCRIPT.read_text(),

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from infra.config import parse_stack_config
-from infra.config.stack import read_stack_file
+from infra.config import parse_stack_config, read_stack_file
+from infra.estimates.run_plan import plan_run
 from infra.facts.instances import INSTANCE_FACTS
 from infra.job.manifest import EFA_RESOURCE, GPU_RESOURCE, render_job
 from infra.offline import evaluate
@@ -49,7 +49,7 @@ def test_the_node_template_is_what_the_job_asks_for(instance_type: str) -> None:
     what the pods need (SkyPilot #10055: EFA dropped on scale-from-zero)."""
     config = config_for(instance_type)
     tags = node_template_tags(config.gpu_nodes)
-    pod = render_job(config, image=IMAGE, pvc_name="shared").as_dict()
+    pod = render_job(plan_run(config), image=IMAGE, pvc_name="shared").as_dict()
     spec = pod["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
     limits = spec["containers"][0]["resources"]["limits"]
     assert tags[f"{TEMPLATE_TAG}/resources/{GPU_RESOURCE}"] == str(limits[GPU_RESOURCE])
@@ -174,12 +174,12 @@ def test_nothing_the_stack_runs_keeps_a_gpu_node_from_scaling_down(name: str) ->
 
 
 def test_the_cost_line_says_who_owns_the_idle_tail() -> None:
-    from infra.config.stack import cost_estimate, load_stack_file
+    from infra.config import load_stack_file
 
-    existing = cost_estimate(load_stack_file("team-cluster"))
+    existing = plan_run(load_stack_file("team-cluster")).cost
     assert existing.lease_tail_hours is None and not existing.nodes_owned
     assert "the existing cluster's GPU nodes: their idle time is its operators'" in (
         existing.summary()
     )
-    created = cost_estimate(load_stack_file("dev"))
+    created = plan_run(load_stack_file("dev")).cost
     assert created.nodes_owned and created.lease_tail_hours == pytest.approx(10 / 60)

@@ -44,8 +44,12 @@ def config() -> Any:
     return parse_stack_config(STACK, stack_name="blocked")
 
 
+RUN_HOURS = estimate_duration(config()).hours
+"""What the run plan hands the block check (`RunPlan.duration`)."""
+
+
 def test_a_block_that_holds_the_run_passes() -> None:
-    assert block_problems(config(), block(), NOW) == []
+    assert block_problems(config(), block(), NOW, run_hours=RUN_HOURS) == []
 
 
 def test_a_block_of_another_type_az_or_size_is_named() -> None:
@@ -53,6 +57,7 @@ def test_a_block_of_another_type_az_or_size_is_named() -> None:
         config(),
         block(instance_type="p4d.24xlarge", availability_zone="us-west-2b", instance_count=1),
         NOW,
+        run_hours=RUN_HOURS,
     )
     assert [p.split(" but ")[0] for p in problems] == [
         "gpuNodes.instanceType 'p5.48xlarge'",
@@ -62,14 +67,14 @@ def test_a_block_of_another_type_az_or_size_is_named() -> None:
 
 
 def test_a_block_that_ends_before_the_run_would_is_refused() -> None:
-    needed = estimate_duration(config()).hours
+    needed = RUN_HOURS
     ends = "2026-11-24T12:06:00Z"  # six minutes from now: less than the start-up
-    [problem] = block_problems(config(), block(end_date=ends), NOW)
+    [problem] = block_problems(config(), block(end_date=ends), NOW, run_hours=RUN_HOURS)
     assert problem.startswith(f"Capacity Block {BLOCK_ID} ends at {ends}, 0.1 h after")
     assert f"the run takes ~{needed:.1f} h" in problem
     # A block that starts later: its window counts from its start, not from now.
     later = block(start_date="2026-11-30T11:30:00Z", end_date="2026-11-30T23:30:00Z")
-    assert block_problems(config(), later, NOW) == []
+    assert block_problems(config(), later, NOW, run_hours=RUN_HOURS) == []
 
 
 def test_the_program_looks_the_block_up_before_registering_anything(

@@ -16,7 +16,9 @@ import yaml
 from pydantic import BaseModel
 
 from infra.config import PROJECT, StackConfig, StackConfigError, parse_stack_config
-from infra.config.stack import _model_at, config_keys, dns_name
+from infra.config.errors import _model_at
+from infra.config.parse import config_keys, dns_name
+from infra.estimates.run_plan import plan_run
 from infra.job.flags import run_id, run_paths
 from infra.offline import evaluate, runtime
 from infra.program import main as program
@@ -475,10 +477,10 @@ def test_every_node_sees_the_runs_checkpoints(count: int, fsx: dict[str, Any], i
     every node reaches (trainer.checkpoint_store); never on a pod-local volume."""
     values = with_(gpuNodes={"instanceType": "p5.48xlarge", "count": count}, storage={"fsx": fsx})
     config = parse_stack_config(values, stack_name="exp")
-    paths = run_paths(config)
+    paths = run_paths(plan_run(config))
     assert paths.in_s3 is in_s3
     if in_s3:
-        assert paths.run_dir == f"s3://$(CHECKPOINT_BUCKET)/checkpoints/{run_id(config)}"
+        assert paths.run_dir == f"s3://$(CHECKPOINT_BUCKET)/checkpoints/{run_id(plan_run(config))}"
         assert paths.staging_dir == "/scratch/outputs"
     else:
         assert paths.run_dir.startswith(f"{config.storage.fsx.mount_path}/checkpoints/")

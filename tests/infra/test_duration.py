@@ -7,9 +7,8 @@ from typing import Any
 
 import pytest
 
-from infra.config import StackConfigError, parse_stack_config
+from infra.config import StackConfigError, load_stack_file
 from infra.config.job import DEFAULT_START_TIMEOUT_MINUTES
-from infra.config.stack import config_warnings, cost_estimate, load_stack_file
 from infra.estimates.duration import (
     MFU_BY_GPU,
     STARTUP_HOURS,
@@ -18,7 +17,9 @@ from infra.estimates.duration import (
     shape_flops_config,
     steps_within,
 )
+from infra.estimates.run_plan import plan_run
 from infra.facts.instances import INSTANCE_FACTS
+from infra.job.stack_checks import checked_run_plan
 from trainer.flops import flops_per_token
 from trainer.presets import PRESETS
 
@@ -99,7 +100,7 @@ P4D: dict[str, Any] = {
 
 def parse(job: dict[str, Any], training: dict[str, Any]) -> Any:
     values = {**P4D, "fsdp-eks:job": job, "fsdp-eks:training": training}
-    return parse_stack_config(values, stack_name="duration")
+    return checked_run_plan(values, stack_name="duration").config
 
 
 def test_a_run_longer_than_its_deadline_is_refused_with_what_to_change() -> None:
@@ -118,13 +119,13 @@ def test_a_run_that_fits_only_at_the_expected_mfu_is_a_warning() -> None:
     config = parse({"maxRunHours": 4}, {"maxSteps": 2500, "globalBatchSize": 64})
     estimate = estimate_duration(config)
     assert estimate.hours <= 4 < estimate.high_hours
-    [warning] = [w for w in config_warnings(config) if w.startswith("duration:")]
+    [warning] = [w for w in plan_run(config).warnings if w.startswith("duration:")]
     assert "beyond job.maxRunHours 4" in warning
 
 
 def test_the_cost_shows_the_expected_run_beside_the_deadline_worst_case() -> None:
     config = load_stack_file("llama31-8b-p5")
-    cost = cost_estimate(config)
+    cost = plan_run(config).cost
     hours = estimate_duration(config).hours
     assert cost.expected_hours == pytest.approx(hours)
     # The estimate plus the leased nodes' idle tail before the autoscaler removes them.

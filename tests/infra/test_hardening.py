@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from infra.config import StackConfigError, read_stack_file
+from infra.estimates.run_plan import plan_run
 from infra.job.manifest import (
     HF_TOKEN_FILE_MODE,
     HF_TOKEN_PATH,
@@ -183,7 +184,9 @@ def test_a_tag_pinned_operator_image_is_pulled_at_every_start(operator: Evaluati
 
 
 def job_pod(**kwargs: Any) -> dict[str, Any]:
-    manifest = render_job(make_config(), image=IMAGE, pvc_name="fsx-claim", **kwargs).as_dict()
+    manifest = render_job(
+        plan_run(make_config()), image=IMAGE, pvc_name="fsx-claim", **kwargs
+    ).as_dict()
     return manifest["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
 
 

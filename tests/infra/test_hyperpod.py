@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from infra.config import StackConfigError, parse_stack_config
+from infra.estimates.run_plan import plan_run
 from infra.facts.instances import (
     HYPERPOD_HEALTH_LABEL,
     instance_facts,
@@ -26,6 +27,7 @@ from infra.facts.instances import (
 )
 from infra.facts.prices import PriceUnknownError, instance_price
 from infra.job.manifest import INSTANCE_TYPE_LABEL, render_job
+from infra.job.stack_checks import checked_run_plan
 from infra.offline import evaluate
 from infra.policy.offline import run_policies
 from infra.policy.settings import policy_config_for
@@ -86,12 +88,12 @@ def test_an_unknown_ml_type_lists_what_is_allowed() -> None:
 
 def test_without_the_sagemaker_rate_the_stack_is_refused_before_anything_is_created() -> None:
     with pytest.raises(StackConfigError, match="usdPerInstanceHour"):
-        parse_stack_config(hyperpod_variant(), stack_name="hp")
+        checked_run_plan(hyperpod_variant(), stack_name="hp")
 
 
 def test_the_job_selects_hyperpod_nodes_by_their_labels() -> None:
     config = parse_stack_config(hyperpod_variant(usdPerInstanceHour=60), stack_name="hp")
-    manifest = render_job(config, image=IMAGE, pvc_name="fsx-claim").as_dict()
+    manifest = render_job(plan_run(config), image=IMAGE, pvc_name="fsx-claim").as_dict()
     worker = manifest["spec"]["pytorchReplicaSpecs"]["Worker"]
     pod = worker["template"]["spec"]
     assert pod["nodeSelector"] == {

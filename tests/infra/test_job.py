@@ -12,6 +12,7 @@ from pulumi.runtime.rpc import _special_secret_sig as SECRET_VALUE  # noqa: N812
 from pulumi.runtime.rpc import _special_sig_key as SECRET_SIG  # noqa: N812
 
 from infra.config import StackConfig, parse_stack_config
+from infra.estimates.run_plan import plan_run
 from infra.job.flags import run_id, trainer_argv
 from infra.job.manifest import (
     EFA_RESOURCE,
@@ -60,7 +61,7 @@ def container(manifest: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_p5_job_requests_every_gpu_and_efa_interface(crd_schema: dict[str, Any]) -> None:
-    manifest = render_job(make_config(), image=IMAGE, pvc_name="fsx-claim").as_dict()
+    manifest = render_job(plan_run(make_config()), image=IMAGE, pvc_name="fsx-claim").as_dict()
     jsonschema.validate(manifest, crd_schema)
     assert worker(manifest)["replicas"] == 4
     assert manifest["spec"]["nprocPerNode"] == "8"
@@ -84,7 +85,7 @@ def test_job_without_efa_sets_no_efa_provider(crd_schema: dict[str, Any]) -> Non
         gpuNodes={"instanceType": "g5.12xlarge", "count": 2, "efa": False},
         model={"preset": "llama3.2-1b", "numLayers": 2},  # fits an A10G's 24 GiB
     )
-    manifest = render_job(config, image=IMAGE, pvc_name=None).as_dict()
+    manifest = render_job(plan_run(config), image=IMAGE, pvc_name=None).as_dict()
     jsonschema.validate(manifest, crd_schema)
     limits = container(manifest)["resources"]["limits"]
     assert limits[GPU_RESOURCE] == 4
@@ -95,7 +96,7 @@ def test_job_without_efa_sets_no_efa_provider(crd_schema: dict[str, Any]) -> Non
 
 def test_volumes_shm_memory_backed_and_checkpoints_on_the_claim() -> None:
     config = make_config()
-    job = render_job(config, image=IMAGE, pvc_name="fsx-claim")
+    job = render_job(plan_run(config), image=IMAGE, pvc_name="fsx-claim")
     pod = worker(job.as_dict())["template"]["spec"]
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["dshm"]["emptyDir"]["medium"] == "Memory"
@@ -104,7 +105,7 @@ def test_volumes_shm_memory_backed_and_checkpoints_on_the_claim() -> None:
     assert mounts == {"dshm": "/dev/shm", "shared": "/fsx"}
     args = container(job.as_dict())["args"]
     checkpoint_dir = args[args.index("--checkpoint_dir") + 1]
-    assert checkpoint_dir == f"/fsx/checkpoints/{run_id(config)}"
+    assert checkpoint_dir == f"/fsx/checkpoints/{run_id(plan_run(config))}"
     assert args[args.index("--resume_from_checkpoint") + 1] == checkpoint_dir
 
 
@@ -112,7 +113,7 @@ def test_run_directories_are_handed_to_the_trainer_uid_before_it_starts(
     crd_schema: dict[str, Any],
 ) -> None:
     config = make_config()
-    manifest = render_job(config, image=IMAGE, pvc_name="fsx-claim").as_dict()
+    manifest = render_job(plan_run(config), image=IMAGE, pvc_name="fsx-claim").as_dict()
     jsonschema.validate(manifest, crd_schema)
     pod = worker(manifest)["template"]["spec"]
     [prepare] = pod["initContainers"]
@@ -120,7 +121,7 @@ def test_run_directories_are_handed_to_the_trainer_uid_before_it_starts(
     assert prepare["securityContext"]["runAsUser"] == 0
     assert prepare["volumeMounts"] == [{"name": "shared", "mountPath": "/fsx"}]
     script = prepare["command"][-1]
-    checkpoint_dir = f"/fsx/checkpoints/{run_id(config)}"
+    checkpoint_dir = f"/fsx/checkpoints/{run_id(plan_run(config))}"
     assert f"mkdir -p '{checkpoint_dir}'" in script
     assert f"chown {TRAINER_USER_ID}:{TRAINER_USER_ID} '{checkpoint_dir}'" in script
     # Only this run's directories change owner, never the shared mount itself.
@@ -134,7 +135,7 @@ def test_workers_find_each_other_through_c10d_rendezvous(crd_schema: dict[str, A
     """Without a Master replica the operator sets no MASTER_ADDR / node rank (v1.9): the
     elastic policy is what points torchrun at worker 0."""
     config = make_config(job={"maxRunHours": 1, "backoffLimit": 2})
-    manifest = render_job(config, image=IMAGE, pvc_name=None).as_dict()
+    manifest = render_job(plan_run(config), image=IMAGE, pvc_name=None).as_dict()
     jsonschema.validate(manifest, crd_schema)
     assert list(manifest["spec"]["pytorchReplicaSpecs"]) == ["Worker"]
     assert manifest["spec"]["elasticPolicy"] == {
@@ -155,7 +156,7 @@ def test_workers_find_each_other_through_c10d_rendezvous(crd_schema: dict[str, A
 
 def test_run_policy_and_no_wait_annotation() -> None:
     config = make_config(job={"maxRunHours": 2, "ttlHoursAfterFinished": 1, "backoffLimit": 5})
-    manifest = render_job(config, image=IMAGE, pvc_name=None).as_dict()
+    manifest = render_job(plan_run(config), image=IMAGE, pvc_name=None).as_dict()
     assert manifest["spec"]["runPolicy"] == {
         "cleanPodPolicy": "Running",
         "backoffLimit": 5,
@@ -180,7 +181,7 @@ def test_rendered_command_parses_with_the_trainers_parser() -> None:
             "extraArgs": {"metrics_file": "/tmp/m.jsonl"},
         },
     )
-    job = render_job(config, image=IMAGE, pvc_name="claim")
+    job = render_job(plan_run(config), image=IMAGE, pvc_name="claim")
     command = container(job.as_dict())["command"] + container(job.as_dict())["args"]
     assert command[:5] == ["torchrun", "--nnodes=4", "--nproc_per_node=8", "-m", "trainer"]
     parsed = parse_args(command[5:])
@@ -198,15 +199,19 @@ def test_rendered_command_parses_with_the_trainers_parser() -> None:
 
 def test_run_id_changes_with_the_experiment_and_not_with_the_job_wrapper() -> None:
     base = make_config()
-    assert run_id(base) == run_id(make_config(job={"maxRunHours": 1, "backoffLimit": 9}))
-    assert run_id(base) != run_id(make_config(training={"lr": 3e-4}))
-    assert run_id(make_config(job={"maxRunHours": 1, "runId": "keep"})) == "keep"
-    assert trainer_argv(base, render_job(base, image=IMAGE, pvc_name=None).paths)
+    assert run_id(plan_run(base)) == run_id(
+        plan_run(make_config(job={"maxRunHours": 1, "backoffLimit": 9}))
+    )
+    assert run_id(plan_run(base)) != run_id(plan_run(make_config(training={"lr": 3e-4})))
+    assert run_id(plan_run(make_config(job={"maxRunHours": 1, "runId": "keep"}))) == "keep"
+    assert trainer_argv(
+        plan_run(base), render_job(plan_run(base), image=IMAGE, pvc_name=None).paths
+    )
 
 
 def test_extra_env_is_added_and_hf_token_is_only_named_by_its_file_path() -> None:
     config = make_config(job={"maxRunHours": 1, "extraEnv": {"NCCL_DEBUG_SUBSYS": "NET"}})
-    env = container_env(config, hf_secret_name="exp-hf-token")
+    env = container_env(plan_run(config), hf_secret_name="exp-hf-token")
     by_name = {e["name"]: e for e in env}
     assert by_name["NCCL_DEBUG_SUBSYS"]["value"] == "NET"
     # The token stays in the Secret's file (tests/infra/test_hardening.py); env holds its path.
@@ -216,11 +221,11 @@ def test_extra_env_is_added_and_hf_token_is_only_named_by_its_file_path() -> Non
 
 def test_gpus_per_node_below_the_instance_scales_the_pod() -> None:
     config = make_config(job={"maxRunHours": 1, "gpusPerNode": 4})
-    job = render_job(config, image=IMAGE, pvc_name=None)
+    job = render_job(plan_run(config), image=IMAGE, pvc_name=None)
     assert job.spec["nprocPerNode"] == "4"
     assert job.size.gpus == 4
     assert job.size.efa_interfaces == 32
-    full = render_job(make_config(), image=IMAGE, pvc_name=None)
+    full = render_job(plan_run(make_config()), image=IMAGE, pvc_name=None)
     assert job.size.cpus * 2 <= full.size.cpus + 1
 
 
@@ -241,7 +246,7 @@ def _job_program(config: StackConfig) -> None:
     job = TrainingJob(
         "job",
         TrainingJobArgs(
-            config=config,
+            plan=plan_run(config),
             image_uri=IMAGE,
             k8s_provider=provider,
             kubeconfig=pulumi.Output.secret(KUBECONFIG),
@@ -336,41 +341,36 @@ def test_a_stop_signal_leaves_time_for_the_step_and_a_checkpoint(
     flight and a whole save, the agent's inside the pod's."""
     from torch.distributed.launcher.api import LaunchConfig
 
-    from infra.estimates.duration import (
-        checkpoint_seconds,
-        estimate_duration,
-        shutdown_grace_seconds,
-    )
-
     config = make_config(model={"preset": "llama3.1-8b"}, training={"maxSteps": 100})
-    manifest = render_job(config, image=IMAGE, pvc_name="fsx-claim").as_dict()
+    plan = plan_run(config)
+    manifest = render_job(plan, image=IMAGE, pvc_name="fsx-claim").as_dict()
     grace = worker(manifest)["template"]["spec"]["terminationGracePeriodSeconds"]
     env = {e["name"]: e.get("value") for e in container(manifest)["env"]}
-    estimate = estimate_duration(config)
-    step_s = estimate.training_hours_at(estimate.mfu.low) * 3600 / 100
-    assert shutdown_grace_seconds(config) >= step_s + checkpoint_seconds(config)
+    assert plan.duration is not None
+    step_s = plan.duration.training_hours_at(plan.duration.mfu.low) * 3600 / 100
+    timeouts = plan.timeouts
+    assert timeouts.shutdown_grace_seconds >= step_s + timeouts.checkpoint_seconds
     # torch reads the variable itself when torchrun gives no --shutdown-timeout.
     monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"])
     launch = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=1)
-    assert launch.shutdown_timeout == shutdown_grace_seconds(config)
+    assert launch.shutdown_timeout == timeouts.shutdown_grace_seconds
     assert launch.shutdown_timeout < grace
     assert "--shutdown-timeout" not in " ".join(container(manifest)["args"])
 
 
 def test_the_watchdog_floor_covers_a_save_and_the_recorder_dumps_beside_the_checkpoints() -> None:
-    from infra.estimates.duration import shutdown_grace_seconds
-
     config = make_config(model={"preset": "llama3.1-8b"}, training={"maxSteps": 100})
-    manifest = render_job(config, image=IMAGE, pvc_name="fsx-claim").as_dict()
+    plan = plan_run(config)
+    manifest = render_job(plan, image=IMAGE, pvc_name="fsx-claim").as_dict()
     parsed = parse_args(container(manifest)["args"][4:])
-    assert parsed.faults.watchdog_floor_s >= 2 * shutdown_grace_seconds(config)
+    assert parsed.faults.watchdog_floor_s >= 2 * plan.timeouts.shutdown_grace_seconds
     env = {e["name"]: e.get("value") for e in container(manifest)["env"]}
     assert int(env["TORCH_NCCL_TRACE_BUFFER_SIZE"]) > 0
     assert env["TORCH_FR_DUMP_TEMP_FILE"].startswith(f"{parsed.checkpoint.checkpoint_dir}/")
 
 
 def test_each_pod_checks_it_got_the_planned_node_before_step_1() -> None:
-    manifest = render_job(make_config(), image=IMAGE, pvc_name="fsx-claim").as_dict()
+    manifest = render_job(plan_run(make_config()), image=IMAGE, pvc_name="fsx-claim").as_dict()
     faults = parse_args(container(manifest)["args"][4:]).faults
     assert (faults.preflight, faults.expect_gpu, faults.expect_gpu_memory_gib) == (
         "enforce",
@@ -383,6 +383,6 @@ def test_each_pod_checks_it_got_the_planned_node_before_step_1() -> None:
     assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
 
     no_efa = make_config(gpuNodes={"instanceType": "p5.48xlarge", "count": 4, "efa": False})
-    manifest = render_job(no_efa, image=IMAGE, pvc_name="fsx-claim").as_dict()
+    manifest = render_job(plan_run(no_efa), image=IMAGE, pvc_name="fsx-claim").as_dict()
     assert parse_args(container(manifest)["args"][4:]).faults.expect_efa_devices == 0
     assert "NCCL_NET" not in {e["name"] for e in container(manifest)["env"]}

@@ -14,8 +14,7 @@ from typing import Any
 
 import pytest
 
-from infra.config import StackConfigError, parse_stack_config
-from infra.config.stack import config_warnings, load_stack_file
+from infra.config import StackConfigError, load_stack_file
 from infra.estimates.memory_fit import (
     GIB,
     NEAR_LIMIT,
@@ -27,7 +26,9 @@ from infra.estimates.memory_fit import (
     parallelism,
     shard_size,
 )
+from infra.estimates.run_plan import plan_run
 from infra.job.flags import trainer_flags
+from infra.job.stack_checks import checked_run_plan
 from trainer.presets import approx_num_parameters, get_preset
 
 STACKS = sorted((Path(__file__).resolve().parents[2] / "stacks").glob("Pulumi.*.yaml"))
@@ -44,7 +45,7 @@ def parse(**sections: Any) -> Any:
     """ONE_A10G with `sections` replacing its own, except that `training` keys are added."""
     training = {**ONE_A10G["training"], **sections.pop("training", {})}
     values = {**ONE_A10G, **sections, "training": training}
-    return parse_stack_config(values, stack_name="memory")
+    return checked_run_plan(values, stack_name="memory").config
 
 
 def refusal(**sections: Any) -> list[str]:
@@ -124,7 +125,7 @@ def test_a_run_near_the_limit_is_a_warning_not_a_refusal() -> None:
     )
     fit = memory_fit(config)
     assert fit.fits and fit.share > NEAR_LIMIT, fit.summary()
-    (warning,) = config_warnings(config)
+    (warning,) = plan_run(config).warnings
     assert warning.startswith("memory: the run is estimated at ~22.3 GiB of 24 GiB per GPU (93%")
     assert "training.activationCheckpointing" in warning
 
@@ -180,11 +181,13 @@ def test_checkpointing_keeps_only_each_layers_input() -> None:
 
 
 def test_the_checkpointing_mode_is_the_stack_key_not_an_extra_flag() -> None:
-    """`--ac_mode` is rendered from training.activationCheckpointing (infra.job.flags)."""
-    with pytest.raises(StackConfigError, match=r"training.extraArgs.ac_mode is set from its own"):
+    """`--activation_checkpointing` is rendered from training.activationCheckpointing
+    (infra.job.flags): one field, stack key and trainer flag, so extraArgs may not set it."""
+    message = r"training.extraArgs.activation_checkpointing is set from its own"
+    with pytest.raises(StackConfigError, match=message):
         parse(
             model={"preset": "llama3.2-1b", "numLayers": 5},
-            training={"extraArgs": {"ac_mode": "selective", "ac_every": 2}},
+            training={"extraArgs": {"activation_checkpointing": "selective", "ac_every": 2}},
         )
 
 
@@ -215,8 +218,7 @@ def test_auto_checkpointing_is_op_level_until_only_full_fits(micro_batch: int, m
     assert (chosen.sharding_strategy, chosen.activation_checkpointing) == ("full", mode)
     assert chosen.reason.startswith("auto: fits in")
     assert memory_fit(config).share <= NEAR_LIMIT
-    flags = trainer_flags(config)
-    assert (flags["activation_checkpointing"], flags["ac_mode"]) == (True, mode)
+    assert trainer_flags(plan_run(config))["activation_checkpointing"] == mode
 
 
 def test_across_nodes_auto_shards_within_a_node_when_a_node_holds_the_state() -> None:
@@ -225,7 +227,7 @@ def test_across_nodes_auto_shards_within_a_node_when_a_node_holds_the_state() ->
     chosen = parallelism(shipped)
     assert (chosen.sharding_strategy, chosen.activation_checkpointing) == ("hybrid", "op")
     assert shard_size(shipped) == 8  # one p5's GPUs; replicated over the 4 nodes
-    assert trainer_flags(shipped)["sharding_strategy"] == "hybrid"
+    assert trainer_flags(plan_run(shipped))["sharding_strategy"] == "hybrid"
 
 
 def test_a_model_one_node_cannot_hold_is_fully_sharded_across_nodes() -> None:
@@ -239,10 +241,8 @@ def test_a_model_one_node_cannot_hold_is_fully_sharded_across_nodes() -> None:
     assert parallelism(config).sharding_strategy == "full"
 
 
-@pytest.mark.parametrize(
-    ("value", "mode", "flag"), [(True, "full", True), (False, "off", False), ("op", "op", True)]
-)
-def test_set_keys_are_kept_and_switches_mean_full_or_off(value: Any, mode: str, flag: bool) -> None:
+@pytest.mark.parametrize(("value", "mode"), [(True, "full"), (False, "off"), ("op", "op")])
+def test_set_keys_are_kept_and_switches_mean_full_or_off(value: Any, mode: str) -> None:
     config = parse(
         gpuNodes=FOUR_A10G,
         model={"preset": "llama3.2-1b", "numLayers": 2},
@@ -250,6 +250,5 @@ def test_set_keys_are_kept_and_switches_mean_full_or_off(value: Any, mode: str, 
     )
     assert parallelism(config).activation_checkpointing == mode
     assert parallelism(config).reason == "as set"
-    flags = trainer_flags(config)
-    assert flags["activation_checkpointing"] is flag
-    assert flags["ac_mode"] == (mode if flag else None)
+    # The stack's value is the trainer's: one field end to end.
+    assert trainer_flags(plan_run(config))["activation_checkpointing"] == mode

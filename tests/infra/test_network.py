@@ -9,9 +9,8 @@ import pulumi
 import pytest
 from pulumi.runtime import settings
 
-from infra.config import read_stack_file
+from infra.config import StackConfigError, read_stack_file
 from infra.config.cluster import NetworkConfig
-from infra.config.stack import StackConfigError
 from infra.offline import Evaluation, evaluate
 from infra.offline.outputs import INVOKE_RESULTS
 from infra.platform.network import Network, NetworkArgs, _gpu_az, plan_subnets

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.config.stack import SECRET_PLACEHOLDER
+from infra.config.files import SECRET_PLACEHOLDER
 from scripts.cli import plan
 
 

@@ -26,6 +26,7 @@ from pulumi.runtime import rpc
 from pulumi.runtime.proto import analyzer_pb2, analyzer_pb2_grpc, plugin_pb2
 
 from infra.config.cost import CostConfig
+from infra.estimates.run_plan import plan_run
 from infra.offline import evaluate
 from infra.policy.offline import Violation, check_resources, run_policies
 from infra.policy.pack import build_policies
@@ -616,7 +617,7 @@ def rendered_job(path: Path) -> Resource:
 
     config = load_stack_file(path)
     manifest = render_job(
-        config,
+        plan_run(config),
         image=f"{ACCOUNT}.dkr.ecr.us-west-2.amazonaws.com/trainer@sha256:" + "0" * 64,
         pvc_name="fsx-claim" if config.storage.fsx.enabled else None,
     )

@@ -8,15 +8,13 @@ import pytest
 from pydantic import ValidationError
 
 from infra.config.cost import DEFAULT_MAX_USD_PER_RUN, CostConfig
+from infra.estimates.cost import estimate_cost, estimate_hourly_usd, estimate_run_usd
 from infra.facts.instances import INSTANCE_FACTS
 from infra.facts.prices import (
     ON_DEMAND_USD_PER_HOUR,
     SOURCES,
     CapacityType,
     PriceUnknownError,
-    estimate_cost,
-    estimate_hourly_usd,
-    estimate_run_usd,
     instance_price,
 )
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from infra.config import parse_stack_config
+from infra.estimates.run_plan import plan_run
 from infra.job.manifest import render_job
 from scripts.cli.local_topology import operator_env
 from tests.trainer.torchrun_util import REPO_ROOT, free_port
@@ -71,7 +72,7 @@ def test_the_job_renders_rendezvous_timeouts_equal_to_its_start_budget(
     )
     budget = (start_minutes or 60) * 60
     assert config.job.start_timeout_seconds == budget
-    policy = render_job(config, image=IMAGE, pvc_name=None).spec["elasticPolicy"]
+    policy = render_job(plan_run(config), image=IMAGE, pvc_name=None).spec["elasticPolicy"]
     conf = {item["key"]: int(item["value"]) for item in policy["rdzvConf"]}
     # Both timeouts: read (connecting to worker 0's store) and join (waiting for the rest).
     assert conf == {"read_timeout": budget, "join_timeout": budget}

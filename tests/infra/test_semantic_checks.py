@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from infra.config import StackConfigError, parse_stack_config
-from infra.config.stack import load_stack_file
-from infra.job.stack_checks import require_semantics, semantic_problems
+from infra.config import StackConfigError, load_stack_file, parse_stack_config
+from infra.estimates.run_plan import plan_run
+from infra.job.stack_checks import check_run, semantic_problems
 from infra.offline import evaluate
 from infra.program import main as program
 
@@ -29,13 +29,13 @@ BASE: dict[str, Any] = {
 
 def problems(**sections: Any) -> list[str]:
     values = {**BASE, **{k: {**BASE.get(k, {}), **v} for k, v in sections.items()}}
-    return semantic_problems(parse_stack_config(values, stack_name="exp"))
+    return semantic_problems(plan_run(parse_stack_config(values, stack_name="exp")))
 
 
 def test_a_base_stack_and_every_shipped_stack_pass() -> None:
     assert problems() == []
     for name in STACKS:
-        assert semantic_problems(load_stack_file(name)) == [], name
+        assert semantic_problems(plan_run(load_stack_file(name))) == [], name
 
 
 def test_an_extra_arg_the_trainer_refuses_names_the_key() -> None:
@@ -123,7 +123,7 @@ def test_require_semantics_is_the_stack_is_invalid_error() -> None:
     config = parse_stack_config({**BASE, "job": {"maxRunHours": 1, "namespace": "kube-public"}},
                                 stack_name="exp")  # fmt: skip
     with pytest.raises(StackConfigError, match=r"exp is invalid \(1 problem\(s\)\)"):
-        require_semantics(config, source="exp")
+        check_run(config, source="exp")
 
 
 def test_a_vocabulary_smaller_than_the_known_tokenizer_is_refused() -> None:
@@ -135,12 +135,12 @@ def test_a_vocabulary_smaller_than_the_known_tokenizer_is_refused() -> None:
         "hfToken": "hf_placeholder",  # the tokenizer is gated
     }
     config = parse_stack_config(values, stack_name="exp", secret_keys=["hfToken"])
-    [problem] = semantic_problems(config)
+    [problem] = semantic_problems(plan_run(config))
     assert problem.startswith("model.vocabSize 32000 (of preset 'llama2-7b' or the stack)")
     assert "which has 128256 tokens" in problem
     matching = {**values, "data": {"tokenizer": "meta-llama/Llama-2-7b-hf"}}
     config = parse_stack_config(matching, stack_name="exp", secret_keys=["hfToken"])
-    assert semantic_problems(config) == []
+    assert semantic_problems(plan_run(config)) == []
     assert problems(model=llama2, data={"tokenizer": "/fsx/models/own-tokenizer"}) == []
 
 

@@ -13,6 +13,7 @@ import yaml
 
 from infra.config import StackConfig, StackConfigError, load_stack_file, read_stack_file
 from infra.estimates.duration import estimate_duration
+from infra.estimates.run_plan import plan_run
 from infra.job.flags import s3_run_prefix
 from infra.job.manifest import EFA_RESOURCE, GPU_RESOURCE
 from infra.offline import Evaluation, FakeCloud, RecordedResource, evaluate
@@ -351,7 +352,7 @@ def test_every_node_of_every_stack_sees_the_runs_checkpoints(name: str) -> None:
         assert "persistentVolumeClaim" in volumes["shared"], (name, volumes["shared"])
         assert "serviceAccountName" not in pod
         return
-    prefix = s3_run_prefix(config)
+    prefix = s3_run_prefix(plan_run(config))
     assert checkpoint_dir == f"s3://$(CHECKPOINT_BUCKET)/{prefix}"
     env = {e["name"]: e.get("value") for e in container["env"]}
     bucket = result.stack_outputs["bucketName"]

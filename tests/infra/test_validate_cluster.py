@@ -14,7 +14,8 @@ import jsonschema
 import pytest
 import yaml
 
-from infra.config.stack import parse_stack_config
+from infra.config import parse_stack_config
+from infra.estimates.run_plan import plan_run
 from infra.job.cluster_checks import (
     BENCH_MOUNT_PATH,
     BENCH_SCRIPT_NAME,
@@ -140,7 +141,7 @@ def test_gpu_check_on_an_instance_without_efa_requests_no_efa():
 
 
 def test_nccl_job_uses_every_gpu_of_every_node_with_the_trainers_environment():
-    job = nccl_job(P5, image="repo/trainer@sha256:abc", run_id="validate-1")
+    job = nccl_job(plan_run(P5), image="repo/trainer@sha256:abc", run_id="validate-1")
     assert job["apiVersion"] == "kubeflow.org/v1" and job["kind"] == "PyTorchJob"
     assert job["spec"]["nprocPerNode"] == "8"
     worker = job["spec"]["pytorchReplicaSpecs"]["Worker"]
@@ -169,7 +170,7 @@ def test_nccl_job_uses_every_gpu_of_every_node_with_the_trainers_environment():
 
 
 def test_nccl_job_without_efa_does_not_ask_for_the_efa_provider():
-    job = nccl_job(stack("g5.xlarge", 2), image="img:1", run_id="validate-1")
+    job = nccl_job(plan_run(stack("g5.xlarge", 2)), image="img:1", run_id="validate-1")
     container = _container(job)
     assert "vpc.amazonaws.com/efa" not in container["resources"]["limits"]
     assert "FI_PROVIDER" not in {item["name"] for item in container["env"]}
@@ -179,14 +180,14 @@ def test_nccl_job_without_efa_does_not_ask_for_the_efa_provider():
     ("instance_type", "count"), [("p5.48xlarge", 4), ("g5.8xlarge", 2), ("g5.xlarge", 1)]
 )
 def test_nccl_job_validates_against_the_pytorchjob_crd_schema(instance_type, count, crd_schema):
-    job = nccl_job(stack(instance_type, count), image="img:1", run_id="validate-1")
+    job = nccl_job(plan_run(stack(instance_type, count)), image="img:1", run_id="validate-1")
     # Through YAML, as kubectl sends it.
     document = yaml.safe_load(validate_cluster.to_yaml([job]))
     jsonschema.validate(document, crd_schema)
 
 
 def test_the_crd_schema_check_catches_a_broken_job(crd_schema):
-    job = nccl_job(P5, image="img:1", run_id="validate-1")
+    job = nccl_job(plan_run(P5), image="img:1", run_id="validate-1")
     job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] = "two"
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(job, crd_schema)
@@ -212,7 +213,9 @@ def _check_pod_shape(pod: dict[str, Any]) -> None:
 
 
 def test_all_manifests_have_kubernetes_shapes():
-    manifests = validation_manifests(P5, image="img:1", run_id="validate-1", bench_script="x=1\n")
+    manifests = validation_manifests(
+        plan_run(P5), image="img:1", run_id="validate-1", bench_script="x=1\n"
+    )
     assert [m["kind"] for m in manifests] == ["Job", "ConfigMap", "PyTorchJob"]
     for manifest in manifests:
         metadata = manifest["metadata"]
@@ -644,7 +647,7 @@ def test_gpu_check_collects_every_pods_log():
 
 
 def test_nccl_check_reads_worker_0_and_fails_a_failed_job():
-    job = nccl_job(P5, image="img:1", run_id="validate-1")
+    job = nccl_job(plan_run(P5), image="img:1", run_id="validate-1")
     fake = FakeKubectl(
         {
             ("-n", "training", "get", "pytorchjob", "validate-1-nccl"): json.dumps(

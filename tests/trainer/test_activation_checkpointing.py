@@ -91,5 +91,7 @@ def test_checkpointing_gives_the_gradients_of_none(mode: str) -> None:
 
 
 def test_an_unknown_mode_names_the_flag_and_the_modes() -> None:
-    with pytest.raises(ValueError, match=r"--ac_mode 'most' .* allowed: full, op, selective"):
+    with pytest.raises(
+        ValueError, match=r"--activation_checkpointing 'most' .* allowed: full, op, selective"
+    ):
         apply_activation_checkpointing(copy.deepcopy(tiny_llama()), "most", every=1)

@@ -24,7 +24,7 @@ info = init_distributed("cpu")
 config = hf_config_from(get_preset("tiny"))
 model = build_model(config)
 plan = ParallelPlan(
-    sharding_strategy="full", bf16=False, activation_checkpointing=False, ac_mode="full",
+    sharding_strategy="full", bf16=False, activation_checkpointing="off",
     ac_every=1, compile=False, cpu_offload=False,
 )
 parallelize_model(model, build_mesh(info, "full"), plan)

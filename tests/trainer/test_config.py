@@ -62,7 +62,7 @@ def test_seed_flags_keep_their_meanings() -> None:
     assert shape.model_type == "llama"
     assert cfg.parallel.sharding_strategy == "hybrid"
     assert cfg.parallel.bf16 is False
-    assert cfg.parallel.activation_checkpointing is False
+    assert cfg.parallel.activation_checkpointing == "off"  # the sample's 0/false spelling
     assert cfg.parallel.cpu_offload is True
     assert (cfg.optim.lr, cfg.optim.min_lr) == (3e-4, 3e-5)
     # The seed's --warmup is a fraction of the run.
@@ -82,7 +82,7 @@ def test_seed_flags_keep_their_meanings() -> None:
 def test_defaults_follow_the_seed() -> None:
     cfg = parse_args([])
     assert cfg.model.preset_name == "llama3.1-8b"
-    assert cfg.parallel.bf16 and cfg.parallel.activation_checkpointing
+    assert cfg.parallel.bf16 and cfg.parallel.activation_checkpointing == "full"
     assert cfg.parallel.sharding_strategy == "full"
     assert cfg.optim.lr_decay_style == "cosine"
     assert cfg.model.max_context_width == 2048
@@ -155,7 +155,8 @@ def test_aliases() -> None:
         (["--warmup", "2.5"], "--warmup"),
         (["--model", "tiny", "--num_heads", "3"], "hidden_size=128"),
         (["--hsdp_shard_size", "2"], "--hsdp_shard_size applies only"),
-        (["--ac_mode", "some"], "--ac_mode"),
+        (["--activation_checkpointing", "some"], "--activation_checkpointing"),
+        (["--ac_mode", "op"], "unrecognized arguments: --ac_mode"),
     ],
 )
 def test_bad_flags_exit_with_a_message_naming_them(

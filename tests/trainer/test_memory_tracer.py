@@ -92,8 +92,15 @@ def trace_peak(shape: ModelShape, run: RunShape, strategy: str, *, ac_every: int
         mesh = _mesh(strategy, world)
         plan = ParallelPlan(
             sharding_strategy=strategy,
-            activation_checkpointing=run.checkpointed_layers > 0,
-            ac_mode="op" if run.ac_keeps_matmuls else "selective" if ac_every else "full",
+            activation_checkpointing=(
+                "off"
+                if run.checkpointed_layers == 0
+                else "op"
+                if run.ac_keeps_matmuls
+                else "selective"
+                if ac_every
+                else "full"
+            ),
             ac_every=ac_every or 1,
         )
         with FakeTensorMode():
@@ -205,9 +212,9 @@ def test_the_chunked_loss_matches_the_tracer(preset: str, checkpointed: int) -> 
     [("llama3.1-8b", "full"), ("llama3.1-8b", "hybrid"), ("llama3.2-3b", "full")],
 )
 def test_op_level_checkpointing_matches_the_tracer(preset: str, strategy: str) -> None:
-    """`--ac_mode op` with the chunked loss: what `auto` picks for the shipped stacks. (The
-    32k-vocabulary multi-head models, llama2-7b and mistral-7b, are overestimated by 13-18%
-    there: on the safe side, and outside this test's tolerance.)"""
+    """`--activation_checkpointing op` with the chunked loss: what `auto` picks for the shipped
+    stacks. (The 32k-vocabulary multi-head models, llama2-7b and mistral-7b, are overestimated
+    by 13-18% there: on the safe side, and outside this test's tolerance.)"""
     shape = get_preset(preset).with_overrides(num_layers=3)
     run = replace(
         run_of(shape, strategy, batch=2, context=4096, ac=3),

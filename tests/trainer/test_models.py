@@ -117,7 +117,7 @@ def test_sharded_build_materialises_and_trains(preset: str, single_rank_group: D
     config = hf_config_from(PRESETS[preset].with_overrides(tie_word_embeddings=True))
     model = build_model(config)
     mesh = build_mesh(single_rank_group, "full")
-    plan = ParallelPlan(activation_checkpointing=True, ac_mode="selective", ac_every=2, bf16=False)
+    plan = ParallelPlan(activation_checkpointing="selective", ac_every=2, bf16=False)
     parallelize_model(model, mesh, plan)
     materialize(model, device=torch.device("cpu"), seed=7 + shard_coordinate(mesh))
     _assert_initialised(model)
@@ -145,7 +145,7 @@ def test_sharded_build_materialises_and_trains(preset: str, single_rank_group: D
 def test_checkpointed_layer_choice() -> None:
     assert checkpointed_layer_indices(4, "full", 3) == [0, 1, 2, 3]
     assert checkpointed_layer_indices(5, "selective", 2) == [0, 2, 4]
-    with pytest.raises(ValueError, match="--ac_mode 'some'"):
+    with pytest.raises(ValueError, match="--activation_checkpointing 'some'"):
         checkpointed_layer_indices(4, "some", 1)
 
 

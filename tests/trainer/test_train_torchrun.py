@@ -436,9 +436,8 @@ def test_resume_on_another_world_size_with_the_flag(
         (
             "shard_grad_op",
             {
-                "ac_mode": "selective",
+                "activation_checkpointing": "selective",
                 "ac_every": 2,
-                "activation_checkpointing": 1,
                 "cpu_offload": 1,
                 "model": None,
                 "tokenizer": None,  # defaults to the --init_from directory's tokenizer

@@ -1,0 +1,159 @@
+"""Raw stack-config values, as the engine or a stack file holds them, into a `StackConfig`.
+
+One parser for every source: the Pulumi program (the engine's config map), the offline plan,
+the local run and the tests (a stack file). It refuses, before anything else runs, what the
+schema refuses: unknown or misplaced keys, wrong types, a token in plaintext, rules between
+sections, AZs outside the provider's region.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from infra.config.errors import StackConfigError, allowed_keys, format_validation_error
+from infra.config.stack import HF_TOKEN_KEY, PROJECT, StackConfig, cross_section_problems
+
+
+def config_keys() -> list[str]:
+    """The keys a stack may set in the `fsdp-eks:` namespace."""
+    return allowed_keys(StackConfig)
+
+
+def _unqualified(key: str) -> str | None:
+    """`fsdp-eks:gpuNodes` or `gpuNodes` → `gpuNodes`; another namespace → None."""
+    namespace, sep, name = key.rpartition(":")
+    if not sep:
+        return key
+    return name if namespace == PROJECT else None
+
+
+def _looks_like_project(namespace: str) -> bool:
+    """`fsdp_eks`, `fsdp-EKS`, `fsdpeks`: a misspelt project namespace, not a provider's."""
+    folded = re.sub(r"[^a-z0-9]", "", namespace.lower())
+    return folded == re.sub(r"[^a-z0-9]", "", PROJECT) or bool(
+        difflib.get_close_matches(namespace, [PROJECT], n=1, cutoff=0.75)
+    )
+
+
+def dns_name(stack_name: str) -> str:
+    """A stack name as a DNS-1035 label (what the training operator accepts as a job name),
+    for the default job name: a name that starts with a digit gets a `job-` prefix."""
+    name = re.sub(r"[^a-z0-9-]+", "-", stack_name.lower()).strip("-")
+    if name[:1].isdigit():
+        name = f"job-{name}"
+    return name[:48].rstrip("-") or "training"
+
+
+def parse_stack_config(
+    values: Mapping[str, Any],
+    *,
+    stack_name: str,
+    secret_keys: Collection[str] = (),
+    source: str | None = None,
+) -> StackConfig:
+    """Validate raw stack-config values (`[fsdp-eks:]key` → value) into a StackConfig.
+
+    Values may be Python objects or JSON text (as the engine passes them). `secret_keys` are
+    the keys that were Pulumi secrets. Raises StackConfigError listing every problem.
+    """
+    where = source or f"stack {stack_name!r}"
+    problems: list[str] = []
+    sections: dict[str, Any] = {}
+    allowed = config_keys()
+    secret_names = {_unqualified(key) for key in secret_keys}
+    for key, raw in values.items():
+        name = _unqualified(key)
+        if name is None:
+            namespace = key.rpartition(":")[0]
+            if _looks_like_project(namespace):
+                problems.append(
+                    f"{key} is in namespace {namespace!r}, which the program does not read (it "
+                    f"reads {PROJECT}:<key> only): the setting would be silently ignored; "
+                    f"allowed: {PROJECT}:{key.rpartition(':')[2]}"
+                )
+            continue  # provider config such as aws:region belongs to its provider
+        if name not in allowed:
+            hint = difflib.get_close_matches(name, allowed, n=1)
+            suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
+            problems.append(
+                f"{PROJECT}:{name} is not a stack config key{suggestion}; "
+                f"allowed: {', '.join(allowed)}"
+            )
+            continue
+        if name == HF_TOKEN_KEY:
+            if raw not in (None, "") and name not in secret_names:
+                problems.append(
+                    f"{PROJECT}:{HF_TOKEN_KEY} is stored in plaintext; a token must be a "
+                    f"Pulumi secret: `pulumi config set --secret {HF_TOKEN_KEY} hf_...` "
+                    "(and rotate the exposed token)"
+                )
+                continue
+            sections[name] = raw
+            continue
+        value = raw
+        if isinstance(raw, str):
+            try:
+                value = json.loads(raw)
+            except json.JSONDecodeError:
+                value = raw
+        if value is None:
+            continue
+        if not isinstance(value, dict):
+            problems.append(
+                f"{PROJECT}:{name} must be a mapping of keys (e.g. {name}: {{...}}), got {value!r}"
+            )
+            continue
+        sections[name] = value
+    if problems:
+        raise StackConfigError(problems, source=where)
+    try:
+        config = StackConfig.model_validate(sections)
+    except ValidationError as err:
+        raise StackConfigError(format_validation_error(err), source=where) from None
+    filled: dict[str, Any] = {}
+    if config.job.name is None:
+        filled["name"] = dns_name(stack_name)
+    if config.job.create_namespace is None:
+        filled["create_namespace"] = config.cluster.mode == "create"
+    if filled:
+        config = config.model_copy(update={"job": config.job.model_copy(update=filled)})
+    problems = cross_section_problems(config)
+    problems.extend(region_problems(config, values.get("aws:region")))
+    if problems:
+        raise StackConfigError(problems, source=where)
+    return config
+
+
+def region_problems(config: StackConfig, region: Any) -> list[str]:
+    """Every AZ the stack names must be in the provider's region (`aws:region`).
+
+    Caught here, an AZ of another region is one line in the same list as every other
+    mistake; left to the program, it surfaces from the first EC2 call of `pulumi up` as a
+    provider error on a half-created stack.
+    """
+    if not isinstance(region, str) or not region:
+        return []  # the AWS provider's own default (AWS_REGION, the profile) applies
+    named = [
+        ("gpuNodes.availabilityZone", config.gpu_nodes.availability_zone),
+        *(
+            (f"cluster.network.availabilityZones[{index}]", zone)
+            for index, zone in enumerate(config.cluster.network.availability_zones or [])
+        ),
+    ]
+    return [
+        f"{key} {zone!r} is not in aws:region {region!r}; allowed: an AZ of {region} "
+        f"({region}a, {region}b, ...), or set aws:region to the zone's region"
+        for key, zone in named
+        if zone is not None and not _in_region(zone, region)
+    ]
+
+
+def _in_region(zone: str, region: str) -> bool:
+    """`us-west-2b` is in `us-west-2` (the config model accepts only region + letter names)."""
+    return zone[:-1] == region

@@ -1,0 +1,177 @@
+"""The run's plan: every figure derived from a valid stack, computed once and handed down.
+
+The renderer (`infra.job`), the platform components, the plan printout and the stack outputs
+all need the same derived figures: how the run shards and checkpoints (`auto` resolved), its
+peak memory, how long it takes, what it costs, and the timeouts that follow from those (a
+checkpoint's write time, the shutdown grace, the watchdog's floor, the start budget). They
+read them here instead of each asking the estimators for one figure at a time, so the job and
+the plan can never disagree on a timeout.
+
+`plan_run` never raises on a run that cannot go ahead: its `problems` say why (over memory,
+over the deadline, over the cost ceiling, unpriced), and the checks above decide.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from infra.estimates.cost import CostEstimate, cost_estimate
+from infra.estimates.duration import (
+    DurationEstimate,
+    UnknownPeakError,
+    checkpoint_seconds,
+    estimate_duration,
+    shutdown_grace_seconds,
+    steps_within,
+    watchdog_floor_seconds,
+)
+from infra.estimates.memory_fit import (
+    MemoryFit,
+    Parallelism,
+    memory_fit,
+    memory_problems,
+    memory_warnings,
+    parallelism,
+)
+from infra.facts.prices import PriceUnknownError
+
+if TYPE_CHECKING:
+    from infra.config import StackConfig
+
+
+@dataclass(frozen=True)
+class RunTimeouts:
+    """The timeouts the job renders, each sized from the run's own figures."""
+
+    checkpoint_seconds: float
+    """One checkpoint's write time at the storage's throughput."""
+    shutdown_grace_seconds: int
+    """SIGTERM to exit: the step in flight and two saves (infra.estimates.duration)."""
+    watchdog_floor_seconds: int
+    """The trainer's `--watchdog_floor_s`: a save between two steps is no hang."""
+    start_budget_seconds: int
+    """All workers placed and joined within this, or none (`job.startTimeoutMinutes`)."""
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """One stack's run as planned: the config and every figure derived from it."""
+
+    config: StackConfig
+    parallelism: Parallelism
+    """Sharding and activation checkpointing, `auto` resolved by the memory estimate."""
+    memory: MemoryFit
+    duration: DurationEstimate | None
+    """None when the GPU has no peak FLOP/s or MFU figures (a problem says so)."""
+    cost: CostEstimate | None
+    """None when the GPU node has no price (a problem says so)."""
+    problems: tuple[str, ...]
+    """Why the run must not start, one line each; empty for a run that may."""
+    warnings: tuple[str, ...]
+    """What a valid run should still hear before it costs anything."""
+    _timeouts: RunTimeouts | None
+
+    @property
+    def has_timeouts(self) -> bool:
+        return self._timeouts is not None
+
+    @property
+    def timeouts(self) -> RunTimeouts:
+        """The job's timeouts; a run without a duration estimate has none to render."""
+        if self._timeouts is None:
+            raise ValueError(
+                "the run has no duration estimate, so no timeouts to render: "
+                + "; ".join(self.problems)
+            )
+        return self._timeouts
+
+
+def plan_run(config: StackConfig) -> RunPlan:
+    """Estimate `config`'s run once: its parallelism, memory, duration, cost and timeouts."""
+    chosen = parallelism(config)
+    fit = memory_fit(config)
+    problems = memory_problems(config)
+    warnings = memory_warnings(config)
+    duration: DurationEstimate | None = None
+    timeouts: RunTimeouts | None = None
+    try:
+        duration = estimate_duration(config)
+    except UnknownPeakError as err:
+        problems.append(f"gpuNodes.instanceType {config.gpu_nodes.instance_type!r}: {err}")
+    if duration is not None:
+        save_s = checkpoint_seconds(config)
+        grace_s = shutdown_grace_seconds(
+            duration, max_steps=config.training.max_steps, checkpoint_s=save_s
+        )
+        timeouts = RunTimeouts(
+            checkpoint_seconds=save_s,
+            shutdown_grace_seconds=grace_s,
+            watchdog_floor_seconds=watchdog_floor_seconds(grace_s),
+            start_budget_seconds=config.job.start_timeout_seconds,
+        )
+        if not problems:  # a run that cannot start has no duration worth arguing about
+            problems.extend(_deadline_problems(config, duration))
+        warnings.extend(_deadline_warnings(config, duration))
+    cost: CostEstimate | None = None
+    try:
+        cost = cost_estimate(config, expected_hours=duration.hours if duration else None)
+    except PriceUnknownError as err:
+        problems.append(f"gpuNodes.instanceType: {err}")
+    else:
+        problems.extend(_ceiling_problems(config, cost))
+    return RunPlan(
+        config=config,
+        parallelism=chosen,
+        memory=fit,
+        duration=duration,
+        cost=cost,
+        problems=tuple(problems),
+        warnings=tuple(warnings),
+        _timeouts=timeouts,
+    )
+
+
+def _deadline_problems(config: StackConfig, estimate: DurationEstimate) -> list[str]:
+    """A run expected to outlast its own deadline is killed half way, after it was paid for."""
+    deadline = config.job.max_run_hours
+    if deadline is None or estimate.hours <= deadline:
+        return []
+    steps = steps_within(config, deadline)
+    fewer = f"lower training.maxSteps to at most {steps}, " if steps else ""
+    return [
+        f"job.maxRunHours {deadline:g} is shorter than the run: training.maxSteps "
+        f"{config.training.max_steps} takes {estimate.summary()}; raise job.maxRunHours to at "
+        f"least {math.ceil(estimate.hours)} (and cost.maxUsdPerRun with it), {fewer}or add "
+        "GPU nodes (gpuNodes.count)"
+    ]
+
+
+def _deadline_warnings(config: StackConfig, estimate: DurationEstimate) -> list[str]:
+    deadline = config.job.max_run_hours
+    if deadline is None or estimate.high_hours <= deadline:
+        return []
+    return [
+        f"duration: at the low end of the assumed MFU the run takes ~{estimate.high_hours:.1f} h, "
+        f"beyond job.maxRunHours {deadline:g}: it may stop before training.maxSteps "
+        f"{config.training.max_steps} (its last checkpoint is kept; resume from it)"
+    ]
+
+
+def _ceiling_problems(config: StackConfig, estimate: CostEstimate) -> list[str]:
+    """A run must be priced under its ceiling before anything is created."""
+    cost = config.cost
+    if not estimate.exceeds_ceiling:
+        return []
+    if estimate.usd_per_run is None:
+        return [
+            f"cost.maxUsdPerRun {cost.max_usd_per_run:g} needs a run length to check against: "
+            "set job.maxRunHours (a deadline, recommended) or cost.maxRunHours, or "
+            "cost.maxUsdPerRun: null to switch the ceiling off"
+        ]
+    return [
+        f"cost.maxUsdPerRun {cost.max_usd_per_run:g} is below the estimate "
+        f"${estimate.usd_per_run:,.2f} ({estimate.summary()}); raise the ceiling, shorten "
+        "job.maxRunHours or use fewer/cheaper gpuNodes"
+    ]
