@@ -188,32 +188,25 @@ class Trainer:
         # Data: each rank reads its own part; FSDP is data-parallel over every rank.
         self.seq_len = cfg.model.max_context_width
         self.train_loader = build_train_loader(
-            dataset=cfg.data.dataset,
-            dataset_config_name=cfg.data.dataset_config_name,
+            cfg.data,
             tokenizer=self.tokenizer,
             seq_len=self.seq_len,
-            batch_size=cfg.data.train_batch_size,
             dp_rank=self.dist.rank,
             dp_world_size=self.dist.world_size,
             seed=self.seed,
-            text_column=cfg.data.text_column,
-            num_workers=cfg.data.num_workers,
         )
         self._train_iter: Iterator[dict[str, torch.Tensor]] | None = None
         # Built once: the validation batches are the same on every pass.
         self.val_loader: Iterable[dict[str, torch.Tensor]] | None = None
         if cfg.logging.validation_freq:
             self.val_loader = build_val_loader(
-                dataset=cfg.data.dataset,
-                dataset_config_name=cfg.data.dataset_config_name,
+                cfg.data,
                 tokenizer=self.tokenizer,
                 seq_len=self.seq_len,
-                batch_size=cfg.data.val_batch_size,
                 max_batches=cfg.logging.validation_batches,
                 dp_rank=self.dist.rank,
                 dp_world_size=self.dist.world_size,
                 seed=self.seed,
-                text_column=cfg.data.text_column,
             )
 
         # Model on the meta device, sharded, then materialised shard by shard.

@@ -53,19 +53,23 @@ def write_corpus(directory: Path, documents: int, seed: int) -> Path:
 
 def stall_share(args: argparse.Namespace, corpus: Path, tokenizer: str, map_batch: int) -> float:
     """The share of the loop spent waiting for batches, with `map_batch` documents per call."""
+    from trainer.config import DataConfig
     from trainer.data import build_train_loader, documents
 
     documents.MAP_BATCH_DOCUMENTS = map_batch
-    loader = build_train_loader(
+    data = DataConfig(
         dataset=str(corpus.parent),
         dataset_config_name=None,
+        train_batch_size=args.batch_size,
+        num_workers=args.num_workers,
+    )
+    loader = build_train_loader(
+        data,
         tokenizer=tokenizer,
         seq_len=args.seq_len,
-        batch_size=args.batch_size,
         dp_rank=0,
         dp_world_size=1,
         seed=0,
-        num_workers=args.num_workers,
         cache_dir=str(corpus.parent.parent / "cache"),
     )
     batches = iter(loader)

@@ -19,6 +19,7 @@ import torch
 from datasets import Dataset, DatasetDict, IterableDataset
 from transformers import PreTrainedTokenizerFast
 
+from trainer.config import DataConfig
 from trainer.data import (
     DataConfigError,
     TrainLoader,
@@ -58,36 +59,35 @@ def _docs(count: int, start: int = 0) -> list[str]:
     ]
 
 
+_DATA_FIELDS = {"dataset_config_name", "text_column", "num_workers"}
+"""Keyword overrides that belong to the trainer's data section, not to the loader call."""
+
+
+def _split(overrides: dict, batch_field: str) -> tuple[dict, dict]:
+    """(data-section fields, loader keywords) of a test's overrides; `batch_size` is the
+    section's `batch_field`."""
+    data = {k: overrides.pop(k) for k in list(overrides) if k in _DATA_FIELDS}
+    if "batch_size" in overrides:
+        data[batch_field] = overrides.pop("batch_size")
+    return data, overrides
+
+
 def _loader(dataset: Path | str, tokenizer, cache_dir: str, **overrides) -> TrainLoader:
-    args = dict(
-        dataset=str(dataset),
-        dataset_config_name=None,
-        tokenizer=tokenizer,
-        seq_len=32,
-        batch_size=4,
-        dp_rank=0,
-        dp_world_size=1,
-        seed=0,
-        cache_dir=cache_dir,
+    fields, overrides = _split(overrides, "train_batch_size")
+    data = DataConfig(
+        **{"dataset": str(dataset), "dataset_config_name": None, "train_batch_size": 4, **fields}
     )
-    args.update(overrides)
-    return build_train_loader(**args)
+    args = dict(tokenizer=tokenizer, seq_len=32, dp_rank=0, dp_world_size=1, seed=0)
+    return build_train_loader(data, **{**args, "cache_dir": cache_dir, **overrides})
 
 
 def _val(dataset: Path | str, tokenizer, cache_dir: str, **overrides):
-    args = dict(
-        dataset=str(dataset),
-        dataset_config_name=None,
-        tokenizer=tokenizer,
-        seq_len=32,
-        batch_size=2,
-        max_batches=3,
-        dp_rank=0,
-        dp_world_size=1,
-        cache_dir=cache_dir,
+    fields, overrides = _split(overrides, "val_batch_size")
+    data = DataConfig(
+        **{"dataset": str(dataset), "dataset_config_name": None, "val_batch_size": 2, **fields}
     )
-    args.update(overrides)
-    return build_val_loader(**args)
+    args = dict(tokenizer=tokenizer, seq_len=32, max_batches=3, dp_rank=0, dp_world_size=1)
+    return build_val_loader(data, **{**args, "cache_dir": cache_dir, **overrides})
 
 
 def _take(batches: Iterable[dict[str, torch.Tensor]], count: int) -> list[torch.Tensor]:

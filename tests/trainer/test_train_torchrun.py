@@ -103,6 +103,7 @@ def test_export_loads_in_transformers_with_the_trained_logits(
     """The exported model reproduces the trainer's own final validation loss."""
     from transformers import AutoModelForCausalLM
 
+    from trainer.config import DataConfig
     from trainer.data import build_val_loader, load_tokenizer
 
     root, result = reference_run
@@ -111,12 +112,13 @@ def test_export_loads_in_transformers_with_the_trained_logits(
     tokenizer = load_tokenizer(str(root / "export"))
     per_rank = []
     for rank in range(2):
+        data = DataConfig(
+            dataset=str(tiny_assets.corpus_dir), dataset_config_name=None, val_batch_size=2
+        )
         batches = build_val_loader(
-            dataset=str(tiny_assets.corpus_dir),
-            dataset_config_name=None,
+            data,
             tokenizer=tokenizer,
             seq_len=SEQ_LEN,
-            batch_size=2,
             max_batches=2,
             dp_rank=rank,
             dp_world_size=2,

@@ -1,4 +1,4 @@
-"""Building the loaders from the trainer's flags: ``build_train_loader``, ``build_val_loader``.
+"""The loaders built from the trainer's data section: ``build_train_loader``, ``build_val_loader``.
 
 Documents are tokenised lazily by ``datasets``, each followed by EOS, and packed into rows of
 exactly ``seq_len`` tokens. Each data-parallel rank reads its own part of the data
@@ -16,6 +16,7 @@ import logging
 
 from transformers import PreTrainedTokenizerBase
 
+from trainer.config import DataConfig
 from trainer.data.documents import DEFAULT_HELDOUT_FRACTION, DocumentPlan, load_tokenizer
 from trainer.data.packing import TrainLoader, ValLoader
 from trainer.data.sources import DataConfigError, load_corpus
@@ -24,15 +25,13 @@ logger = logging.getLogger(__name__)
 
 
 def _plan(
+    data: DataConfig,
     *,
-    dataset: str,
-    dataset_config_name: str | None,
     tokenizer: PreTrainedTokenizerBase | str,
     seq_len: int,
     dp_rank: int,
     dp_world_size: int,
     seed: int,
-    text_column: str,
     heldout_fraction: float,
     streaming: bool | None,
     cache_dir: str | None,
@@ -46,9 +45,9 @@ def _plan(
     if isinstance(tokenizer, str):
         tokenizer = load_tokenizer(tokenizer)
     corpus = load_corpus(
-        dataset,
-        dataset_config_name,
-        text_column=text_column,
+        data.dataset,
+        data.dataset_config_name,
+        text_column=data.text_column,
         streaming=streaming,
         cache_dir=cache_dir,
     )
@@ -59,39 +58,35 @@ def _plan(
         dp_rank=dp_rank,
         dp_world_size=dp_world_size,
         seed=seed,
-        text_column=text_column,
+        text_column=data.text_column,
         heldout_fraction=heldout_fraction,
     )
 
 
 def build_train_loader(
+    data: DataConfig,
     *,
-    dataset: str,
-    dataset_config_name: str | None,
     tokenizer: PreTrainedTokenizerBase | str,
     seq_len: int,
-    batch_size: int,
     dp_rank: int,
     dp_world_size: int,
     seed: int,
-    text_column: str = "text",
-    num_workers: int = 0,
     heldout_fraction: float = DEFAULT_HELDOUT_FRACTION,
     streaming: bool | None = None,
     cache_dir: str | None = None,
 ) -> TrainLoader:
-    """Endless, resumable training batches for ``dp_rank`` (see ``TrainLoader``)."""
+    """Endless, resumable training batches of `data.train_batch_size` for ``dp_rank`` (see
+    ``TrainLoader``); `data` is the trainer's data section, read ahead by its `num_workers`."""
+    batch_size = data.train_batch_size
     if batch_size < 1:
         raise DataConfigError(f"batch_size (--train_batch_size) must be positive, got {batch_size}")
     plan = _plan(
-        dataset=dataset,
-        dataset_config_name=dataset_config_name,
+        data,
         tokenizer=tokenizer,
         seq_len=seq_len,
         dp_rank=dp_rank,
         dp_world_size=dp_world_size,
         seed=seed,
-        text_column=text_column,
         heldout_fraction=heldout_fraction,
         streaming=streaming,
         cache_dir=cache_dir,
@@ -99,49 +94,45 @@ def build_train_loader(
     source = "the validation split" if not plan.holds_out else f"{heldout_fraction:.2%} held out"
     logger.info(
         "data: %s for rank %d of %d, %d x %d tokens per batch, validation from %s",
-        dataset,
+        data.dataset,
         dp_rank,
         dp_world_size,
         batch_size,
         seq_len,
         source,
     )
-    return TrainLoader(plan, batch_size=batch_size, num_workers=num_workers)
+    return TrainLoader(plan, batch_size=batch_size, num_workers=data.num_workers)
 
 
 def build_val_loader(
+    data: DataConfig,
     *,
-    dataset: str,
-    dataset_config_name: str | None,
     tokenizer: PreTrainedTokenizerBase | str,
     seq_len: int,
-    batch_size: int,
     max_batches: int,
     dp_rank: int,
     dp_world_size: int,
     seed: int = 0,
-    text_column: str = "text",
-    num_workers: int = 0,
     heldout_fraction: float = DEFAULT_HELDOUT_FRACTION,
     streaming: bool | None = None,
     cache_dir: str | None = None,
 ) -> ValLoader:
-    """``max_batches`` deterministic validation batches for ``dp_rank`` (see ``ValLoader``).
+    """``max_batches`` deterministic validation batches of `data.val_batch_size` for
+    ``dp_rank`` (see ``ValLoader``).
 
     The validation split if the dataset has one, else the held-out slice the train loader skips
     (same ``heldout_fraction`` on both sides).
     """
+    batch_size = data.val_batch_size
     if batch_size < 1:
         raise DataConfigError(f"batch_size (--val_batch_size) must be positive, got {batch_size}")
     plan = _plan(
-        dataset=dataset,
-        dataset_config_name=dataset_config_name,
+        data,
         tokenizer=tokenizer,
         seq_len=seq_len,
         dp_rank=dp_rank,
         dp_world_size=dp_world_size,
         seed=seed,
-        text_column=text_column,
         heldout_fraction=heldout_fraction,
         streaming=streaming,
         cache_dir=cache_dir,
