@@ -38,7 +38,7 @@ import pulumi_kubernetes as k8s
 from infra.config.cluster import GpuNodesConfig
 from infra.job.manifest import EFA_RESOURCE, GPU_RESOURCE
 from infra.platform.gpu_nodes import NODE_POOL_LABEL, gpu_labels, gpu_taints
-from infra.platform.iam import POD_IDENTITY_PRINCIPAL
+from infra.platform.iam import pod_identity_role
 
 CHART_REPO = "https://kubernetes.github.io/autoscaler"
 CHART = "cluster-autoscaler"
@@ -109,27 +109,6 @@ def permissions(cluster_name: str) -> dict[str, Any]:
     }
 
 
-def trust(cluster_name: str) -> dict[str, Any]:
-    """Pod Identity may hand the role to this cluster's autoscaler service account only."""
-    return {
-        "Version": "2012-10-17",
-        "Statement": [
-            {
-                "Effect": "Allow",
-                "Principal": {"Service": POD_IDENTITY_PRINCIPAL},
-                "Action": ["sts:AssumeRole", "sts:TagSession"],
-                "Condition": {
-                    "StringEquals": {
-                        "aws:RequestTag/eks-cluster-name": cluster_name,
-                        "aws:RequestTag/kubernetes-namespace": NAMESPACE,
-                        "aws:RequestTag/kubernetes-service-account": SERVICE_ACCOUNT,
-                    }
-                },
-            }
-        ],
-    }
-
-
 def chart_values(
     cluster_name: str, region: str, system_selector: Mapping[str, str], scale_down_minutes: int
 ) -> dict[str, Any]:
@@ -181,27 +160,16 @@ class ClusterAutoscaler(pulumi.ComponentResource):
         super().__init__("fsdp-eks:autoscaler:ClusterAutoscaler", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         cluster = pulumi.Output.from_input(args.cluster_name)
-        role = aws.iam.Role(
-            f"{name}-role",
-            assume_role_policy=cluster.apply(lambda c: json.dumps(trust(c))),
-            description="Cluster Autoscaler (Pod Identity): scale this cluster's node groups",
-            tags=dict(args.tags),
-            opts=child,
-        )
-        aws.iam.RolePolicy(
-            f"{name}-policy",
-            role=role.id,
-            policy=cluster.apply(lambda c: json.dumps(permissions(c))),
-            opts=child,
-        )
-        association = aws.eks.PodIdentityAssociation(
-            f"{name}-identity",
+        identity = pod_identity_role(
+            name,
             cluster_name=args.cluster_name,
             namespace=NAMESPACE,
             service_account=SERVICE_ACCOUNT,
-            role_arn=role.arn,
-            tags=dict(args.tags),
-            opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.cluster_ready)),
+            policy=cluster.apply(lambda c: json.dumps(permissions(c))),
+            description="Cluster Autoscaler (Pod Identity): scale this cluster's node groups",
+            parent=self,
+            cluster_ready=args.cluster_ready,
+            tags=args.tags,
         )
         # One tag resource per key: the ASG is EKS's, so the stack adds tags, never owns it.
         template = pulumi.Output.from_input(args.efa_interfaces).apply(
@@ -235,7 +203,7 @@ class ClusterAutoscaler(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(
                 parent=self,
                 provider=args.k8s_provider,
-                depends_on=[association, *args.cluster_ready],
+                depends_on=[identity.association, *args.cluster_ready],
             ),
         )
         self.register_outputs({})

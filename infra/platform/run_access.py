@@ -26,10 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
-import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from infra.platform.iam import POD_IDENTITY_PRINCIPAL
+from infra.platform.iam import pod_identity_role
 
 OBJECT_ACTIONS = (
     "s3:GetObject",  # loads, and HeadObject of objects that exist
@@ -43,29 +42,6 @@ OBJECT_ACTIONS = (
 def service_account_name(job_name: str) -> str:
     """The job's service account (one per job: each is bound to its own run's prefix)."""
     return f"{job_name}-trainer"
-
-
-def trust(cluster_name: str, namespace: str, service_account: str) -> dict[str, Any]:
-    """Pod Identity may hand the role to this job's service account on this cluster only
-    (the session tags Pod Identity sets: EKS User Guide, "pod identity ... session tags")."""
-    return {
-        "Version": "2012-10-17",
-        "Statement": [
-            {
-                "Sid": "EksPodIdentityForThisJob",
-                "Effect": "Allow",
-                "Principal": {"Service": POD_IDENTITY_PRINCIPAL},
-                "Action": ["sts:AssumeRole", "sts:TagSession"],
-                "Condition": {
-                    "StringEquals": {
-                        "aws:RequestTag/eks-cluster-name": cluster_name,
-                        "aws:RequestTag/kubernetes-namespace": namespace,
-                        "aws:RequestTag/kubernetes-service-account": service_account,
-                    }
-                },
-            }
-        ],
-    }
 
 
 def permissions(bucket_arn: str, prefix: str) -> dict[str, Any]:
@@ -117,7 +93,6 @@ class CheckpointAccess(pulumi.ComponentResource):
         self, name: str, args: CheckpointAccessArgs, opts: pulumi.ResourceOptions | None = None
     ) -> None:
         super().__init__("fsdp-eks:storage:CheckpointAccess", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
         self.service_account_name = service_account_name(args.job_name)
         account = k8s.core.v1.ServiceAccount(
             f"{name}-service-account",
@@ -126,31 +101,19 @@ class CheckpointAccess(pulumi.ComponentResource):
             # account itself grants nothing inside Kubernetes.
             opts=pulumi.ResourceOptions(parent=self, provider=args.k8s_provider),
         )
-        role = aws.iam.Role(
-            f"{name}-role",
-            assume_role_policy=pulumi.Output.all(args.cluster_name, args.namespace).apply(
-                lambda cn: json.dumps(trust(cn[0], cn[1], self.service_account_name))
-            ),
-            description=f"Trainer of {args.job_name} (Pod Identity): its run's prefix in S3",
-            tags=dict(args.tags),
-            opts=child,
-        )
-        policy = aws.iam.RolePolicy(
-            f"{name}-policy",
-            role=role.id,
-            policy=pulumi.Output.from_input(args.bucket_arn).apply(
-                lambda arn: json.dumps(permissions(arn, args.prefix))
-            ),
-            opts=child,
-        )
-        association = aws.eks.PodIdentityAssociation(
-            f"{name}-identity",
+        identity = pod_identity_role(
+            name,
             cluster_name=args.cluster_name,
             namespace=args.namespace,
             service_account=self.service_account_name,
-            role_arn=role.arn,
-            tags=dict(args.tags),
-            opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.cluster_ready)),
+            policy=pulumi.Output.from_input(args.bucket_arn).apply(
+                lambda arn: json.dumps(permissions(arn, args.prefix))
+            ),
+            description=f"Trainer of {args.job_name} (Pod Identity): its run's prefix in S3",
+            parent=self,
+            cluster_ready=args.cluster_ready,
+            tags=args.tags,
+            sid="EksPodIdentityForThisJob",
         )
-        self.ready = [account, policy, association]
+        self.ready = [account, identity.policy, identity.association]
         self.register_outputs({"serviceAccountName": self.service_account_name})

@@ -40,7 +40,7 @@ import pulumi_kubernetes as k8s
 
 from infra.config.storage import StorageConfig, claim_name_for
 from infra.platform.bucket import guard_bucket
-from infra.platform.iam import POD_IDENTITY_PRINCIPAL
+from infra.platform.iam import pod_identity_role
 
 LUSTRE_PORTS: tuple[tuple[int, int], ...] = ((988, 988), (1018, 1023))
 """TCP ports Lustre (LNet) uses between clients and the file system servers."""
@@ -311,34 +311,6 @@ class Storage(pulumi.ComponentResource):
         Pod Identity injects credentials only into pods created after it.
         """
         args = self._args
-        trust = pulumi.Output.json_dumps(
-            {
-                "Version": "2012-10-17",
-                "Statement": [
-                    {
-                        "Sid": "EksPodIdentityForTheFsxCsiController",
-                        "Effect": "Allow",
-                        "Principal": {"Service": POD_IDENTITY_PRINCIPAL},
-                        "Action": ["sts:AssumeRole", "sts:TagSession"],
-                        # Session tags Pod Identity sets: only this cluster's controller SA.
-                        "Condition": {
-                            "StringEquals": {
-                                "aws:RequestTag/eks-cluster-name": args.cluster_name,
-                                "aws:RequestTag/kubernetes-namespace": FSX_CSI_NAMESPACE,
-                                "aws:RequestTag/kubernetes-service-account": FSX_CSI_CONTROLLER_SA,
-                            }
-                        },
-                    }
-                ],
-            }
-        )
-        role = aws.iam.Role(
-            f"{self._name}-fsx-csi-role",
-            assume_role_policy=trust,
-            description="FSx CSI controller (Pod Identity): describe/resize this file system",
-            tags=dict(args.tags),
-            opts=self._opts(),
-        )
         permissions = pulumi.Output.json_dumps(
             {
                 "Version": "2012-10-17",
@@ -352,20 +324,17 @@ class Storage(pulumi.ComponentResource):
                 ],
             }
         )
-        aws.iam.RolePolicy(
-            f"{self._name}-fsx-csi-policy",
-            role=role.id,
-            policy=permissions,
-            opts=self._opts(),
-        )
-        association = aws.eks.PodIdentityAssociation(
-            f"{self._name}-fsx-csi-identity",
+        identity = pod_identity_role(
+            f"{self._name}-fsx-csi",
             cluster_name=args.cluster_name,
             namespace=FSX_CSI_NAMESPACE,
             service_account=FSX_CSI_CONTROLLER_SA,
-            role_arn=role.arn,
-            tags=dict(args.tags),
-            opts=self._opts(depends_on=list(args.cluster_ready)),
+            policy=permissions,
+            description="FSx CSI controller (Pod Identity): describe/resize this file system",
+            parent=self,
+            cluster_ready=args.cluster_ready,
+            tags=args.tags,
+            sid="EksPodIdentityForTheFsxCsiController",
         )
         return aws.eks.Addon(
             f"{self._name}-fsx-csi",
@@ -378,7 +347,7 @@ class Storage(pulumi.ComponentResource):
             resolve_conflicts_on_create="NONE",
             resolve_conflicts_on_update="OVERWRITE",
             tags=dict(args.tags),
-            opts=self._opts(depends_on=[association, *args.cluster_ready]),
+            opts=self._opts(depends_on=[identity.association, *args.cluster_ready]),
         )
 
     # -- Kubernetes volume ----------------------------------------------------------------

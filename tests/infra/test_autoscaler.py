@@ -20,7 +20,6 @@ from infra.platform.autoscaler import (
     chart_values,
     node_template_tags,
     permissions,
-    trust,
 )
 from infra.program import main as program
 
@@ -81,8 +80,6 @@ def test_the_autoscaler_may_scale_only_this_clusters_groups() -> None:
         "StringEquals": {"aws:ResourceTag/k8s.io/cluster-autoscaler/lease-cluster": "owned"}
     }
     assert all(a != "*" and not a.endswith(":*") for s in policy["Statement"] for a in s["Action"])
-    condition = trust("lease-cluster")["Statement"][0]["Condition"]["StringEquals"]
-    assert condition["aws:RequestTag/kubernetes-service-account"] == "cluster-autoscaler"
 
 
 NESTED_CHART_KEYS = frozenset(

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from infra.platform.run_access import OBJECT_ACTIONS, permissions, service_account_name, trust
+from infra.platform.iam import pod_identity_trust
+from infra.platform.run_access import OBJECT_ACTIONS, permissions, service_account_name
 
 BUCKET_ARN = "arn:aws:s3:::fsdp-eks-dev-data"
 PREFIX = "checkpoints/dev-1a2b3c4d"
@@ -56,7 +57,7 @@ def test_objects_are_reachable_under_the_runs_prefix_only() -> None:
 
 def test_only_this_jobs_account_on_this_cluster_may_assume_the_role() -> None:
     account = service_account_name("dev")
-    (statement,) = trust("exp-cluster", "training", account)["Statement"]
+    (statement,) = pod_identity_trust("exp-cluster", "training", account)["Statement"]
     assert statement["Principal"] == {"Service": "pods.eks.amazonaws.com"}
     assert sorted(statement["Action"]) == ["sts:AssumeRole", "sts:TagSession"]
     assert statement["Condition"]["StringEquals"] == {
