@@ -22,7 +22,8 @@ from infra.config.parse import dns_name
 from infra.estimates.run_plan import RunPlan
 from infra.image.trainer_image import TrainerImage, TrainerImageArgs
 from infra.job.flags import s3_run_prefix
-from infra.job.manifest import Placement, S3Bucket
+from infra.job.manifest import S3Bucket
+from infra.job.placement import gpu_placement
 from infra.job.stack_checks import checked_run_plan
 from infra.launch.training_job import JobNamespace, JobNamespaceArgs, TrainingJob, TrainingJobArgs
 from infra.platform.addons import Addons, AddonsArgs
@@ -112,8 +113,7 @@ def main() -> None:
         AddonsArgs(
             config=stack.addons,
             k8s_provider=cluster.k8s_provider,
-            gpu_node_selector=cluster.gpu_node_selector,
-            gpu_tolerations=cluster.gpu_tolerations,
+            gpu_placement=gpu_placement(stack.gpu_nodes),
             efa_enabled=stack.gpu_nodes.efa_enabled,
             cluster_ready=cluster.ready,
         ),
@@ -184,7 +184,6 @@ def main() -> None:
             namespace=namespace.name,
             pvc_name=storage.pvc_name,
             mount_path=storage.mount_path,
-            placement=Placement(cluster.gpu_node_selector, list(cluster.gpu_tolerations)),
             service_account_name=run_access.service_account_name if run_access else None,
             bucket=(
                 S3Bucket(name=storage.bucket_name, region=aws.get_region_output().region)

@@ -27,15 +27,13 @@ from infra.estimates.run_plan import RunPlan
 from infra.job.manifest import (
     API_VERSION,
     CONTAINER_NAME,
-    EFA_RESOURCE,
-    GPU_RESOURCE,
     KIND,
     RENDEZVOUS_PORT,
     RENDEZVOUS_PORT_NAME,
     container_env,
-    default_placement,
     elastic_policy,
 )
+from infra.job.placement import EFA_RESOURCE, GPU_RESOURCE, gpu_placement
 
 BENCH_SCRIPT_NAME = "nccl_allreduce.py"
 BENCH_MOUNT_PATH = "/opt/fsdp-eks-validation"
@@ -111,7 +109,7 @@ def gpu_check_job(
     mounts it; None skips the storage probe.
     """
     expected = expected_node_resources(config)
-    placement = default_placement(config)
+    placement = gpu_placement(config.gpu_nodes)
     labels = _labels(run_id, "gpu-check")
     limits = _whole_node_limits(expected)
     container: dict[str, Any] = {
@@ -206,7 +204,7 @@ def nccl_job(
     """All-reduce over every GPU of every node, launched like the trainer (torchrun, PET_*)."""
     config = plan.config
     expected = expected_node_resources(config)
-    placement = default_placement(config)
+    placement = gpu_placement(config.gpu_nodes)
     facts = config.instance
     labels = _labels(run_id, "nccl")
     limits = _whole_node_limits(expected)

@@ -9,12 +9,12 @@ may be Pulumi outputs; they are placed into the structure untouched.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from infra.config.cluster import GPU_TAINT_KEY
 from infra.facts.instances import scheduling_labels
 from infra.job.flags import CHECKPOINT_BUCKET_ENV, RunPaths, run_paths, torchrun_command
+from infra.job.placement import EFA_RESOURCE, GPU_RESOURCE, gpu_placement
 
 if TYPE_CHECKING:
     from infra.config import StackConfig
@@ -23,8 +23,6 @@ if TYPE_CHECKING:
 API_VERSION = "kubeflow.org/v1"
 KIND = "PyTorchJob"
 CONTAINER_NAME = "pytorch"  # the training operator finds the trainer container by this name
-GPU_RESOURCE = "nvidia.com/gpu"
-EFA_RESOURCE = "vpc.amazonaws.com/efa"
 HF_TOKEN_SECRET_KEY = "HF_TOKEN"
 HF_TOKEN_VOLUME = "hf-token"
 HF_TOKEN_DIR = "/var/run/secrets/huggingface"
@@ -44,7 +42,6 @@ HF_HOME = "/tmp/hf-home"
 """Hugging Face cache on the container's own disk, writable by any uid. An image that has no
 passwd entry for the trainer's uid (NGC/DLC bases) gives it HOME=/, where `~/.cache` cannot be
 created."""
-INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 
 
 TRITON_CACHE_DIR = "/tmp/triton_cache"
@@ -70,30 +67,6 @@ _RESERVED_CPU_FRACTION = 1 / 16
 _MIN_RESERVED_CPUS = 2
 _MEMORY_FRACTION = 0.85
 _MAX_DEFAULT_SHM_GIB = 256
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where the worker pods may run: the GPU nodes' selector and the taints they tolerate."""
-
-    node_selector: dict[str, str]
-    tolerations: list[dict[str, Any]] = field(default_factory=list)
-
-
-def default_placement(config: StackConfig) -> Placement:
-    """Select nodes by instance type (a label kubelet sets on every EKS node) and tolerate the
-    GPU taint plus the stack's extra taints; used when the cluster component gives none."""
-    tolerations: list[dict[str, Any]] = [
-        {"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
-    ]
-    for taint in config.gpu_nodes.taints:
-        tolerations.append(
-            {"key": taint.key, "operator": "Equal", "value": taint.value, "effect": taint.effect}
-        )
-    return Placement(
-        node_selector={INSTANCE_TYPE_LABEL: config.gpu_nodes.instance_type},
-        tolerations=tolerations,
-    )
 
 
 @dataclass(frozen=True)
@@ -358,7 +331,6 @@ def render_job(
     image: Any,
     pvc_name: Any | None,
     mount_path: str | None = None,
-    placement: Placement | None = None,
     hf_secret_name: str | None = None,
     service_account_name: str | None = None,
     bucket: S3Bucket | None = None,
@@ -376,7 +348,7 @@ def render_job(
     shared = pvc_name is not None
     paths = run_paths(plan, shared=shared, mount_path=mount_path if shared else None)
     size = pod_size(config)
-    where = placement or default_placement(config)
+    where = gpu_placement(config.gpu_nodes)
     command = torchrun_command(plan, paths)
     volumes, mounts = _volumes(paths, size, pvc_name)
     trainer_mounts = list(mounts)

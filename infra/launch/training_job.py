@@ -23,7 +23,6 @@ Construction (`infra/program.py`):
         plan=plan, image_uri=image.image_uri, k8s_provider=cluster.k8s_provider,
         kubeconfig=cluster.kubeconfig, namespace=namespace.name,
         pvc_name=storage.pvc_name, mount_path=storage.mount_path,
-        placement=Placement(cluster.gpu_node_selector, cluster.gpu_tolerations),
         depends_on=[*cluster.ready, *addons.ready, *storage.ready]))
 """
 
@@ -44,7 +43,6 @@ from infra.job.manifest import (
     HF_TOKEN_SECRET_KEY,
     KIND,
     JobManifest,
-    Placement,
     S3Bucket,
     kubectl_commands,
     network_policy,
@@ -119,8 +117,6 @@ class TrainingJobArgs:
     """FSx claim in the namespace (Storage.pvc_name); None: a pod-local checkpoint volume."""
     mount_path: str | None = None
     """Where the claim is mounted (Storage.mount_path); default storage.fsx.mountPath."""
-    placement: Placement | None = None
-    """GPU node selector and tolerations from the cluster; default: by instance type."""
     depends_on: Sequence[pulumi.Resource] = field(default_factory=list)
     """Node groups, device plugins, training operator, storage: all must exist first."""
     service_account_name: str | None = None
@@ -184,7 +180,6 @@ class TrainingJob(pulumi.ComponentResource):
             image=args.image_uri,
             pvc_name=args.pvc_name,
             mount_path=args.mount_path,
-            placement=args.placement,
             hf_secret_name=secret_name,
             service_account_name=args.service_account_name,
             bucket=args.bucket,

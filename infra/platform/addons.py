@@ -3,9 +3,10 @@
 The AL2023 NVIDIA AMI brings the driver and the EFA host stack, but a node advertises
 `nvidia.com/gpu` and `vpc.amazonaws.com/efa` only once the device plugins run on it. Both
 plugins are pinned Helm releases (`helm.v3.Release`: one custom resource, visible in offline
-tests) scheduled only on the GPU nodes: the node selector and tolerations come from the
-cluster component, so plugins and node group can never disagree about which nodes are GPU
-nodes. The EFA plugin is installed only for instance types with EFA.
+tests) scheduled only on the GPU nodes: the node selector and tolerations come from
+`infra.job.placement`, as the node group's labels and taints do, so plugins and node group
+can never disagree about which nodes are GPU nodes. The EFA plugin is installed only for
+instance types with EFA.
 
 On an existing cluster each add-on has an `install` switch; what is switched off is not
 created, changed or deleted by the stack.
@@ -14,7 +15,7 @@ Construction (STACK's `__main__`), after `Cluster`:
 
     addons = Addons("addons", AddonsArgs(
         config=stack.addons, k8s_provider=cluster.k8s_provider,
-        gpu_node_selector=cluster.gpu_node_selector, gpu_tolerations=cluster.gpu_tolerations,
+        gpu_placement=gpu_placement(stack.gpu_nodes),
         efa_enabled=stack.gpu_nodes.efa_enabled, cluster_ready=cluster.ready))
 
 and the PyTorchJob depends on `addons.ready`.
@@ -30,6 +31,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.config.addons import AddonsConfig
+from infra.job.placement import Placement
 from infra.platform.training_operator import TrainingOperator, TrainingOperatorArgs
 
 NVIDIA_CHART_REPO = "https://nvidia.github.io/k8s-device-plugin"
@@ -44,10 +46,8 @@ RELEASE_TIMEOUT_SECONDS = 600
 class AddonsArgs:
     config: AddonsConfig
     k8s_provider: k8s.Provider
-    gpu_node_selector: Mapping[str, str]
-    """Labels only the GPU nodes carry (from the cluster component)."""
-    gpu_tolerations: Sequence[Mapping[str, Any]]
-    """Tolerations for the GPU nodes' taints (from the cluster component)."""
+    gpu_placement: Placement
+    """The GPU nodes' selector and the tolerations of their taints (`infra.job.placement`)."""
     efa_enabled: bool
     """Whether the GPU nodes have EFA interfaces (`GpuNodesConfig.efa_enabled`)."""
     cluster_ready: Sequence[pulumi.Resource] = ()
@@ -88,10 +88,10 @@ class Addons(pulumi.ComponentResource):
         self, name: str, args: AddonsArgs, opts: pulumi.ResourceOptions | None = None
     ) -> None:
         super().__init__("fsdp-eks:addons:Addons", name, None, opts)
-        if not args.gpu_node_selector:
+        if not args.gpu_placement.node_selector:
             raise ValueError(
-                "AddonsArgs.gpu_node_selector is empty: the device plugins would run on every "
-                "node; pass the GPU node group's labels (Cluster.gpu_node_selector)"
+                "AddonsArgs.gpu_placement has no node selector: the device plugins would run on "
+                "every node; pass `infra.job.placement.gpu_placement` of the GPU nodes"
             )
         config = args.config
         self._args = args
@@ -107,7 +107,7 @@ class Addons(pulumi.ComponentResource):
                 chart=NVIDIA_CHART,
                 repo=NVIDIA_CHART_REPO,
                 version=config.nvidia_device_plugin.version,
-                values={"affinity": gpu_node_affinity(args.gpu_node_selector)},
+                values={"affinity": gpu_node_affinity(args.gpu_placement.node_selector)},
             )
             self.ready.append(self.nvidia_device_plugin)
         if args.efa_enabled and config.efa_device_plugin.install:
@@ -168,8 +168,8 @@ class Addons(pulumi.ComponentResource):
             namespace=PLUGIN_NAMESPACE,
             values={
                 **values,
-                "nodeSelector": dict(args.gpu_node_selector),
-                "tolerations": [dict(toleration) for toleration in args.gpu_tolerations],
+                "nodeSelector": dict(args.gpu_placement.node_selector),
+                "tolerations": [dict(toleration) for toleration in args.gpu_placement.tolerations],
             },
             # A DaemonSet on nodes still joining is not a failure; give them time.
             timeout=RELEASE_TIMEOUT_SECONDS,

@@ -36,8 +36,13 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from infra.config.cluster import GpuNodesConfig
-from infra.job.manifest import EFA_RESOURCE, GPU_RESOURCE
-from infra.platform.gpu_nodes import NODE_POOL_LABEL, gpu_labels, gpu_taints
+from infra.job.placement import (
+    EFA_RESOURCE,
+    GPU_RESOURCE,
+    NODE_POOL_LABEL,
+    gpu_labels,
+    gpu_taints,
+)
 from infra.platform.iam import pod_identity_role
 
 CHART_REPO = "https://kubernetes.github.io/autoscaler"

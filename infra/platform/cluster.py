@@ -20,8 +20,7 @@ Construct (after `Network` in create mode; no network in existing mode):
                                               gpu_nodes=config.gpu_nodes,
                                               network=network))
     # kubernetes resources: opts=ResourceOptions(provider=cluster.k8s_provider)
-    # the job: node selector / tolerations from cluster.gpu_node_selector / .gpu_tolerations,
-    #          depends_on=cluster.ready
+    # the job: depends_on=cluster.ready
 
 A stack that other stacks reference with `cluster.platformStack` should export `clusterName`,
 `vpcId`, `gpuSubnetId`, `clusterSecurityGroupId` and `oidcProviderArn` from these attributes.
@@ -41,12 +40,8 @@ import pulumi_kubernetes as k8s
 
 from infra.config.cluster import ClusterConfig, GpuNodesConfig
 from infra.facts.eks_versions import UPGRADE_SUPPORT_TYPE
-from infra.platform.gpu_nodes import (
-    NODE_POOL_LABEL,
-    GpuNodeGroup,
-    GpuNodeGroupArgs,
-    gpu_tolerations,
-)
+from infra.job.placement import NODE_POOL_LABEL
+from infra.platform.gpu_nodes import GpuNodeGroup, GpuNodeGroupArgs
 from infra.platform.iam import aws_managed_policy_arn, node_role, service_trust_policy
 from infra.platform.kube_access import (
     cluster_kubeconfig,
@@ -59,7 +54,6 @@ from infra.platform.network import Network
 SYSTEM_AMI_TYPE = "AL2023_x86_64_STANDARD"
 POD_IDENTITY_AGENT = "eks-pod-identity-agent"
 CLUSTER_ADMIN_POLICY = "AmazonEKSClusterAdminPolicy"
-INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 """Well-known label every node carries: selects the GPU nodes in both modes (an existing
 cluster's nodes do not carry this stack's own labels)."""
 
@@ -94,8 +88,6 @@ class Cluster(pulumi.ComponentResource):
     oidc_issuer_url: pulumi.Output[str]
     vpc_id: pulumi.Output[str]
     gpu_subnet_id: pulumi.Output[str]
-    gpu_node_selector: dict[str, str]
-    gpu_tolerations: list[dict[str, str]]
     efa_interfaces_per_node: pulumi.Output[int]
     """EFA devices a job pod on a GPU node may request (`vpc.amazonaws.com/efa`)."""
     pod_identity_agent: aws.eks.Addon | None
@@ -110,8 +102,6 @@ class Cluster(pulumi.ComponentResource):
         self, name: str, args: ClusterArgs, opts: pulumi.ResourceOptions | None = None
     ) -> None:
         super().__init__("fsdp-eks:cluster:Cluster", name, None, opts)
-        self.gpu_node_selector = {INSTANCE_TYPE_LABEL: args.gpu_nodes.instance_type}
-        self.gpu_tolerations = gpu_tolerations(args.gpu_nodes)
         self.pod_identity_agent = None
         self.gpu_nodes = None
         self.ready = []

@@ -32,7 +32,8 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
-from infra.config.cluster import GPU_TAINT_KEY, GpuNodesConfig, TaintConfig
+from infra.config.cluster import GpuNodesConfig, TaintConfig
+from infra.job.placement import gpu_labels, gpu_taints
 
 GPU_AMI_TYPE = "AL2023_x86_64_NVIDIA"
 ROOT_DEVICE = "/dev/xvda"
@@ -47,7 +48,6 @@ Kubernetes API for its instance data when IMDS is unreachable (aws-fsx-csi-drive
 `pkg/cloud/metadata.go` `NewMetadataService`), the EFA device plugin runs on the host network
 (eks-charts `aws-efa-k8s-device-plugin` daemonset, `hostNetwork: true`) and the NVIDIA one
 talks only to the driver. terraform-aws-eks made 1 its default in v21 (docs/UPGRADE-21.0.md)."""
-NODE_POOL_LABEL = "fsdp-eks/node-pool"
 
 _ReservationTarget = (
     aws.ec2.LaunchTemplateCapacityReservationSpecificationCapacityReservationTargetArgs
@@ -64,30 +64,6 @@ _TAINT_EFFECTS = {
     "NoExecute": "NO_EXECUTE",
     "PreferNoSchedule": "PREFER_NO_SCHEDULE",
 }
-
-
-def gpu_taints(config: GpuNodesConfig) -> list[TaintConfig]:
-    """The GPU taint, then the stack's extra taints."""
-    gpu = TaintConfig.model_validate({"key": GPU_TAINT_KEY, "value": "true"})
-    return [gpu, *config.taints]
-
-
-def gpu_tolerations(config: GpuNodesConfig) -> list[dict[str, str]]:
-    """Kubernetes tolerations that let a pod onto the GPU nodes (the job's pod spec uses them)."""
-    tolerations = [{"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]
-    tolerations += [
-        {"key": t.key, "operator": "Equal", "value": t.value, "effect": t.effect}
-        for t in config.taints
-    ]
-    return tolerations
-
-
-def gpu_labels(config: GpuNodesConfig) -> dict[str, str]:
-    """Node labels: the pool, GPU presence (the NVIDIA device plugin's default affinity), EFA."""
-    labels = {NODE_POOL_LABEL: "gpu", "nvidia.com/gpu.present": "true"}
-    if config.efa_enabled:
-        labels["vpc.amazonaws.com/efa.present"] = "true"
-    return {**labels, **config.labels}
 
 
 def efa_network_interfaces(

@@ -9,6 +9,7 @@ import pulumi_kubernetes as k8s
 import pytest
 
 from infra.config.addons import TRAINING_OPERATOR_RELEASES, AddonsConfig
+from infra.job.placement import Placement, gpu_placement
 from infra.offline import Evaluation, evaluate
 from infra.platform.addons import Addons, AddonsArgs, gpu_node_affinity
 from infra.platform.training_operator import crd_url
@@ -35,8 +36,7 @@ def addons_program(data: dict[str, Any], *, efa: bool = True) -> Callable[[], No
             AddonsArgs(
                 config=AddonsConfig.model_validate(data),
                 k8s_provider=provider,
-                gpu_node_selector=SELECTOR,
-                gpu_tolerations=TOLERATIONS,
+                gpu_placement=Placement(SELECTOR, TOLERATIONS),
                 efa_enabled=efa,
                 cluster_ready=[nodes],
                 operator_node_selector={"fsdp-eks/node-role": "system"},
@@ -271,13 +271,12 @@ def test_an_empty_gpu_selector_is_refused():
             AddonsArgs(
                 config=AddonsConfig(),
                 k8s_provider=k8s.Provider("k8s", kubeconfig="{}"),
-                gpu_node_selector={},
-                gpu_tolerations=[],
+                gpu_placement=Placement({}, []),
                 efa_enabled=True,
             ),
         )
 
-    with pytest.raises(ValueError, match="gpu_node_selector"):
+    with pytest.raises(ValueError, match="no node selector"):
         evaluate(program, config={})
 
 
@@ -298,8 +297,7 @@ def test_wired_to_the_real_cluster_component():
             AddonsArgs(
                 config=stack.addons,
                 k8s_provider=cluster.k8s_provider,
-                gpu_node_selector=cluster.gpu_node_selector,
-                gpu_tolerations=cluster.gpu_tolerations,
+                gpu_placement=gpu_placement(stack.gpu_nodes),
                 efa_enabled=stack.gpu_nodes.efa_enabled,
                 cluster_ready=cluster.ready,
             ),
@@ -310,8 +308,9 @@ def test_wired_to_the_real_cluster_component():
     for plugin in result.of_type(RELEASE):
         values = plugin.inputs["values"]
         assert values["nodeSelector"] == {"node.kubernetes.io/instance-type": "p5.48xlarge"}
+        # Every taint the node group was created with is tolerated.
         keys = {t["key"] for t in values["tolerations"]}
-        assert {"nvidia.com/gpu", "team"} <= keys
+        assert {t["key"] for t in gpu_nodes.inputs["taints"]} == keys == {"nvidia.com/gpu", "team"}
         assert result.depends_on(plugin, gpu_nodes)
     assert len(result.of_type(RELEASE)) == 2
     assert result.depends_on(result.one(DEPLOYMENT), gpu_nodes)

@@ -61,8 +61,6 @@ def build(
         pulumi.export("vpcId", platform.vpc_id)
         pulumi.export("gpuSubnet", platform.gpu_subnet_id)
         pulumi.export("efa", platform.efa_interfaces_per_node)
-        pulumi.export("selector", platform.gpu_node_selector)
-        pulumi.export("tolerations", platform.gpu_tolerations)
         pulumi.export("ready", [r.urn for r in platform.ready])
 
     return evaluate(program, config={}, fake_cloud=fake)
@@ -293,14 +291,10 @@ def test_pod_identity_agent_installed_and_ready(created: Evaluation) -> None:
     assert created.one(MNG, "platform-system").urn in created.stack_outputs["ready"]
 
 
-def test_kubernetes_provider_and_gpu_scheduling(created: Evaluation) -> None:
+def test_kubernetes_provider(created: Evaluation) -> None:
     provider = created.one("pulumi:providers:kubernetes")
     kubeconfig = json.loads(unsecret(provider.inputs["kubeconfig"]))
     assert kubeconfig["users"][0]["user"]["exec"]["args"][:2] == ["eks", "get-token"]
-    assert created.stack_outputs["selector"] == {"node.kubernetes.io/instance-type": "p5.48xlarge"}
-    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in (
-        created.stack_outputs["tolerations"]
-    )
 
 
 def test_capacity_block_through_the_cluster() -> None:

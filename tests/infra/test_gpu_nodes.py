@@ -7,6 +7,7 @@ import pytest
 from pulumi.runtime import settings
 
 from infra.config.cluster import GpuNodesConfig
+from infra.job.placement import gpu_tolerations
 from infra.offline import Evaluation, FakeCloud, evaluate
 from infra.offline.outputs import INVOKE_RESULTS
 from infra.platform.gpu_nodes import (
@@ -14,7 +15,6 @@ from infra.platform.gpu_nodes import (
     GpuNodeGroup,
     GpuNodeGroupArgs,
     efa_network_interfaces,
-    gpu_tolerations,
 )
 
 LT = "aws:ec2/launchTemplate:LaunchTemplate"

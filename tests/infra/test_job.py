@@ -18,7 +18,6 @@ from infra.job.manifest import (
     EFA_RESOURCE,
     GPU_RESOURCE,
     TRAINER_USER_ID,
-    Placement,
     container_env,
     kubectl_commands,
     render_job,
@@ -252,9 +251,6 @@ def _job_program(config: StackConfig) -> None:
             kubeconfig=pulumi.Output.secret(KUBECONFIG),
             namespace=namespace.name,
             pvc_name="fsx-claim",
-            placement=Placement(
-                {"nvidia.com/gpu.present": "true"}, [{"key": "x", "operator": "Exists"}]
-            ),
             depends_on=[dependency],
         ),
     )
@@ -284,7 +280,9 @@ def test_component_registers_a_replace_safe_pytorchjob_with_its_secret() -> None
     assert job.inputs["metadata"]["namespace"] == "training"
     spec = job.inputs["spec"]
     pod = spec["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
-    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert pod["nodeSelector"] == {
+        "node.kubernetes.io/instance-type": config.gpu_nodes.instance_type
+    }
     assert pod["containers"][0]["image"] == IMAGE
     secret = result.one("kubernetes:core/v1:Secret")
     assert secret.inputs["metadata"]["name"] == "llama-hf-token"
