@@ -1,4 +1,4 @@
-"""`fsdp-eks`, the one command (issue 15): every subcommand's help, success paths against the
+"""`fsdp-eks`, the one command: every subcommand's help, success paths against the
 offline runtime and moto's S3 server, and each user mistake as one line with exit status 2.
 
 Run in-process with Click's test runner (`click.testing.CliRunner`), which swaps stdin/stdout/

@@ -1,4 +1,4 @@
-"""Every `fsdp-eks` command the docs show parses (issue 15): the subcommand exists and the
+"""Every `fsdp-eks` command the docs show parses: the subcommand exists and the
 script behind it accepts the flags, as the CLI would hand them over, without running it.
 
 Commands come from fenced code blocks and inline code of README.md and docs/*.md; `<stack>`

@@ -1,4 +1,4 @@
-"""The two environments do not fight (issue 15): the deploy path's `.venv` holds the infra
+"""The two environments do not fight: the deploy path's `.venv` holds the infra
 group alone, the development environment lives beside it.
 
 `pulumi install` runs `uv sync` for the uv toolchain (pulumi `sdk/python/toolchain/uv.go`,

@@ -101,7 +101,7 @@ def test_local_run_trains_is_interrupted_resumes_and_plots(tmp_path: Path) -> No
     assert sorted(p.name for p in run_dir.glob("step-*")) == ["step-10", "step-12"]
 
 
-# --- the rehearsal of the job's topology (issue 9: item 8 and the local rehearsal) -----------
+# --- the rehearsal of the job's topology -----------------------------------------------------
 
 
 def _plan(

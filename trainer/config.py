@@ -3,8 +3,9 @@
 The Pulumi program imports this module to check that the arguments it renders into a
 PyTorchJob parse here, so it must not import torch / transformers / datasets.
 
-Every field of every section is one `--flag` with the field's name (the seed trainer's names
-are kept, with their meanings); the parser is generated from the dataclasses so the help text,
+Every field of every section is one `--flag` with the field's name (the flag names of the
+awsome-distributed-training FSDP sample are kept, with their meanings, so its users' scripts
+and habits carry over); the parser is generated from the dataclasses so the help text,
 type, default and allowed values live in exactly one place. Switches take 0/1/true/false (or
 no value, meaning true). An unknown or malformed flag is an error that names it.
 """
@@ -20,8 +21,8 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from trainer.presets import PRESETS, ModelShape, get_preset
 
-# The seed trainer's names for model families, mapped to the preset that stands for them
-# when no --model is given.
+# The FSDP sample's names for model families (`--model_type`), mapped to the preset that
+# stands for them when no --model is given.
 MODEL_TYPE_BASE_PRESET: dict[str, str] = {
     "llama": "llama3.1-8b",
     "llama_v3": "llama3.1-8b",
@@ -30,7 +31,7 @@ MODEL_TYPE_BASE_PRESET: dict[str, str] = {
     "mixtral": "mixtral-8x7b",
 }
 DEFAULT_PRESET = "llama3.1-8b"
-# The seed trainer's default: ungated, so a first run needs no Hugging Face token.
+# The FSDP sample's default tokenizer: ungated, so a first run needs no Hugging Face token.
 DEFAULT_TOKENIZER = "hf-internal-testing/llama-tokenizer"
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -263,7 +264,7 @@ class OptimConfig:
     min_lr: float = _flag(1e-5, "Learning rate at the end of the decay.")
     warmup: float = _flag(
         0.0032,
-        "Linear warmup: a fraction of --max_steps when below 1 (the seed's meaning), "
+        "Linear warmup: a fraction of --max_steps when below 1 (the FSDP sample's meaning), "
         "else a number of steps.",
     )
     lr_decay_style: Literal["cosine", "linear", "constant"] = _flag(

@@ -18,7 +18,7 @@ from trainer.log import get_logger
 logger = get_logger("distributed")
 
 # Long enough for a slow checkpoint write or a first torch.compile on one rank while the
-# others wait in a collective; the seed guides use 30 minutes.
+# others wait in a collective; the awsome-distributed-training guides use 30 minutes too.
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
 REPLICATE_DIM = "replicate"
 SHARD_DIM = "shard"

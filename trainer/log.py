@@ -6,8 +6,9 @@ import logging
 import sys
 
 LOGGER_NAME = "trainer"
-# The seed trainer's layout (`2025-06-20 14:17:10 I [train.py:103] Batch ...`), kept so that
-# log monitors and habits built on it keep working.
+# The awsome-distributed-training FSDP sample's layout
+# (`2025-06-20 14:17:10 I [train.py:103] Batch ...`), kept so that log monitors and habits
+# built on it keep working.
 _FORMAT = "%(asctime)s %(levelname).1s [%(filename)s:%(lineno)d] %(message)s"
 _DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
 

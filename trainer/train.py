@@ -556,7 +556,7 @@ class Trainer:
         return StepResult(loss=loss_sum, grad_norm=grad_norm, lr=lr, digest=digest)
 
     def choices_line(self) -> str:
-        """The settings that decide GPU efficiency, and why each is what it is (issue 14)."""
+        """The settings that decide GPU efficiency, and why each is what it is."""
         parallel, logging_cfg = self.cfg.parallel, self.cfg.logging
         mesh = dict(zip(self.mesh.mesh_dim_names or (), self.mesh.shape, strict=True))
         checkpointing = parallel.activation_checkpointing + (

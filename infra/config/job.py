@@ -2,10 +2,10 @@
 
 These four sections are what a reviewer reads to know *what will be trained*; the other
 sections say *where*. Every training field maps onto one flag of the trainer's own parser
-(`trainer.config`), so a stack file uses names people know from the seed trainer while the
+(`trainer.config`), so a stack file uses names people know from that sample's flags while the
 program stays the only place that turns them into a command line. Checks that need only one
 section live here; checks that relate sections (world size, context vs. preset, GPUs per
-node) live in `infra.config.stack`.
+node) live in `infra.config.stack`, and what the run will need or cost in `infra.estimates`.
 """
 
 from __future__ import annotations

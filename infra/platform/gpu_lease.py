@@ -2,7 +2,7 @@
 
 On a cluster the stack creates, the lease is the stack's own (`infra.platform.autoscaler` scales the
 node group from zero for the job's pods and back after it; `gpuNodes.keepWarm` opts out). On an
-existing cluster the stack never touches the autoscaling (issue 13): it only looks, at
+existing cluster the stack never touches the autoscaling (its operators own it): it only looks, at
 `pulumi preview`, at the EKS managed node groups that offer the job's instance type, and says
 whether they can go to zero and who pays for idle nodes. What it reads is what EKS reports
 (`DescribeNodegroup` `scalingConfig`: minSize / desiredSize / maxSize; `DescribeCluster`

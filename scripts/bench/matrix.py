@@ -1,4 +1,4 @@
-"""The GPU benchmark matrix: every efficiency choice of issue 14, one command, one table.
+"""The GPU benchmark matrix: every efficiency choice of the trainer, one command, one table.
 
 `python scripts/bench/throughput.py --matrix` runs, for each model, `torch.compile` off and on and
 each activation-checkpointing policy (off, op-level, full), one `bench_trainer.py` process per

@@ -1,7 +1,7 @@
 """The image build pulls nothing from Docker Hub.
 
 CodeBuild runs from shared AWS addresses, and anonymous Docker Hub pulls from them hit
-`toomanyrequests`: the build fails and with it `pulumi up` (issue 9, item 5). Every image the
+`toomanyrequests`: the build fails and with it `pulumi up`. Every image the
 build can pull is collected here from docker/buildspec.yml and docker/Dockerfile, `${VAR}`s
 resolved with the values infra sets, and resolved the way Docker resolves a name: a first path
 component without '.' or ':' that is not `localhost` is not a registry, so the name is on

@@ -462,7 +462,7 @@ def test_namespace_is_created_by_default_only_on_the_stacks_own_cluster(
 @pytest.mark.parametrize(
     ("count", "fsx", "in_s3"),
     [
-        (4, {"enabled": False}, True),  # issue 12 item 5: no FSx, so the run lives in S3
+        (4, {"enabled": False}, True),  # no FSx, so the run lives in S3
         (1, {"enabled": False}, True),
         (4, {}, False),  # a new FSx file system every node mounts
         (4, {"existingClaimName": "team-lustre"}, False),  # a claim every node mounts

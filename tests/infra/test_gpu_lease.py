@@ -1,7 +1,7 @@
 """Who holds the GPU nodes: the plan's lease line and the existing cluster's report.
 
 The existing-cluster report reads what EKS says of its managed node groups (`ListNodegroups`,
-`DescribeNodegroup` `scalingConfig`); the stack must only look, never change them (issue 13).
+`DescribeNodegroup` `scalingConfig`); the stack must only look, never change them.
 """
 
 from __future__ import annotations

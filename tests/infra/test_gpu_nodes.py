@@ -143,7 +143,7 @@ def test_imdsv2_required_for_the_node_only_and_a_large_gp3_root_volume() -> None
     assert metadata["httpTokens"] == "required"
     assert metadata["httpEndpoint"] == "enabled"
     # Hop limit 1: a pod (one network hop from the node) cannot fetch the node role's
-    # credentials; 2 let every pod read them (issue 10).
+    # credentials; 2 let every pod read them.
     assert metadata["httpPutResponseHopLimit"] == 1
     (root,) = template["blockDeviceMappings"]
     assert root["deviceName"] == "/dev/xvda"

@@ -1,4 +1,4 @@
-"""Hardened by default (issue 10): what the rendered objects grant, and what they do not.
+"""Hardened by default: what the rendered objects grant, and what they do not.
 
 Each test pins one finding of the security review to the rendered value that fixes it: the
 training operator's pod and RBAC, the trainer pod's security contexts, the HF token as a file,

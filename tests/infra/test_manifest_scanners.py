@@ -319,7 +319,7 @@ def checkov_findings(
     _write_scan_tree(root, rendered)
     started = time.monotonic()
     findings = run_checkov(root)
-    # The scanners are part of every test run: keep them cheap (issue 10: < 1 minute).
+    # The scanners are part of every test run: keep them cheap.
     assert time.monotonic() - started < 60
     yield findings
 

@@ -335,11 +335,10 @@ def test_the_offline_reader_warns_about_the_missing_token_and_plans_as_if_set() 
 
 @pytest.mark.parametrize("name", STACKS)
 def test_every_node_of_every_stack_sees_the_runs_checkpoints(name: str) -> None:
-    """Issue 9 item 8: llama32-1b-g5 ran 4 nodes on pod-local emptyDir volumes, so each node's
-    ranks wrote their DCP shards where no other node could see them and the run died at its
-    first save. Now a job checkpoints onto the one claim every node mounts, or (issue 12 item
-    5, no FSx) under its run's prefix in the stack's bucket, through a service account whose
-    Pod Identity role reaches that prefix and no other, created before the job."""
+    """Nodes on pod-local emptyDir volumes write their DCP shards where no other node can see
+    them, and the run dies at its first save. So a job checkpoints onto the one claim every
+    node mounts, or (no FSx) under its run's prefix in the stack's bucket, through a service
+    account whose Pod Identity role reaches that prefix and no other, created before the job."""
     config, result = stack(name)
     job = job_of(result)
     pod, container = pod_of(job), container_of(job)

@@ -1,4 +1,4 @@
-"""Op-level selective activation checkpointing recomputes only what its policy says (issue 14).
+"""Op-level selective activation checkpointing recomputes only what its policy says.
 
 Counted, not timed: every aten op that backward runs is recorded with a dispatch mode, so a
 recomputed matmul or attention shows up as one more call than backward itself needs. A Llama

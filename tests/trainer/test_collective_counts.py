@@ -153,7 +153,7 @@ def _cross_node_bytes(calls: list[list]) -> float:
 
 
 def test_hybrid_sharding_keeps_per_micro_batch_traffic_inside_the_node(tmp_path: Path) -> None:
-    """Two simulated nodes of two ranks, four micro-batches per step (issue 14, hazard 5):
+    """Two simulated nodes of two ranks, four micro-batches per step:
     full sharding all-gathers and reduce-scatters across the nodes on every micro-batch;
     HSDP does both within a node and crosses nodes only with one all-reduce of each unit's
     gradient shard per step, so the inter-node bytes drop by more than the accumulation

@@ -631,7 +631,7 @@ def test_bad_tokenizer_is_one_clear_error(tmp_path):
 def test_no_tokenizer_call_takes_more_than_the_map_batch(
     tmp_path: Path, tokenizer, cache_dir: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Tokenisation comes in bursts the read-ahead can hide (issue 14, hazard 4), counted:
+    """Tokenisation comes in bursts the read-ahead can hide, counted:
     every call of the tokenizer the lazy `datasets.map` makes, with its number of documents.
     `scripts/bench/loader_stall.py` measures what that does to the stall share."""
     # Enough documents that each of the loader's resume shards (RESUME_SHARDS) holds more

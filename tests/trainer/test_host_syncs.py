@@ -1,4 +1,4 @@
-"""A step that does not log makes no host-device sync: counted, not timed (issue 14).
+"""A step that does not log makes no host-device sync: counted, not timed.
 
 The trainer runs in this process (a one-rank group) with fused AdamW, the GPU default
 (`trainer.optim`: fused when the parameters are on CUDA; CPU has the same kernel). Every

@@ -1,6 +1,6 @@
 """The chunked loss: the same loss and gradients as Hugging Face's, a fraction of the memory.
 
-Counted, not timed (issue 14): the memory of the loss path is measured with torch's own
+Counted, not timed: the memory of the loss path is measured with torch's own
 `MemTracker` (`torch.distributed._tools.mem_tracker`) on fake tensors, at the 8B stack's
 size (2 x 8192 tokens, hidden 4096, vocabulary 128,256), so no memory is used.
 """

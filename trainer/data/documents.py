@@ -25,9 +25,9 @@ DEFAULT_HELDOUT_FRACTION = 0.01
 RESUME_SHARDS = 64
 MAP_BATCH_DOCUMENTS = 64
 """Documents tokenised per call. `datasets`' default (1000) makes each call a burst that
-blocks the read-ahead thread for about a second (the audit of issue 14, a 1B model's step is
-~0.1 s on an H100), longer than the two-batch read-ahead covers; 64 documents are ~1/16 of
-that, and the tokenizer's batching gains little beyond a few dozen texts. Measured with
+blocks the read-ahead thread for about a second (a 1B model's step is ~0.1 s on an H100),
+longer than the two-batch read-ahead covers; 64 documents are ~1/16 of that, and the
+tokenizer's batching gains little beyond a few dozen texts. Measured with
 `scripts/bench/loader_stall.py` (docs/benchmarks.md)."""
 
 
