@@ -213,7 +213,8 @@ def evaluate(
     file. An exception raised by the program propagates after pending registrations settle, so
     callers can check that a rejected config registered nothing.
     """
-    cloud = fake_cloud or FakeCloud()
+    region = config.get("aws:region")
+    cloud = fake_cloud or FakeCloud(region if isinstance(region, str) else None)
     monitor = _RecordingMonitor(cloud)
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)

@@ -102,7 +102,7 @@ def test_plan_of_a_bad_stack_prints_its_problems_and_fails(
     )  # fmt: skip
     assert plan.main([str(bad)]) == 2
     captured = capsys.readouterr()
-    assert "Pulumi.bad.yaml is invalid" in captured.err
+    assert "Pulumi.bad.yaml: training.contextWidth" in captured.err
     assert "training.contextWidth 200000 is longer than" in captured.err
     assert "PyTorchJob" not in captured.out
 
