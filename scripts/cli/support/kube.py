@@ -1,0 +1,164 @@
+"""The one kubectl client of the commands, bound to the stack's own cluster.
+
+The cluster's name comes from the stack's `clusterName` output and its region from the stack
+file (`aws:region`); EKS tells the endpoint and certificate authority (`DescribeCluster`), and
+credentials come from `aws eks get-token` at each call, as `aws eks update-kubeconfig` sets it
+up (AWS CLI v2 `customizations/eks/update_kubeconfig.py`), but in a kubeconfig of the stack's
+own: the user's `~/.kube/config` and its current context are neither read nor changed. Only
+`--context` (an explicit choice) uses a context of the user's kubeconfig. (An EKS cluster on
+Outposts, addressed by `--cluster-id`, is not handled.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from scripts.cli.support.errors import CliError, ToolFailedError
+from scripts.cli.support.tools import require_tool
+
+EXEC_API_VERSION = "client.authentication.k8s.io/v1beta1"
+"""The exec credential version `aws eks get-token` prints (AWS CLI v2)."""
+
+Runner = Callable[[Sequence[str], str | None], str]
+
+
+class ClusterNotReadyError(CliError):
+    """EKS has no endpoint or certificate for the cluster yet (it is still being created)."""
+
+
+def run_command(argv: Sequence[str], stdin: str | None = None) -> str:
+    """Run kubectl; stdout, or one line with its last error."""
+    done = subprocess.run(list(argv), input=stdin, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+        verb = " ".join(arg for arg in argv[1:3] if not arg.startswith("-"))
+        raise ToolFailedError(f"kubectl {verb} failed: {lines[-1] if lines else done.returncode}")
+    return done.stdout
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """Writes shared sub-objects (labels) out in full: no YAML anchors in manifests."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def to_yaml(manifests: Iterable[dict[str, Any]]) -> str:
+    return yaml.dump_all(list(manifests), Dumper=_PlainDumper, sort_keys=False)
+
+
+class Kubectl:
+    """kubectl for one cluster (a kubeconfig of its own, or an explicit context) and, by
+    default, one namespace. A runner can be swapped in for tests."""
+
+    def __init__(
+        self,
+        *,
+        kubeconfig: str | None = None,
+        context: str | None = None,
+        namespace: str | None = None,
+        runner: Runner = run_command,
+    ) -> None:
+        self.kubeconfig, self.context, self.namespace = kubeconfig, context, namespace
+        self._run = runner
+
+    def command(self, *args: str) -> list[str]:
+        """The whole kubectl command line for `args` on this cluster."""
+        base = [require_tool("kubectl") if self._run is run_command else "kubectl"]
+        if self.context:
+            base += ["--context", self.context]
+        elif self.kubeconfig:
+            base += ["--kubeconfig", self.kubeconfig]
+        if self.namespace:
+            base += ["-n", self.namespace]
+        return [*base, *args]
+
+    def __call__(self, *args: str, stdin: str | None = None) -> str:
+        return self._run(self.command(*args), stdin)
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self(*args, "-o", "json"))
+
+    def apply(self, manifests: Iterable[dict[str, Any]], *, field_manager: str) -> None:
+        self("apply", "--server-side", f"--field-manager={field_manager}", "-f", "-",
+             stdin=to_yaml(manifests))  # fmt: skip
+
+    def delete(self, manifests: Iterable[dict[str, Any]]) -> None:
+        self("delete", "--ignore-not-found", "--wait=false", "-f", "-", stdin=to_yaml(manifests))
+
+
+def kubeconfig_document(
+    cluster: str, region: str | None, endpoint: str, certificate_authority: str
+) -> dict[str, Any]:
+    """A kubeconfig with one cluster, one user (`aws eks get-token`) and one context."""
+    token_args = ["eks", "get-token", "--cluster-name", cluster, "--output", "json"]
+    if region:
+        token_args += ["--region", region]
+    user: dict[str, Any] = {
+        "exec": {
+            "apiVersion": EXEC_API_VERSION,
+            "command": "aws",
+            "args": token_args,
+            "interactiveMode": "Never",
+        }
+    }
+    if os.environ.get("AWS_PROFILE"):
+        user["exec"]["env"] = [{"name": "AWS_PROFILE", "value": os.environ["AWS_PROFILE"]}]
+    name = f"fsdp-eks-{cluster}"
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": name,
+                "cluster": {
+                    "server": endpoint,
+                    "certificate-authority-data": certificate_authority,
+                },
+            }
+        ],
+        "users": [{"name": name, "user": user}],
+        "contexts": [{"name": name, "context": {"cluster": name, "user": name}}],
+        "current-context": name,
+    }
+
+
+def kubeconfig_dir() -> Path:
+    """A directory only this user can enter (`$XDG_CACHE_HOME/fsdp-eks`, else
+    `~/.cache/fsdp-eks`): credentials config never sits at a guessable path in a shared /tmp."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    directory = base / "fsdp-eks"
+    directory.mkdir(parents=True, exist_ok=True)
+    directory.chmod(0o700)
+    return directory
+
+
+def write_stack_kubeconfig(stack: str, cluster: str, region: str | None) -> Path:
+    """Describe `cluster` and write its kubeconfig (mode 0600) for the stack; the path."""
+    import boto3
+
+    client = boto3.session.Session(region_name=region).client("eks")
+    described = client.describe_cluster(name=cluster)["cluster"]
+    endpoint = described.get("endpoint")
+    authority = (described.get("certificateAuthority") or {}).get("data")
+    if not endpoint or not authority:
+        raise ClusterNotReadyError(
+            f"EKS cluster {cluster!r} has no endpoint yet (status {described.get('status')})"
+        )
+    document = kubeconfig_document(cluster, region or client.meta.region_name, endpoint, authority)
+    directory = kubeconfig_dir()
+    path = directory / f"{stack.replace('/', '_')}.kubeconfig"
+    # Written beside, then renamed over: never through a link someone else placed there.
+    descriptor, staged = tempfile.mkstemp(dir=directory, suffix=".tmp")
+    with os.fdopen(descriptor, "w", encoding="utf-8") as out:
+        yaml.safe_dump(document, out, sort_keys=False)
+    Path(staged).replace(path)
+    return path
