@@ -54,7 +54,7 @@ def fetch_events(client: object, uri: str, dest: Path) -> int:
 def tensorboard(target: RunTarget, dest: Path | None, no_serve: bool, port: int) -> int:
     """Fetch a run's TensorBoard event files and serve them here.
 
-    \\b
+    \b
         fsdp-eks tensorboard llama31-8b-p5
         fsdp-eks tensorboard llama31-8b-p5 --no-serve --dest ./events
     """

@@ -153,6 +153,9 @@ if tool == "pulumi":
         print("Destroying (" + args[-1] + ")")
     else:
         sys.exit("unexpected pulumi " + " ".join(args))
+elif answers.get("kubectl_error"):
+    sys.stderr.write(answers["kubectl_error"])
+    sys.exit(1)
 elif "logs" in args:
     sys.stdout.writelines(answers["logs"])
 elif "pytorchjob" in args:
