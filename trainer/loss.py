@@ -106,10 +106,16 @@ class _SlicedHeadCrossEntropy(torch.autograd.Function):
         grad_hidden, grad_weight = ctx.saved_tensors
         if grad_hidden is None or grad_weight is None:
             raise RuntimeError("the chunked loss was computed without gradients (no_grad)")
+        if getattr(ctx, "scaled", False):
+            raise RuntimeError("the chunked loss's backward can run once (retain_graph)")
+        ctx.scaled = True
+        # In place: a scaled copy of the head's fp32 gradient would be 2 GiB more at 8B.
+        grad_hidden.mul_(grad_mean)
+        grad_weight.mul_(grad_mean)
         wants_hidden, wants_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         return (
-            grad_hidden * grad_mean if wants_hidden else None,
-            grad_weight * grad_mean if wants_weight else None,
+            grad_hidden if wants_hidden else None,
+            grad_weight if wants_weight else None,
             None,
             None,
             None,
