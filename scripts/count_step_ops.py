@@ -40,7 +40,9 @@ from torch.utils._pytree import tree_flatten
 
 MATMULS = frozenset({"mm", "addmm", "bmm", "baddbmm", "_scaled_mm"})
 CASTS = frozenset({"_to_copy"})
-COPIES = frozenset({"copy_", "_foreach_copy_", "chunk_cat", "cat", "clone", "split_with_sizes_copy"})
+COPIES = frozenset(
+    {"copy_", "_foreach_copy_", "chunk_cat", "cat", "clone", "split_with_sizes_copy"}
+)
 NORM_AND_ROPE = frozenset({"pow", "mean", "rsqrt", "cos", "sin"})
 """The ops of Hugging Face's eager RMSNorm (pow, mean, rsqrt per norm) and rotary embedding
 (cos, sin of the frequencies once per forward): the same modules run in every set-up."""
@@ -155,7 +157,9 @@ def _config(shape: Shape) -> Any:
 
 def _tokens(shape: Shape) -> torch.Tensor:
     generator = torch.Generator().manual_seed(0)
-    return torch.randint(0, shape.vocab_size, (shape.batch_size, shape.seq_len), generator=generator)
+    return torch.randint(
+        0, shape.vocab_size, (shape.batch_size, shape.seq_len), generator=generator
+    )
 
 
 def _count(step: Callable[[], None]) -> StepOps:
@@ -205,9 +209,7 @@ def trainer_step_ops(shape: Shape, strategy: str = "full") -> StepOps:
     materialize(model, device=info.device, seed=0)
     params = [p for p in model.parameters() if p.requires_grad]
     # fused=True: what build_optimizer picks on CUDA, the device these counts stand for.
-    optimizer = build_optimizer(
-        model, lr=1e-4, weight_decay=0.1, beta1=0.9, beta2=0.95, fused=True
-    )
+    optimizer = build_optimizer(model, lr=1e-4, weight_decay=0.1, beta1=0.9, beta2=0.95, fused=True)
     tokens = _tokens(shape)
 
     def step() -> None:

@@ -123,8 +123,10 @@ def torch_release(version: str) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
-def check_torch_pairing(torch_version: str = torch.__version__) -> None:
-    """One line when this torch is outside what the pinned torchao runs with."""
+def check_torch_pairing(torch_version: str | None = None) -> None:
+    """One line when this torch (default: the running one) is outside what the pinned
+    torchao runs with."""
+    torch_version = torch.__version__ if torch_version is None else torch_version
     low, high = TORCHAO_TORCH_RANGE
     if not low <= torch_release(torch_version) <= high:
         raise Float8Error(
@@ -205,10 +207,10 @@ def convert_to_float8(model: nn.Module, plan: Float8Plan) -> list[str]:
     )
     converted = [name for name, module in model.named_modules() if isinstance(module, Float8Linear)]
     logger.info(
-        "float8: %d linear layers converted (%s); left in bf16: the LM head and layers below "
-        "torchao's size thresholds",
+        "float8: %d linear layers converted (%s); left in bf16: the LM head%s",
         len(converted),
         plan.describe(),
+        "" if plan.emulate else " and layers below torchao's size thresholds",
     )
     return converted
 

@@ -140,7 +140,9 @@ def chunked_causal_lm_loss(
     # Every row's last position is ignored; packed rows have no other ignored label, but
     # count them as `ForCausalLMLoss` does (reduction "mean" over non-ignored targets).
     count = (targets != IGNORE_INDEX).sum()
-    with_grads = torch.is_grad_enabled() and (flat_hidden.requires_grad or head.weight.requires_grad)
+    with_grads = torch.is_grad_enabled() and (
+        flat_hidden.requires_grad or head.weight.requires_grad
+    )
     loss: torch.Tensor = _SlicedHeadCrossEntropy.apply(
         flat_hidden, head.weight, targets, count, chunk_tokens, with_grads
     )

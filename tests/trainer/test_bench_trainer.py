@@ -243,7 +243,9 @@ def test_fp8_without_fp8_tensor_cores_is_one_line(capsys) -> None:
 def test_a_failed_cell_is_a_row_that_says_why():
     cell = bench_matrix.Cell("llama3.2-3b", True, "off", precision="fp8-rowwise")
     table = bench_matrix.table([(cell, {"error": "torch.OutOfMemoryError: CUDA out of memory"})])
-    assert "| llama3.2-3b | trainer | fp8-rowwise | on | off | failed: torch.OutOfMemoryError" in table
+    assert (
+        "| llama3.2-3b | trainer | fp8-rowwise | on | off | failed: torch.OutOfMemoryError" in table
+    )
 
 
 def test_the_matrix_refuses_an_unknown_model(capsys):

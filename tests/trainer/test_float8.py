@@ -135,7 +135,9 @@ def test_uv_lock_pairs_torchao_with_a_torch_it_runs_with() -> None:
     assert locked["torchao"] == torchao.__version__
     low, high = TORCHAO_TORCH_RANGE
     assert low <= torch_release(locked["torch"]) <= high, locked["torch"]
-    floor = re.search(r'min_torch_version = _parse_version\("([\d.]+)"\)', inspect.getsource(torchao))
+    floor = re.search(
+        r'min_torch_version = _parse_version\("([\d.]+)"\)', inspect.getsource(torchao)
+    )
     assert floor is not None, "torchao's import-time torch check moved: re-read torchao/__init__"
     assert torch_release(floor.group(1)) == low
     pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
