@@ -97,6 +97,7 @@ class _SlicedHeadCrossEntropy(torch.autograd.Function):
             grad_hidden[rows] = grad_logits @ weight
             grad_weight += grad_logits.t() @ piece
         ctx.save_for_backward(grad_hidden, grad_weight)
+        ctx.weight_dtype = weight.dtype
         return total / count
 
     @staticmethod
@@ -109,13 +110,19 @@ class _SlicedHeadCrossEntropy(torch.autograd.Function):
         if getattr(ctx, "scaled", False):
             raise RuntimeError("the chunked loss's backward can run once (retain_graph)")
         ctx.scaled = True
-        # In place: a scaled copy of the head's fp32 gradient would be 2 GiB more at 8B.
-        grad_hidden.mul_(grad_mean)
-        grad_weight.mul_(grad_mean)
         wants_hidden, wants_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_hidden.mul_(grad_mean)  # in place: no second copy
+        # Scaled and cast to the weight's dtype in one pass over the fp32 sum (the cast autograd
+        # would make of an fp32 gradient anyway); computed in fp32 and rounded once, so the
+        # same bits as scaling first and casting after.
+        weight_grad = None
+        if wants_weight:
+            weight_grad = torch.mul(
+                grad_weight, grad_mean, out=torch.empty_like(grad_weight, dtype=ctx.weight_dtype)
+            )
         return (
             grad_hidden if wants_hidden else None,
-            grad_weight if wants_weight else None,
+            weight_grad,
             None,
             None,
             None,
