@@ -153,7 +153,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 @contextmanager
 def serving(server: LoopbackApiServer) -> Iterator[LoopbackApiServer]:
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
     try:
         yield server
     finally:
