@@ -132,6 +132,20 @@ def test_a_failed_job_fails_up_at_once_with_the_operators_message(serve: Any) ->
     assert server.polls == 1
 
 
+def test_a_suspended_job_fails_the_watch_at_once_and_is_left_suspended(serve: Any) -> None:
+    stopped = job_doc(("Created", "c"), ("Suspended", "PyTorchJob exp is suspended."))
+    stopped["spec"] = {"runPolicy": {"suspend": True}}
+    server = serve([(200, stopped, [])])
+    ticks = iter(range(0, 100_000, 60))
+    with pytest.raises(JobStartError) as error:
+        watch(server, clock=lambda: float(next(ticks)))
+    assert str(error.value) == (
+        "PyTorchJob exp is stopped (suspended): `fsdp-eks start <stack>` resumes it from its "
+        "latest checkpoint"
+    )
+    assert server.polls == 1 and server.patches == []
+
+
 def test_gives_up_after_its_limit_with_the_last_progress(serve: Any) -> None:
     running = job_doc(("Created", "c"), ("Running", "r"))
     server = serve([(200, running, [worker(0, 300)])])
