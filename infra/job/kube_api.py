@@ -68,11 +68,17 @@ class ResourceRef:
             namespace, rest = rest[1], rest[2:]
         resource = rest[0] if rest else ""
         name = rest[1] if len(rest) > 1 else None
+        qualified = f"{resource}.{group}" if group else resource
         if len(rest) > 2:
-            resource = f"{resource}/{rest[2]}"
-        verbs = {"GET": "get" if name else "list", "PATCH": "patch", "POST": "create"}
-        verb = verbs.get(method, method.lower())
-        return cls(verb, f"{resource}.{group}" if group else resource, namespace, name)
+            qualified += f" (subresource {rest[2]})"
+        verbs = {
+            "GET": "get" if name else "list",
+            "PATCH": "patch",
+            "POST": "create",
+            "PUT": "update",
+            "DELETE": "delete",
+        }
+        return cls(verbs.get(method, method.lower()), qualified, namespace, name)
 
     def __str__(self) -> str:
         where = f" in namespace {self.namespace}" if self.namespace else ""
