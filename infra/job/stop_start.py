@@ -223,9 +223,9 @@ def stop_job(
                 last = line
         if clock() >= deadline:
             raise PodsRemainError(
-                f"PyTorchJob {namespace}/{name} is suspended, but after {limit:.0f} s "
-                f"{last or 'its state is unknown'}; the operator (is it running?) or the "
-                f"kubelet has not finished: see `kubectl -n {namespace} get pods -l "
+                f"PyTorchJob {namespace}/{name} is suspended, but {limit:.0f} s later: "
+                f"{last or 'the API server did not answer'}; the operator (is it running?) or "
+                f"the kubelet has not finished: see `kubectl -n {namespace} get pods -l "
                 f"{JOB_NAME_LABEL}={name}`"
             )
         sleep(poll_s)
@@ -267,8 +267,8 @@ def _wait_for_pods_to_go(
                 last = line
         if clock() >= deadline:
             raise PodsRemainError(
-                f"{last or 'the pods of the job'} after {limit_s:.0f} s; the resumed pods take "
-                "the same names, so start again once they are gone"
+                f"{limit_s:.0f} s later: {last or 'the API server did not answer'}; the "
+                "resumed pods take the same names, so start again once they are gone"
             )
         sleep(poll_s)
 

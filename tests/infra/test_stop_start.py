@@ -148,7 +148,9 @@ def test_the_stop_waits_at_most_the_pods_grace_period_plus_a_margin(
     clock = Ticks(step=10)
     with pytest.raises(PodsRemainError) as error:
         stop_job(api, "training", "exp", poll_s=0, clock=clock)
-    assert "is suspended, but after 450 s 2 pod(s) of the job left" in str(error.value)
+    assert "is suspended, but 450 s later: 2 pod(s) of the job left, 2 terminating" in str(
+        error.value
+    )
     assert 450 <= clock.now <= 480
     assert cluster.suspended()
 
