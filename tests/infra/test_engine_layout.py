@@ -198,7 +198,7 @@ def test_the_provider_process_unpickles_the_image_build_provider() -> None:
     payload = run(SERIALIZE)
     module, name, path = run(DESERIALIZE, stdin=payload).split()
     assert (module, name) == ("infra.image.build", "ImageBuildProvider")
-    assert Path(path) == REPO_ROOT / "infra" / "image_build.py"
+    assert Path(path) == REPO_ROOT / "infra" / "image" / "build.py"
 
 
 def test_the_entry_point_reports_a_bad_stack_as_one_run_error(
