@@ -104,9 +104,9 @@ def _short(error: BaseException) -> str:
 
 def rows_for(stacks: list[str]) -> list[Row]:
     """One row per stack, the deployed ones read in parallel."""
+    from scripts.cli.support import tools
     from scripts.cli.support.errors import CliError
     from scripts.cli.support.pulumi import stack_list
-    from scripts.cli.support import tools
 
     if tools.find_tool("pulumi") is None:
         return [planned_row(name, "unknown", note="no Pulumi CLI here") for name in stacks]

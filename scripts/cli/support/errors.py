@@ -75,6 +75,10 @@ def explain(error: BaseException) -> str | None:
         return f"AWS could not be reached: {error}"
     if _is(error, "infra.job.kube_api", "KubernetesApiError"):
         return str(error)
+    if _is(error, "infra.job.stop_start", "JobControlError"):
+        return str(error)
+    if _is(error, "infra.job.start_rule", "JobStartError"):
+        return str(error)
     if isinstance(error, ModuleNotFoundError) and error.name:
         package = error.name.split(".")[0]
         group = DEPENDENCY_GROUPS.get(package)

@@ -24,9 +24,6 @@ import yaml
 from scripts.cli.support.errors import CliError, ToolFailedError
 from scripts.cli.support.tools import require_tool
 
-EXEC_API_VERSION = "client.authentication.k8s.io/v1beta1"
-"""The exec credential version `aws eks get-token` prints (AWS CLI v2)."""
-
 Runner = Callable[[Sequence[str], str | None], str]
 
 
@@ -95,42 +92,6 @@ class Kubectl:
         self("delete", "--ignore-not-found", "--wait=false", "-f", "-", stdin=to_yaml(manifests))
 
 
-def kubeconfig_document(
-    cluster: str, region: str | None, endpoint: str, certificate_authority: str
-) -> dict[str, Any]:
-    """A kubeconfig with one cluster, one user (`aws eks get-token`) and one context."""
-    token_args = ["eks", "get-token", "--cluster-name", cluster, "--output", "json"]
-    if region:
-        token_args += ["--region", region]
-    user: dict[str, Any] = {
-        "exec": {
-            "apiVersion": EXEC_API_VERSION,
-            "command": "aws",
-            "args": token_args,
-            "interactiveMode": "Never",
-        }
-    }
-    if os.environ.get("AWS_PROFILE"):
-        user["exec"]["env"] = [{"name": "AWS_PROFILE", "value": os.environ["AWS_PROFILE"]}]
-    name = f"fsdp-eks-{cluster}"
-    return {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": name,
-                "cluster": {
-                    "server": endpoint,
-                    "certificate-authority-data": certificate_authority,
-                },
-            }
-        ],
-        "users": [{"name": name, "user": user}],
-        "contexts": [{"name": name, "context": {"cluster": name, "user": name}}],
-        "current-context": name,
-    }
-
-
 def kubeconfig_dir() -> Path:
     """A directory only this user can enter (`$XDG_CACHE_HOME/fsdp-eks`, else
     `~/.cache/fsdp-eks`): credentials config never sits at a guessable path in a shared /tmp."""
@@ -141,19 +102,41 @@ def kubeconfig_dir() -> Path:
     return directory
 
 
-def write_stack_kubeconfig(stack: str, cluster: str, region: str | None) -> Path:
-    """Describe `cluster` and write its kubeconfig (mode 0600) for the stack; the path."""
+def stack_cluster_access(stack: str, cluster: str) -> tuple[dict[str, Any], Any]:
+    """(the kubeconfig `pulumi up` signs with, a boto3 session) for the stack's cluster: EKS
+    `DescribeCluster` in the stack file's region, signed through `aws eks get-token` with the
+    stack's `aws:profile` and `cluster.adminRoleArn` (`infra.job.kubeconfig`, the module the
+    program builds its own Kubernetes provider's kubeconfig with), so the tool reaches the
+    cluster as the same identity as the deploy."""
     import boto3
 
-    client = boto3.session.Session(region_name=region).client("eks")
-    described = client.describe_cluster(name=cluster)["cluster"]
-    endpoint = described.get("endpoint")
-    authority = (described.get("certificateAuthority") or {}).get("data")
-    if not endpoint or not authority:
+    from infra.config import load_stack_file, read_stack_file
+    from infra.job.kubeconfig import described_cluster_kubeconfig, stack_kubernetes_access
+
+    values = read_stack_file(stack).config
+    profile = values.get("aws:profile") if isinstance(values.get("aws:profile"), str) else None
+    region = values.get("aws:region") if isinstance(values.get("aws:region"), str) else None
+    session = boto3.session.Session(profile_name=profile, region_name=region)
+    described = session.client("eks").describe_cluster(name=cluster)["cluster"]
+    if not described.get("endpoint") or not (described.get("certificateAuthority") or {}).get(
+        "data"
+    ):
         raise ClusterNotReadyError(
             f"EKS cluster {cluster!r} has no endpoint yet (status {described.get('status')})"
         )
-    document = kubeconfig_document(cluster, region or client.meta.region_name, endpoint, authority)
+    config = load_stack_file(stack)
+    caller = None
+    if config.cluster.admin_role_arn is not None:  # only then does who we are matter
+        caller = session.client("sts").get_caller_identity().get("Arn")
+    access = stack_kubernetes_access(config, profile, caller)
+    document = described_cluster_kubeconfig(described, region or session.region_name, access)
+    return document, session
+
+
+def write_stack_kubeconfig(stack: str, cluster: str) -> Path:
+    """The stack cluster's kubeconfig (`stack_cluster_access`) in a file of the stack's own
+    (mode 0600, in a directory only this user can enter); its path."""
+    document, _ = stack_cluster_access(stack, cluster)
     directory = kubeconfig_dir()
     path = directory / f"{stack.replace('/', '_')}.kubeconfig"
     # Written beside, then renamed over: never through a link someone else placed there.

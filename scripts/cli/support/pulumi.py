@@ -9,8 +9,8 @@ import json
 import subprocess
 from typing import Any
 
-from scripts.cli.support.errors import CliError
 from scripts.cli.support import tools
+from scripts.cli.support.errors import CliError
 from scripts.cli.support.tools import ROOT, run_tool
 
 

@@ -67,16 +67,20 @@ class RunTarget:
                 "no cluster to reach: name a deployed stack (its clusterName output), or pass "
                 "--context CONTEXT to use one of your kubeconfig"
             )
-        kubeconfig = write_stack_kubeconfig(self.stack, cluster, stack_region(self.stack))
+        kubeconfig = write_stack_kubeconfig(self.stack, cluster)
         return Kubectl(kubeconfig=str(kubeconfig), namespace=namespace)
 
+    def api(self) -> Any:
+        """The Kubernetes REST client (`infra.job.kube_api`) on the run's cluster, signed as
+        `pulumi up` signs (the stack's own kubeconfig; `--context` is kubectl's only)."""
+        from infra.job.kube_api import KubernetesApi
+        from scripts.cli.support.kube import stack_cluster_access
 
-def stack_region(stack: str) -> str | None:
-    """The stack file's `aws:region` (None: the AWS CLI's own default applies)."""
-    from infra.config import read_stack_file
-
-    region = read_stack_file(stack).config.get("aws:region")
-    return region if isinstance(region, str) else None
+        cluster = self.outputs.get("clusterName")
+        if self.stack is None or not isinstance(cluster, str):
+            raise CliError("no cluster to reach: name a deployed stack (its clusterName output)")
+        document, _ = stack_cluster_access(self.stack, cluster)
+        return KubernetesApi.from_kubeconfig(document)
 
 
 def first(outputs: Mapping[str, Any], keys: Sequence[str]) -> Any:
