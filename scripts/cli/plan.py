@@ -349,8 +349,8 @@ def plan(stacks: list[str], verbose: bool, timed: bool, repeats: int) -> int:
                 )
                 continue
             planned = plan_stack(name)
-        except StackConfigError as error:
-            click.echo(str(error), err=True)
+        except StackConfigError as error:  # the same line `fsdp-eks local` and `pulumi up` give
+            click.echo(f"fsdp-eks plan: {error}", err=True)
             status = 2  # a user's mistake; 1 is a plan the guardrails refuse
             continue
         click.echo(render(planned, verbose=verbose))
