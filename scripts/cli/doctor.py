@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import click
 
@@ -101,7 +102,11 @@ def stack_check() -> Check:
 def environment_checks() -> list[Check]:
     """The project's environments: .venv-dev (`scripts/dev.py`: which groups), .venv (Pulumi's,
     the infra group alone), and the Python running this."""
-    groups = sorted(p.name.removeprefix(".installed-") for p in DEV_VENV.glob(".installed-*"))
+    # The checkout's own, else the one running this (a second checkout may share it).
+    dev_venv = next(
+        (v for v in (DEV_VENV, Path(sys.prefix)) if any(v.glob(".installed-*"))), DEV_VENV
+    )
+    groups = sorted(p.name.removeprefix(".installed-") for p in dev_venv.glob(".installed-*"))
     deploy = (DEPLOY_VENV / "bin" / "python").exists() or (DEPLOY_VENV / "Scripts").exists()
     return [
         Check(

@@ -156,6 +156,8 @@ if tool == "pulumi":
 elif answers.get("kubectl_error"):
     sys.stderr.write(answers["kubectl_error"])
     sys.exit(1)
+elif args[:1] == ["version"]:
+    print("Client Version: v1.32.0")
 elif "logs" in args:
     sys.stdout.writelines(answers["logs"])
 elif "pytorchjob" in args:
