@@ -177,6 +177,11 @@ def main() -> None:
         command_test(python, options.args)
     else:
         ensure_deploy_env(ensure_venv("dev"))
+        command = VENV.relative_to(ROOT) / "bin" / "fsdp-eks"
+        print(
+            f"[dev] ready: `source {VENV.relative_to(ROOT)}/bin/activate` puts fsdp-eks on your "
+            f"PATH (or type {command}); `fsdp-eks doctor` checks the rest of this machine"
+        )
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from scripts.cli.support import plan_cache
+from scripts.cli.support.plan_cache import CachedPlan
 from scripts.cli.support.stacks import stack_arguments
 
 if TYPE_CHECKING:
@@ -311,6 +313,33 @@ def time_stack(name: str, repeats: int) -> list[float]:
     return samples
 
 
+def plan_output(name: str, *, verbose: bool) -> CachedPlan:
+    """What planning one stack prints, and its exit status."""
+    from infra.config import StackConfigError
+
+    try:
+        planned = plan_stack(name)
+    except StackConfigError as error:  # the same line `fsdp-eks local` and `pulumi up` give
+        return CachedPlan("", f"fsdp-eks plan: {error}\n", 2)  # 2: a mistake; 1: refused
+    return CachedPlan(render(planned, verbose=verbose) + "\n\n", "", 1 if planned.violations else 0)
+
+
+def cached_plan_output(name: str, *, verbose: bool, use_cache: bool) -> CachedPlan:
+    """`plan_output`, from the plan cache when nothing it follows from has changed."""
+    from infra.config.names import stack_file_path
+
+    if not use_cache or plan_cache.cache_dir() is None:
+        return plan_output(name, verbose=verbose)
+    path = stack_file_path(name)
+    key = plan_cache.plan_key(path, str(path.resolve()), verbose=verbose)
+    kept = plan_cache.load(key)
+    if kept is not None:
+        return kept
+    output = plan_output(name, verbose=verbose)
+    plan_cache.store(key, output)
+    return output
+
+
 @click.command()
 @stack_arguments(many=True, all_flag=True)
 @click.option(
@@ -319,7 +348,9 @@ def time_stack(name: str, repeats: int) -> list[float]:
 @click.option("--time", "timed", is_flag=True, help="Time the plan of each stack instead.")
 @click.option("--repeats", type=click.IntRange(1), default=5, show_default=True,
               help="Evaluations per stack with --time.")  # fmt: skip
-def plan(stacks: list[str], verbose: bool, timed: bool, repeats: int) -> int:
+@click.option("--no-cache", is_flag=True,
+              help="Evaluate even when nothing the plan reads has changed.")  # fmt: skip
+def plan(stacks: list[str], verbose: bool, timed: bool, repeats: int, no_cache: bool) -> int:
     """What `pulumi up` would create, fit, take and cost: offline, no AWS, no Pulumi CLI.
 
     \b
@@ -331,30 +362,36 @@ def plan(stacks: list[str], verbose: bool, timed: bool, repeats: int) -> int:
     The real program runs under Pulumi's mock runtime with AWS-shaped answers in the stack's
     region: what runs where, whether it fits the GPUs' memory, how long it takes, what it
     costs, the program's warnings and the guardrails' verdict (the policy pack's checks).
+    A plan is kept (~/.cache/fsdp-eks) and shown again while nothing it follows from has
+    changed: the stack file, the program's sources, the installed packages.
     Exit status: 0 planned, 1 a guardrail refuses it, 2 the stack is invalid.
     """
+    if timed:
+        return time_stacks(stacks, repeats)
+    status = 0
+    for name in stacks:
+        output = cached_plan_output(name, verbose=verbose, use_cache=not no_cache)
+        click.echo(output.stdout, nl=False)
+        click.echo(output.stderr, nl=False, err=True)
+        if output.status == 2 or (output.status == 1 and status == 0):
+            status = output.status
+    return status
+
+
+def time_stacks(stacks: list[str], repeats: int) -> int:
+    """A table of how long each stack's plan takes, evaluated every time (no cache)."""
     from infra.config import StackConfigError
 
     status = 0
-    if timed:
-        click.echo("| stack | resources | median s | max s |")
-        click.echo("|---|---|---|---|")
+    click.echo("| stack | resources | median s | max s |")
+    click.echo("|---|---|---|---|")
     for name in stacks:
         try:
-            if timed:
-                samples = time_stack(name, repeats)
-                count = len(plan_stack(name).evaluation.resources)
-                click.echo(
-                    f"| {name} | {count} | {statistics.median(samples):.2f} | {max(samples):.2f} |"
-                )
-                continue
-            planned = plan_stack(name)
-        except StackConfigError as error:  # the same line `fsdp-eks local` and `pulumi up` give
+            samples = time_stack(name, repeats)
+            count = len(plan_stack(name).evaluation.resources)
+        except StackConfigError as error:
             click.echo(f"fsdp-eks plan: {error}", err=True)
-            status = 2  # a user's mistake; 1 is a plan the guardrails refuse
+            status = 2
             continue
-        click.echo(render(planned, verbose=verbose))
-        click.echo()
-        if planned.violations and status == 0:
-            status = 1
+        click.echo(f"| {name} | {count} | {statistics.median(samples):.2f} | {max(samples):.2f} |")
     return status
