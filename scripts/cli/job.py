@@ -64,9 +64,9 @@ def start(target: RunTarget, no_wait: bool) -> int:
     \b
         fsdp-eks start llama31-8b-p5
     """
-    from infra.job.stop_start import start_job
+    from infra.job.stop_start import DEFAULT_START_TIMEOUT_S, start_job
 
-    budget = None
+    budget = DEFAULT_START_TIMEOUT_S  # a run named by --job: job.startTimeoutMinutes default
     if target.stack is not None:
         from infra.job.stack_checks import plan_stack_file
 
@@ -76,9 +76,9 @@ def start(target: RunTarget, no_wait: bool) -> int:
         target.namespace,
         target.require_job(),
         stack=target.stack,
+        start_timeout_s=budget,
         wait=not no_wait,
         on_progress=_progress,
-        **({"start_timeout_s": budget} if budget is not None else {}),
     )
     click.echo(result.message)
     return 0

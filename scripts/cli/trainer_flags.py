@@ -43,9 +43,13 @@ def trainer_flags(names: tuple[str, ...]) -> int:
             + ", ".join(sorted(RENDERED_TRAINER_FLAGS))
         )
         return 0
-    for action in parser._actions:
-        if isinstance(action, argparse._HelpAction) or action.dest not in wanted:
-            continue
+    actions = {
+        action.dest: action
+        for action in parser._actions
+        if not isinstance(action, argparse._HelpAction)
+    }
+    for name in dict.fromkeys(name.lstrip("-") for name in names):  # as asked, once each
+        action = actions[name]
         rendered = " (rendered from a stack key)" if action.dest in RENDERED_TRAINER_FLAGS else ""
         choices = f" {{{','.join(map(str, action.choices))}}}" if action.choices else ""
         click.echo(f"--{action.dest}{choices}{rendered}\n    {action.help}")

@@ -397,8 +397,8 @@ def test_ops_commands_reach_the_stacks_cluster_not_the_current_context(
     assert cluster["cluster"]["server"] == created["endpoint"]
     (user,) = config["users"]
     assert user["user"]["exec"]["args"] == [
-        "eks", "get-token", "--cluster-name", "team-gpu", "--output", "json",
-        "--region", "us-west-2",
+        "eks", "get-token", "--cluster-name", "team-gpu", "--region", "us-west-2",
+        "--output", "json",
     ]  # fmt: skip
     explicit = resolve_target("llama31-8b-p5", context="prod").kubectl()
     assert explicit.kubeconfig is None and "--context" in explicit.command("get", "pods")

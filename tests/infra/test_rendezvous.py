@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from scripts.cli.local_topology import operator_env
+from scripts.cli.support.local_topology import operator_env
 
 from infra.config import parse_stack_config
 from infra.estimates.run_plan import plan_run

@@ -36,9 +36,27 @@ def run_command(argv: Sequence[str], stdin: str | None = None) -> str:
     done = subprocess.run(list(argv), input=stdin, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
-        verb = " ".join(arg for arg in argv[1:3] if not arg.startswith("-"))
+        verb = " ".join(command_words(argv[1:])[:2])
         raise ToolFailedError(f"kubectl {verb} failed: {lines[-1] if lines else done.returncode}")
     return done.stdout
+
+
+VALUE_OPTIONS = {"--context", "--kubeconfig", "-n", "--namespace", "--field-manager"}
+"""kubectl's options whose value is the next word."""
+
+
+def command_words(args: Sequence[str]) -> list[str]:
+    """kubectl's verb and object (`get nodes`), without its options and their values."""
+    words: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in VALUE_OPTIONS:
+            skip = True
+        elif not arg.startswith("-"):
+            words.append(arg)
+    return words
 
 
 class _PlainDumper(yaml.SafeDumper):
