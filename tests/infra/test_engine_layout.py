@@ -225,5 +225,5 @@ def test_the_entry_point_reports_a_bad_stack_as_one_run_error(
     with pytest.raises(pulumi.RunError) as caught:  # every stack must name its gpuNodes
         evaluate(entry_point, config={"job": good["job"]}, stack="exp")
     message = str(caught.value)
-    assert message.startswith("stack 'exp' is invalid (1 problem(s)):"), message
+    assert message.startswith("stack 'exp': gpuNodes is required and missing"), message
     assert "gpuNodes is required and missing" in message and "Traceback" not in message

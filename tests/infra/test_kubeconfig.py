@@ -22,7 +22,8 @@ from infra.job.kubeconfig import (
     same_iam_principal,
     stack_kubernetes_access,
 )
-from infra.offline.outputs import ACCOUNT_ID, INVOKE_RESULTS, REGION
+from infra.offline.outputs import ACCOUNT_ID, INVOKE_RESULTS
+from infra.offline.outputs import DEFAULT_REGION as REGION
 from tests.infra.test_cluster import ADMIN_ROLE, K8S_PROVIDER, STACKS, run_stack, unsecret
 
 CALLER = "aws:index/getCallerIdentity:getCallerIdentity"

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from infra.config import load_stack_file
-from infra.config.files import stack_names
+from infra.config.names import stack_names
 from infra.estimates.run_plan import plan_run
 from infra.job.kube_api import KubernetesApi
 from infra.job.manifest import render_job
