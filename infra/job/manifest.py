@@ -394,8 +394,12 @@ def render_job(
         "terminationGracePeriodSeconds": plan.timeouts.shutdown_grace_seconds + AGENT_EXIT_S,
         # Nothing in the pod calls the Kubernetes API: torchrun finds its peers through the
         # c10d store on worker 0 and the operator passes everything else in environment
-        # variables. A pod given its own service account (for AWS access) keeps the token.
-        "automountServiceAccountToken": service_account_name is not None,
+        # variables. A pod given its own service account for S3 needs no API token either:
+        # EKS Pod Identity's webhook mounts its own projected token (audience
+        # pods.eks.amazonaws.com) and sets AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE, whatever
+        # this field says (aws/amazon-eks-pod-identity-webhook v0.6.17 `pkg/handler/
+        # handler.go` `buildPodPatchConfig`, container-credentials branch).
+        "automountServiceAccountToken": False,
     }
     if service_account_name is not None:
         pod_spec["serviceAccountName"] = service_account_name
@@ -508,9 +512,10 @@ def network_policy(job_name: str, namespace: Any) -> dict[str, Any]:
     ephemeral ports for NCCL's bootstrap and socket fallback: on a shared cluster any pod
     could connect to them. All ports stay open between the job's pods (NCCL's are not fixed);
     egress is untouched (S3, the Hub, FSx). EFA traffic itself does not pass through the pod
-    network. A cluster that does not enforce NetworkPolicy (EKS's VPC CNI does only once
-    `enableNetworkPolicy` is set on the add-on) stores the object and changes nothing, so it
-    is rendered for every stack.
+    network. A cluster the stack creates enforces it (its VPC CNI add-on is configured with
+    `enableNetworkPolicy`: infra/platform/cluster.py); an existing cluster enforces it only if
+    its operators turned that on, and otherwise stores the object and changes nothing, so it
+    is rendered for every stack (tests/infra/test_network_policies.py evaluates the flows).
     """
     selector = {"matchLabels": {JOB_NAME_LABEL: job_name}}
     return {

@@ -223,6 +223,12 @@ class Cluster(pulumi.ComponentResource):
             encryption_config_key_arn=key_arn,
             enabled_cluster_log_types=list(config.log_types),
             create_oidc_provider=True,
+            # The VPC CNI enforces NetworkPolicy only when its add-on says so (chart
+            # aws/amazon-vpc-cni-k8s v1.23.0 `enableNetworkPolicy: "false"`), and pulumi-eks
+            # writes the key into the add-on's configuration only when given (v4.3.0
+            # `nodejs/eks/addons/cni-addon.ts` `mergeConfigurationValues`): without it the
+            # job's and the operator's policies are stored and change nothing.
+            vpc_cni_options=eks.VpcCniOptionsArgs(enable_network_policy=True),
             service_role=service_role,
             skip_default_node_group=True,
             # Managed node groups use the EKS-created cluster SG; no extra groups to leak.

@@ -529,7 +529,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         image = resolve_image(config, stack_name(args.stack), args.image)
     claim = config.storage.claim_name(stack_name(args.stack))
-    gpu_job, bench, nccl = validation_manifests(
+    *policies, gpu_job, bench, nccl = validation_manifests(
         plan,
         image=image,
         run_id=run_id,
@@ -537,13 +537,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         claim_name=claim,
     )
     if args.render_only:
-        print(to_yaml([gpu_job, bench, nccl]))
+        print(to_yaml([*policies, gpu_job, bench, nccl]))
         return 0
 
     kubectl = Kubectl(args.context)
     results: list[CheckResult] = []
     created: list[dict[str, Any]] = []
     try:
+        kubectl.apply(policies)  # before any check pod exists
+        created += policies
         if "nodes" not in args.skip:
             log.info("checking %d %s node(s)", expected.node_count, expected.instance_type)
             results.append(run_node_check(kubectl, expected))

@@ -16,8 +16,8 @@ from infra.offline import Evaluation, FakeCloud, evaluate
 from infra.offline.outputs import INVOKE_RESULTS
 from infra.platform.gpu_nodes import (
     GPU_AMI_TYPE,
-    GpuNodeGroup,
     MEMLOCK_BYTES,
+    GpuNodeGroup,
     GpuNodeGroupArgs,
     efa_network_interfaces,
     gpu_node_user_data,
