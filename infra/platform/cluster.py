@@ -41,7 +41,12 @@ import pulumi_kubernetes as k8s
 from infra.config.cluster import ClusterConfig, GpuNodesConfig
 from infra.facts.eks_versions import UPGRADE_SUPPORT_TYPE
 from infra.job.placement import NODE_POOL_LABEL
-from infra.platform.gpu_nodes import GpuNodeGroup, GpuNodeGroupArgs
+from infra.platform.gpu_nodes import (
+    GpuNodeGroup,
+    GpuNodeGroupArgs,
+    node_metadata_options,
+    root_volume,
+)
 from infra.platform.iam import aws_managed_policy_arn, node_role, service_trust_policy
 from infra.platform.kube_access import (
     cluster_kubeconfig,
@@ -256,6 +261,29 @@ class Cluster(pulumi.ComponentResource):
 
         system = config.system_nodes
         system_role = node_role(f"{name}-system-nodes", parent=self, tags=tags)
+        # Our own launch template: pulumi-eks's, made for `enable_imd_sv2`, sets IMDS hop limit
+        # 2 (v4.3.0 `nodejs/eks/nodes/nodegroup.ts` `createMNGCustomLaunchTemplate`), and so
+        # does the one EKS makes without any: every pod on a system node could then read the
+        # node role's credentials. Nothing there needs IMDS from the pod network: the
+        # autoscaler has its region from the chart (`awsRegion`), the FSx CSI controller falls
+        # back to the Kubernetes API (aws-fsx-csi-driver v1.9.0 `pkg/cloud/metadata.go`
+        # `NewMetadataService`), the CNI, kube-proxy and the Pod Identity agent run on the host
+        # network. No image_id: EKS adds its own bootstrap to the nodes' user data.
+        system_template = aws.ec2.LaunchTemplate(
+            f"{name}-system-lt",
+            description=f"System nodes ({system.instance_type}) for EKS",
+            update_default_version=True,
+            metadata_options=node_metadata_options(),
+            block_device_mappings=[root_volume(system.disk_size_gib)],
+            tag_specifications=[
+                aws.ec2.LaunchTemplateTagSpecificationArgs(
+                    resource_type="instance",
+                    tags={**tags, NODE_POOL_LABEL: "system", "Name": f"{name}-system"},
+                )
+            ],
+            tags=tags,
+            opts=child,
+        )
         system_nodes = eks.ManagedNodeGroup(
             f"{name}-system",
             cluster=cluster,
@@ -268,8 +296,11 @@ class Cluster(pulumi.ComponentResource):
                 min_size=system.min_size,
                 max_size=system.max_size,
             ),
-            disk_size=system.disk_size_gib,
-            enable_imd_sv2=True,
+            # IMDS and the root volume are the launch template's (pulumi-eks refuses
+            # `enable_imd_sv2` beside a launch template, EKS `disk_size` beside one).
+            launch_template=aws.eks.NodeGroupLaunchTemplateArgs(
+                id=system_template.id, version=system_template.latest_version.apply(str)
+            ),
             labels={NODE_POOL_LABEL: "system"},
             tags=tags,
             opts=pulumi.ResourceOptions(parent=self, depends_on=system_role.ready),

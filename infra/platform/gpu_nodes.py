@@ -44,7 +44,8 @@ ROOT_DEVICE = "/dev/xvda"
 """Root device of the AL2023 EKS AMIs."""
 IMDS_HOP_LIMIT = 1
 """IMDSv2 answers only processes on the node itself (host network), not pods: with 2, any pod
-could read the node role's credentials. Nothing on these nodes needs IMDS from a pod network:
+could read the node role's credentials. Set on the GPU and the system nodes' launch templates
+(`node_metadata_options`). Nothing on the GPU nodes needs IMDS from a pod network:
 the trainer calls no AWS API (checkpoints go to FSx or the pod's own volume), the FSx CSI
 driver's credentials come from EKS Pod Identity (its agent is a host-network DaemonSet on
 169.254.170.23), the FSx CSI node plugin falls back to the
@@ -145,6 +146,27 @@ _TAINT_EFFECTS = {
     "NoExecute": "NO_EXECUTE",
     "PreferNoSchedule": "PREFER_NO_SCHEDULE",
 }
+
+
+def node_metadata_options() -> aws.ec2.LaunchTemplateMetadataOptionsArgs:
+    """IMDSv2 only, for the node's own processes (IMDS_HOP_LIMIT)."""
+    return aws.ec2.LaunchTemplateMetadataOptionsArgs(
+        http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=IMDS_HOP_LIMIT
+    )
+
+
+def root_volume(size_gib: int, **ebs: Any) -> aws.ec2.LaunchTemplateBlockDeviceMappingArgs:
+    """An encrypted gp3 root volume of the AL2023 EKS AMIs, deleted with its node."""
+    return aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
+        device_name=ROOT_DEVICE,
+        ebs=aws.ec2.LaunchTemplateBlockDeviceMappingEbsArgs(
+            volume_size=size_gib,
+            volume_type="gp3",
+            encrypted="true",
+            delete_on_termination="true",
+            **ebs,
+        ),
+    )
 
 
 def efa_network_interfaces(
@@ -384,25 +406,9 @@ class GpuNodeGroup(pulumi.ComponentResource):
             f"{name}-lt",
             description=f"GPU nodes ({config.instance_type}) for EKS",
             update_default_version=True,
-            metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
-                http_endpoint="enabled",
-                http_tokens="required",
-                http_put_response_hop_limit=IMDS_HOP_LIMIT,
-            ),
-            block_device_mappings=[
-                aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
-                    device_name=ROOT_DEVICE,
-                    ebs=aws.ec2.LaunchTemplateBlockDeviceMappingEbsArgs(
-                        volume_size=config.root_volume_gib,
-                        volume_type="gp3",
-                        # image pulls of a ~20 GB trainer image are throughput-bound
-                        throughput=500,
-                        iops=6000,
-                        encrypted="true",
-                        delete_on_termination="true",
-                    ),
-                )
-            ],
+            metadata_options=node_metadata_options(),
+            # image pulls of a ~20 GB trainer image are throughput-bound
+            block_device_mappings=[root_volume(config.root_volume_gib, throughput=500, iops=6000)],
             network_interfaces=network_interfaces,
             user_data=gpu_node_user_data(),
             placement=placement,

@@ -217,8 +217,43 @@ def test_system_node_group_for_add_ons(created: Evaluation) -> None:
     assert system["amiType"] == "AL2023_x86_64_STANDARD"
     assert system["instanceTypes"] == ["m6i.xlarge"]
     assert system["scalingConfig"] == {"desiredSize": 2, "minSize": 1, "maxSize": 4}
-    assert system["enableIMDSv2"] is True
     assert "taints" not in system  # add-ons and operators schedule here without tolerations
+
+
+LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
+PULUMI_EKS_LT_ARGS = ("enableIMDSv2", "userData", "amiId", "enableEfaSupport")
+"""Inputs that make pulumi-eks build a managed group's launch template itself (v4.3.0
+`nodejs/eks/nodes/nodegroup.ts` `customLaunchTemplateArgs`, `requiresCustomLaunchTemplate`)."""
+
+
+def imds_hop_limit(group: dict[str, Any], templates: dict[str, dict[str, Any]]) -> int:
+    """The IMDS hop limit a managed node group's nodes get.
+
+    Its own launch template's, when given; else pulumi-eks's, whose `metadataOptions` set
+    `httpPutResponseHopLimit: 2` (`createMNGCustomLaunchTemplate`); else the one EKS generates
+    from the AL2023 AMI, registered with ImdsSupport v2.0, which EC2 launches with hop limit 2.
+    """
+    template = group.get("launchTemplate")
+    if template is not None:
+        return int(templates[template["id"]]["metadataOptions"]["httpPutResponseHopLimit"])
+    return 2
+
+
+def test_system_nodes_answer_imds_to_their_own_processes_only(created: Evaluation) -> None:
+    """Hop limit 1, as on the GPU nodes: no pod on a system node (the autoscaler, CoreDNS,
+    the operator, anything a user schedules there) can read the node role's credentials."""
+    system = created.one(MNG, "platform-system").inputs
+    # The mock's ids (infra/offline/outputs.py RESOURCE_OUTPUTS).
+    templates = {f"lt-{short_hash(t.name)}": t.inputs for t in created.of_type(LAUNCH_TEMPLATE)}
+    assert imds_hop_limit(system, templates) == 1
+    assert not any(key in system for key in PULUMI_EKS_LT_ARGS)
+    # EKS refuses a node group's disk size beside a launch template: the template has it.
+    assert "diskSize" not in system
+    template = templates[system["launchTemplate"]["id"]]
+    assert template["metadataOptions"]["httpTokens"] == "required"
+    [root] = template["blockDeviceMappings"]
+    assert (root["deviceName"], root["ebs"]["volumeSize"]) == ("/dev/xvda", 50)
+    assert root["ebs"]["encrypted"] == "true"
 
 
 def test_gpu_nodes_in_the_gpu_subnet_after_the_cluster(created: Evaluation) -> None:
@@ -228,7 +263,7 @@ def test_gpu_nodes_in_the_gpu_subnet_after_the_cluster(created: Evaluation) -> N
     assert gpu_subnet.inputs["availabilityZone"] == "us-west-2b"
     assert node_group.inputs["subnetIds"] == [created.stack_outputs["gpuSubnet"]]
     assert created.one(EKS).urn in node_group.dependencies
-    template = created.one("aws:ec2/launchTemplate:LaunchTemplate").inputs
+    template = created.one("aws:ec2/launchTemplate:LaunchTemplate", "platform-gpu-lt").inputs
     for nic in template["networkInterfaces"]:
         assert created.stack_outputs["clusterSg"] in nic["securityGroups"]
     assert created.stack_outputs["efa"] == 32
