@@ -136,7 +136,7 @@ def main() -> None:
                 tags=tags,
             ),
         )
-        leased.append(autoscaler.release)
+        leased.extend(autoscaler.ready)
     # Who holds the GPU nodes while no job runs: this stack, or the existing cluster's operators.
     gpu_lease = (
         pulumi.Output.from_input(lease_line(stack))

@@ -149,6 +149,11 @@ RESOURCE_OUTPUTS: dict[str, OutputRule] = {
         "arn": arn("eks", f"nodegroup/{inputs.get('clusterName', 'cluster')}/{name}"),
         "nodeGroupName": inputs.get("nodeGroupName", name),
         "status": "ACTIVE",
+        # DescribeNodegroup `resources.autoScalingGroups`: EKS names the group's ASG
+        # `eks-<node group>-<uuid>`.
+        "resources": [
+            {"autoscalingGroups": [{"name": f"eks-{name}-{short_hash(name + 'asg', 8)}"}]}
+        ],
     },
     "aws:fsx/lustreFileSystem:LustreFileSystem": lambda name, inputs: {
         "id": f"fs-{short_hash(name)}",

@@ -37,7 +37,7 @@ import pulumi
 import pulumi_aws as aws
 
 from infra.config.cluster import GpuNodesConfig, TaintConfig
-from infra.job.placement import gpu_labels, gpu_taints
+from infra.job.placement import gpu_labels, gpu_taints, node_template_resources
 
 GPU_AMI_TYPE = "AL2023_x86_64_NVIDIA"
 ROOT_DEVICE = "/dev/xvda"
@@ -317,10 +317,16 @@ class GpuNodeGroup(pulumi.ComponentResource):
                 )
                 for t in self.taints
             ],
-            tags={
-                **tags,
-                "fsdp-eks/efa-interfaces": self.efa_interface_count.apply(str),
-            },
+            # The node-template resource tags here too: the autoscaler reads them through
+            # DescribeNodegroup (infra.platform.autoscaler), and these exist from the group's
+            # creation, before the ASG's own tags are added.
+            tags=self.efa_interface_count.apply(
+                lambda efa: {
+                    **tags,
+                    "fsdp-eks/efa-interfaces": str(efa),
+                    **node_template_resources(config, int(efa)),
+                }
+            ),
             # Reserved capacity has no room for a second group while the first still holds it.
             opts=pulumi.ResourceOptions(
                 parent=self,
