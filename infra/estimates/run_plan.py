@@ -114,6 +114,8 @@ def plan_run(config: StackConfig) -> RunPlan:
         if not problems:  # a run that cannot start has no duration worth arguing about
             problems.extend(_deadline_problems(config, duration))
         warnings.extend(_deadline_warnings(config, duration))
+    if config.job.max_run_hours is None:
+        warnings.append(_NO_DEADLINE)
     cost: CostEstimate | None = None
     try:
         cost = cost_estimate(config, expected_hours=duration.hours if duration else None)
@@ -146,6 +148,14 @@ def _deadline_problems(config: StackConfig, estimate: DurationEstimate) -> list[
         f"least {math.ceil(estimate.hours)} (and cost.maxUsdPerRun with it), {fewer}or add "
         "GPU nodes (gpuNodes.count)"
     ]
+
+
+_NO_DEADLINE = (
+    "job.maxRunHours is not set: a run whose worker 0 freezes mid-run (its node hung, not "
+    "gone) holds every GPU node until someone deletes its pods, because no rendezvous timeout "
+    "ends a call to a frozen store host (docs/operations.md, 'A worker 0 that hangs mid-run'); "
+    "set a deadline a little beyond the expected duration"
+)
 
 
 def _deadline_warnings(config: StackConfig, estimate: DurationEstimate) -> list[str]:

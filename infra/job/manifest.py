@@ -491,6 +491,17 @@ def rendezvous_conf(start_timeout_s: int) -> dict[str, str]:
     every node to join (default 600 s). Each early worker's timeout is a container restart that
     uses up runPolicy.backoffLimit.
 
+    `read_timeout` also times every later store call of the agent, which suggested a shorter one
+    so that a worker 0 that hangs mid-run releases the others sooner. It does not: once a
+    call's timed wait ends, TCPStore's client sends CANCEL_WAIT and waits for the answer with
+    no timeout (torch `csrc/distributed/c10d/TCPStore.cpp` `TCPStore::doWait`), so a frozen
+    worker 0 (its kernel holding the connection) holds the others whatever `read_timeout`
+    says, and a vanished node releases them when the kernel gives up retransmitting (Linux
+    `tcp_retries2`, about 15 minutes), whatever it says too
+    (tests/infra/test_rendezvous.py `test_a_hung_worker_0_holds_the_others_past_any_read_timeout`).
+    A shorter one would only make a worker 0 that starts or restarts late cost the others a
+    restart. What ends a run whose worker 0 froze is the job's deadline (`job.maxRunHours`).
+
     The job carries them as `elasticPolicy.rdzvConf`; training operator v1.9 joins them into
     `PET_RDZV_CONF=key=value,...` (`pkg/controller.v1/pytorch/elastic.go`
     `generateEnvRDZVConf`), which torchrun reads as `--rdzv-conf` (`torch/distributed/run.py`,
