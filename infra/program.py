@@ -224,4 +224,6 @@ def main() -> None:
     )
     pulumi.export("gpuLease", gpu_lease)
     pulumi.export("estimatedUsdPerHour", estimate.usd_per_hour)
-    pulumi.export("cost", estimate.as_outputs())
+    # Beside the run's cost: what the stack bills every day until `pulumi destroy`.
+    pulumi.export("standingUsdPerDay", plan.standing.usd_per_day)
+    pulumi.export("cost", {**estimate.as_outputs(), "standing": plan.standing.as_outputs()})

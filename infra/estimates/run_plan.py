@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from infra.estimates.cost import CostEstimate, cost_estimate
+from infra.estimates.cost import CostEstimate, StandingCost, cost_estimate, standing_cost
 from infra.estimates.duration import (
     DurationEstimate,
     UnknownPeakError,
@@ -67,6 +67,9 @@ class RunPlan:
     """None when the GPU has no peak FLOP/s or MFU figures (a problem says so)."""
     cost: CostEstimate | None
     """None when the GPU node has no price (a problem says so)."""
+    standing: StandingCost
+    """What the stack bills until `pulumi destroy`, run or no run (control plane, system
+    nodes, NAT, FSx, ...): shown beside the run's cost, never part of its ceiling."""
     problems: tuple[str, ...]
     """Why the run must not start, one line each; empty for a run that may."""
     warnings: tuple[str, ...]
@@ -129,6 +132,7 @@ def plan_run(config: StackConfig) -> RunPlan:
         memory=fit,
         duration=duration,
         cost=cost,
+        standing=standing_cost(config),
         problems=tuple(problems),
         warnings=tuple(warnings),
         _timeouts=timeouts,

@@ -55,6 +55,10 @@ def test_the_default_plan_is_the_short_summary_a_reviewer_reads(
     assert "Memory: fits, ~" in summary and "of 80 GiB per GPU" in summary
     assert "Time:   ~11.5 h (range 9.7-16.2 h)" in summary and "deadline 12 h" in summary
     assert "~$2,563.13 expected (~11.5 h), $2,641.92 per run at most (12 h)" in summary
+    assert "a start that never completes $192.64 at most (3 nodes granted of 4" in summary
+    assert "Standing: $29.68/day (~$903/month) until `pulumi destroy`: EKS control plane" in (
+        summary
+    )
     assert guardrails.startswith("  all passed\n")
     assert "apiVersion: kubeflow.org/v1" not in out and "└─" not in out
     assert len(out.splitlines()) < 20
