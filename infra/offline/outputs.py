@@ -230,10 +230,16 @@ def _policy_document(args: dict[str, Any]) -> dict[str, Any]:
 def _instance_type(args: dict[str, Any]) -> dict[str, Any]:
     instance_type = args["instanceType"]
     facts = INSTANCE_FACTS.get(instance_type)
-    if facts is None:
-        return {"instanceType": instance_type, "gpuses": [], "efaSupported": False}
+    if facts is None:  # a CPU type (the system nodes')
+        return {
+            "instanceType": instance_type,
+            "gpuses": [],
+            "efaSupported": False,
+            "supportedArchitectures": ["x86_64"],
+        }
     return {
         "instanceType": instance_type,
+        "supportedArchitectures": ["x86_64"],
         "defaultVcpus": facts.vcpus,
         "memorySize": facts.memory_gib * 1024,
         # pulumi-aws names the list `gpuses` (its pluralisation of the `gpus` block).

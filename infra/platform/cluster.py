@@ -38,6 +38,7 @@ import pulumi_aws as aws
 import pulumi_eks as eks
 import pulumi_kubernetes as k8s
 
+from infra.config import StackConfigError
 from infra.config.cluster import ClusterConfig, GpuNodesConfig
 from infra.facts.eks_versions import UPGRADE_SUPPORT_TYPE
 from infra.job.placement import NODE_POOL_LABEL
@@ -61,6 +62,36 @@ POD_IDENTITY_AGENT = "eks-pod-identity-agent"
 CLUSTER_ADMIN_POLICY = "AmazonEKSClusterAdminPolicy"
 """Well-known label every node carries: selects the GPU nodes in both modes (an existing
 cluster's nodes do not carry this stack's own labels)."""
+
+
+def confirm_system_instance_type(instance_type: str, parent: pulumi.Resource) -> None:
+    """EC2's word on the system nodes' type, before anything of the cluster is registered.
+
+    The config model refuses what is not an x86_64 type name; a name EC2 does not have (or an
+    arm64 one the pattern let through) would otherwise reach CreateNodegroup only after the
+    control plane was created, 10 minutes into `pulumi up`. A synchronous invoke: it answers
+    (or fails) before the next line registers the control plane's key and role."""
+    key = "cluster.systemNodes.instanceType"
+    try:
+        found = aws.ec2.get_instance_type(
+            instance_type=instance_type, opts=pulumi.InvokeOptions(parent=parent)
+        )
+    except Exception as error:  # the SDK raises a plain Exception for a failed invoke
+        raise StackConfigError(
+            [
+                f"{key} {instance_type!r}: EC2 does not describe it in this region ({error}); "
+                "allowed: an x86_64 type EC2 offers here, e.g. m6i.xlarge (the default)"
+            ]
+        ) from None
+    architectures = list(found.supported_architectures or [])
+    if "x86_64" not in architectures:
+        raise StackConfigError(
+            [
+                f"{key} {instance_type!r} runs {', '.join(architectures) or 'no known'} "
+                "architecture, but the system nodes' AMI is AL2023_x86_64_STANDARD; allowed: "
+                "an x86_64 type, e.g. m6i.xlarge (the default)"
+            ]
+        )
 
 
 def default_cluster_name(project: str, stack: str) -> str:
@@ -133,6 +164,7 @@ class Cluster(pulumi.ComponentResource):
             raise ValueError(
                 "cluster.mode 'create' needs the Network component (ClusterArgs.network)"
             )
+        confirm_system_instance_type(config.system_nodes.instance_type, parent=self)
         tags = dict(args.tags)
         child = pulumi.ResourceOptions(parent=self)
         cluster_name = config.name or default_cluster_name(pulumi.get_project(), pulumi.get_stack())

@@ -38,12 +38,11 @@ from infra.config import (  # noqa: E402
     StackConfig,
     StackConfigError,
     StackFile,
-    parse_stack_config,
     read_stack_file,
 )
 from infra.estimates.run_plan import RunPlan  # noqa: E402
 from infra.job.flags import run_paths  # noqa: E402
-from infra.job.stack_checks import check_run  # noqa: E402
+from infra.job.stack_checks import checked_run_plan  # noqa: E402
 from infra.offline import Evaluation, RecordedResource, evaluate  # noqa: E402
 from infra.platform.gpu_lease import lease_line  # noqa: E402
 from infra.policy.offline import Violation, run_policies  # noqa: E402
@@ -101,13 +100,13 @@ def evaluate_stack(stack: StackFile) -> Evaluation:
 def plan_stack(name: str | Path) -> Plan:
     """Validate and evaluate one stack (raises StackConfigError for a bad one)."""
     stack = read_stack_file(name, STACKS_DIR)
-    config = parse_stack_config(
+    run = checked_run_plan(  # every problem of the stack at once
         stack.config,
         stack_name=stack.stack_name,
         secret_keys=stack.secret_keys,
         source=stack.path.name,
     )
-    run = check_run(config, source=stack.path.name)
+    config = run.config
     start = time.perf_counter()
     evaluation = evaluate_stack(stack)
     seconds = time.perf_counter() - start

@@ -38,7 +38,7 @@ def config_for(instance_type: str) -> Any:
             "job": {"maxRunHours": 1},
             "training": {"maxSteps": 1},
             "model": {"preset": "llama3.2-1b", "numLayers": 2},
-            "storage": {"fsx": {"existingClaimName": "shared"}},
+            "storage": {"fsx": {"storageCapacityGiB": 4800, "perUnitStorageThroughput": 1000}},
             "cost": {"maxUsdPerRun": None, "usdPerInstanceHour": 50},
         },
         stack_name="lease",

@@ -9,7 +9,7 @@ import pulumi
 import pytest
 from pulumi.runtime import settings
 
-from infra.config import read_stack_file
+from infra.config import StackConfigError, read_stack_file
 from infra.config.cluster import ClusterConfig, GpuNodesConfig
 from infra.offline import Evaluation, FakeCloud, evaluate
 from infra.offline.outputs import ACCOUNT_ID, INVOKE_RESULTS, RESOURCE_OUTPUTS, short_hash
@@ -520,3 +520,48 @@ def test_creating_a_cluster_without_an_admin_role_is_reported(
     with caplog.at_level(logging.WARNING):
         build({"name": "train", "adminRoleArn": ADMIN_ROLE})
     assert "cluster.adminRoleArn is not set" not in caplog.text
+
+
+GET_INSTANCE_TYPE = "aws:ec2/getInstanceType:getInstanceType"
+
+
+class EC2WithoutTheType(FakeCloud):
+    """EC2 as it answers DescribeInstanceTypes for a type it does not have: the invoke fails
+    (the provider's error comes back as the invoke's failure)."""
+
+    def call(self, args: Any) -> tuple[dict[str, Any], list[Any]]:
+        if args.token == GET_INSTANCE_TYPE and args.args.get("instanceType") == "m6j.xlarge":
+            self.invokes.append((args.token, dict(args.args)))
+            return {}, [("instanceType", "InvalidInstanceType: m6j.xlarge does not exist")]
+        return super().call(args)
+
+
+@pytest.mark.parametrize(
+    ("answer", "message"),
+    [
+        ("unknown", r"'m6j\.xlarge': EC2 does not describe it in this region"),
+        ("arm64", r"'m6j\.xlarge' runs arm64 architecture, but the system nodes' AMI"),
+    ],
+)
+def test_ec2_is_asked_about_the_system_type_before_the_control_plane(
+    answer: str, message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A name that passes the config model's pattern but that EC2 lacks (or an arm64 one) is
+    refused before anything of the cluster is registered, not by CreateNodegroup after the
+    control plane's 10 minutes."""
+    real = INVOKE_RESULTS[GET_INSTANCE_TYPE]
+
+    def arm64(args: dict[str, Any]) -> dict[str, Any]:
+        return {**real(args), "supportedArchitectures": ["arm64"]}
+
+    if answer == "arm64":
+        monkeypatch.setitem(INVOKE_RESULTS, GET_INSTANCE_TYPE, arm64)
+    fake = EC2WithoutTheType() if answer == "unknown" else None
+    try:
+        with pytest.raises(StackConfigError, match=message):
+            build({"name": "train", "systemNodes": {"instanceType": "m6j.xlarge"}}, fake=fake)
+    finally:
+        settings.SETTINGS.outputs.clear()  # the failed run's pending outputs (test_gpu_nodes)
+    monkeypatch.setitem(INVOKE_RESULTS, GET_INSTANCE_TYPE, real)
+    asked = [args for token, args in build({"name": "train"}).invokes if token == GET_INSTANCE_TYPE]
+    assert "m6i.xlarge" in [args["instanceType"] for args in asked]

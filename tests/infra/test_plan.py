@@ -108,6 +108,9 @@ def test_plan_of_a_bad_stack_prints_its_problems_and_fails(
     captured = capsys.readouterr()
     assert "Pulumi.bad.yaml is invalid" in captured.err
     assert "training.contextWidth 200000 is longer than" in captured.err
+    # All at once: the rule between sections does not hide what the run plan finds (the
+    # default ceiling of $100 for four p5s and no run length).
+    assert "cost.maxUsdPerRun 100 needs a run length to check against" in captured.err
     assert "PyTorchJob" not in captured.out
 
 
