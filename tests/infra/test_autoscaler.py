@@ -348,9 +348,11 @@ def test_the_cost_line_says_who_owns_the_idle_tail() -> None:
     from infra.config import load_stack_file
 
     existing = plan_run(load_stack_file("team-cluster")).cost
+    assert existing is not None
     assert existing.lease_tail_hours is None and not existing.nodes_owned
     assert "the existing cluster's GPU nodes: their idle time is its operators'" in (
         existing.summary()
     )
     created = plan_run(load_stack_file("dev")).cost
+    assert created is not None
     assert created.nodes_owned and created.lease_tail_hours == pytest.approx(10 / 60)

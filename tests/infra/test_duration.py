@@ -126,6 +126,7 @@ def test_a_run_that_fits_only_at_the_expected_mfu_is_a_warning() -> None:
 def test_the_cost_shows_the_expected_run_beside_the_deadline_worst_case() -> None:
     config = load_stack_file("llama31-8b-p5")
     cost = plan_run(config).cost
+    assert cost is not None
     hours = estimate_duration(config).hours
     assert cost.expected_hours == pytest.approx(hours)
     # The estimate plus the leased nodes' idle tail before the autoscaler removes them.

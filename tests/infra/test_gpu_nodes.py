@@ -249,7 +249,7 @@ def node_config_parts(user_data_b64: str) -> list[dict[str, Any]]:
     message = email.message_from_bytes(base64.b64decode(user_data_b64))
     assert message.is_multipart(), "nodeadm reads a NodeConfig part only from MIME multi-part"
     return [
-        yaml.safe_load(part.get_payload())
+        yaml.safe_load(str(part.get_payload()))
         for part in message.walk()
         if part.get_content_type() == NODEADM_PART
     ]
@@ -299,7 +299,7 @@ def effective_rlimits(user_data_b64: str | None) -> dict[str, tuple[int, int]]:
     for part in parts:
         node_config = _mergo(node_config, _go_float(part))
     base = node_config["spec"].get("containerd", {}).get("baseRuntimeSpec")
-    spec = {"process": {"rlimits": AMI_DEFAULT_RLIMITS}}
+    spec: dict[str, Any] = {"process": {"rlimits": AMI_DEFAULT_RLIMITS}}
     if base:
         spec = _mergo(_go_float(spec), _go_float(base))
     return {

@@ -265,7 +265,7 @@ def test_set_keys_are_kept_and_switches_mean_full_or_off(value: Any, mode: str) 
 # --- host memory, and advice that works ---------------------------------------------------
 
 TWO_P4D = {"instanceType": "p4d.24xlarge", "count": 2}
-OFFLOADED_70B = {
+OFFLOADED_70B: dict[str, Any] = {
     "gpuNodes": TWO_P4D,
     "storage": FAST_FSX,
     "model": {"preset": "llama3.1-70b"},
