@@ -249,8 +249,8 @@ def test_an_existing_cluster_stands_only_for_the_file_system_it_creates() -> Non
 
 
 def test_an_unpriced_system_type_is_reported_not_refused() -> None:
-    standing = standing_of(cluster={"systemNodes": {"instanceType": "c7gn.large"}})
-    assert standing.unpriced == ["system nodes (2 x c7gn.large)"]
+    standing = standing_of(cluster={"systemNodes": {"instanceType": "c7i.large"}})
+    assert standing.unpriced == ["system nodes (2 x c7i.large)"]
     assert standing.summary().startswith("at least $")
 
 
