@@ -3,7 +3,8 @@
     python3 smoke_test.py --level quick|standard|full [--image] [--json results.json]
 
 Levels add to each other:
-  quick     the trainer and its dependencies import; the trainer's own flag parser works.
+  quick     the trainer and its dependencies import; the trainer's own flag parser works; the
+            torch kept from the base image is one the pinned torchao runs with (fp8).
   standard  + torch's CUDA/NCCL build, the EFA libraries (libfabric, aws-ofi-nccl) load, GPUs
             are visible (where there are any), and every model preset builds a config.
   full      + a tiny model trains: forward, backward and optimizer steps lower the loss on a
@@ -44,6 +45,8 @@ REQUIRED_MODULES = (
     "datasets",
     "tokenizers",
     "safetensors",
+    "torchao",
+    "torchao.float8",
     "trainer",
     "trainer.config",
     "trainer.presets",
@@ -55,6 +58,7 @@ REQUIRED_MODULES = (
     "trainer.checkpoint",
     "trainer.export",
     "trainer.metrics",
+    "trainer.float8",
     "trainer.train",
 )
 """Everything `python -m trainer` imports on its way to the first step."""
@@ -115,6 +119,22 @@ def check_trainer_flags(ctx: Context) -> str:
 
     parse_args([])  # the defaults alone must form a valid run
     return f"{len(flag_names())} flags, defaults parse"
+
+
+def check_torchao_pairing(ctx: Context) -> str:
+    """The image keeps its base's torch but installs torchao from uv.lock: a torch outside the
+    range that torchao runs with would fail only when a run asks for --precision fp8."""
+    import torch
+    import torchao
+
+    from trainer.float8 import TORCHAO_TORCH_RANGE, check_torch_pairing
+
+    check_torch_pairing(torch.__version__)
+    (low_major, low_minor), (high_major, high_minor) = TORCHAO_TORCH_RANGE
+    return (
+        f"torch {torch.__version__} with torchao {torchao.__version__} "
+        f"(runs with torch {low_major}.{low_minor} to {high_major}.{high_minor})"
+    )
 
 
 def check_no_infra_packages(ctx: Context) -> str:
@@ -298,6 +318,7 @@ CHECKS: dict[str, tuple[tuple[str, Callable[[Context], str]], ...]] = {
     "quick": (
         ("imports", check_imports),
         ("trainer_flags", check_trainer_flags),
+        ("torchao_pairing", check_torchao_pairing),
         ("no_infra_packages", check_no_infra_packages),
         ("cache_dirs_writable", check_cache_dirs_writable),
     ),

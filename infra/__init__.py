@@ -5,7 +5,8 @@ Pure wings (no pulumi, no torch; the local run and the plan import them):
   config/     the stack schema: one typed model of a stack file, its loaders and its errors
   estimates/  what the stack will need and cost: memory fit, duration, cost, and the run plan
   job/        the training run rendered: trainer flags, PyTorchJob manifest, GPU placement,
-              whole-stack checks, cluster-check manifests, the start rule
+              whole-stack checks, cluster-check manifests, the start rule and wait, and the
+              job on its cluster: kubeconfig, API client, stop and start
 Pulumi wings:
   platform/   the components a run stands on: network, cluster, GPU nodes, IAM, add-ons,
               operator, autoscaler, storage, bucket, run access, GPU lease, capacity block

@@ -216,8 +216,13 @@ def main() -> None:
     pulumi.export(
         "kubectl",
         {
+            # With the region: without it the AWS CLI's default region is asked, which may
+            # be another one (AWS CLI `eks update-kubeconfig --region`).
             "updateKubeconfig": pulumi.Output.concat(
-                "aws eks update-kubeconfig --name ", cluster.name
+                "aws eks update-kubeconfig --name ",
+                cluster.name,
+                " --region ",
+                aws.get_region_output().region,
             ),
             **job.kubectl,
         },

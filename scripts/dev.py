@@ -30,6 +30,15 @@ VENV = ROOT / ".venv-dev"
 """The development environment (trainer, infra, tests), apart from Pulumi's `.venv`."""
 DEPLOY_VENV = ROOT / ".venv"
 """Pulumi's environment (Pulumi.yaml `virtualenv`): the infra group alone."""
+GROUPS = {
+    "local": ("torch (CPU), transformers, datasets, matplotlib and the fsdp-eks command", "2-3"),
+    "dev": (
+        "the trainer, Pulumi and its AWS/EKS/Kubernetes providers, boto3, the test and lint "
+        "tools, and checkov in an environment of its own",
+        "4-6",
+    ),
+}
+"""What each group brings, and how long its first install took on 2 CPU cores."""
 MIN_PIP = "pip>=25.1"  # first pip with `--group` (PEP 735)
 UV = "uv>=0.5"
 
@@ -80,7 +89,12 @@ def ensure_venv(group: str) -> Path:
     digest = lock_digest()
     if stamp.exists() and stamp.read_text() == digest:
         return python
-    print(f"[dev] installing dependency group '{group}' (pinned by uv.lock)", flush=True)
+    what, minutes = GROUPS.get(group, (group, "a few"))
+    print(
+        f"[dev] installing {what} into {VENV.relative_to(ROOT)} (dependency group '{group}', "
+        f"pinned by uv.lock): about {minutes} minutes the first time, quiet until done",
+        flush=True,
+    )
     run(python, "-m", "pip", "install", "--quiet", MIN_PIP, UV)
     constraints = VENV / "constraints.txt"
     # The group being installed (plus the default infra group), not --all-groups: uv
@@ -142,7 +156,8 @@ def ensure_deploy_env(python: Path) -> None:
 
 
 def command_local(python: Path, local_args: list[str]) -> None:
-    run(python, "scripts/cli/local.py", *local_args)
+    """`fsdp-eks local` (the command the install put into the environment)."""
+    run(python, "-m", "scripts.cli.main", "local", *local_args)
 
 
 def main() -> None:
@@ -162,6 +177,11 @@ def main() -> None:
         command_test(python, options.args)
     else:
         ensure_deploy_env(ensure_venv("dev"))
+        command = VENV.relative_to(ROOT) / "bin" / "fsdp-eks"
+        print(
+            f"[dev] ready: `source {VENV.relative_to(ROOT)}/bin/activate` puts fsdp-eks on your "
+            f"PATH (or type {command}); `fsdp-eks doctor` checks the rest of this machine"
+        )
 
 
 if __name__ == "__main__":

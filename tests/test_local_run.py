@@ -16,7 +16,8 @@ from infra.estimates.run_plan import plan_run
 from infra.job.flags import run_id
 from infra.job.manifest import render_job
 from scripts.cli import local as local_run
-from scripts.cli import local_topology
+from scripts.cli.support import local_topology
+from tests.cli.conftest import assert_one_line_mistake, run_cli
 from trainer.config import parse_args
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -82,11 +83,19 @@ def test_local_run_needs_no_pulumi() -> None:
 
 @pytest.mark.slow
 def test_local_run_trains_is_interrupted_resumes_and_plots(tmp_path: Path) -> None:
-    code = local_run.main(
-        ["dev", "--steps", "12", "--context", "32", "--batch-size", "4", "--device", "cpu",
-         "--quiet", "--out", str(tmp_path)]
+    result = run_cli(
+        "local", "dev", "--steps", "12", "--context", "32", "--batch-size", "4",
+        "--device", "cpu", "--out", str(tmp_path),
     )  # fmt: skip
-    assert code == 0
+    assert result.code == 0, result.err[-3000:]
+    # The interruption is announced before it happens, and torchrun's ~40-line account of it
+    # is one line (its whole text is in the node's log).
+    announced = next(i for i, line in enumerate(result.lines) if "stops on purpose" in line)
+    collapsed = [i for i, line in enumerate(result.lines) if "reported the planned exit" in line]
+    assert len(collapsed) == 1 and announced < collapsed[0]
+    assert "ChildFailedError" not in result.out and "Root Cause" not in result.out
+    assert "ChildFailedError" in (tmp_path / "dev" / "node-0" / "agent.log").read_text()
+    assert "Traceback" not in result.out + result.err
     run = tmp_path / "dev"
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r["kind"] == "train"]
@@ -222,32 +231,29 @@ def test_the_rehearsal_runs_the_plans_checks_before_anything_starts(tmp_path: Pa
 
 
 def test_a_stack_the_plan_refuses_fails_locally_with_the_plans_message(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
 ) -> None:
     """llama32-1b-g5 with a deadline its steps cannot meet: the local run prints exactly what
-    scripts/cli/plan.py prints for it, and starts nothing."""
-    from scripts.cli import plan as offline_plan
-
+    `fsdp-eks plan` prints for it, and starts nothing."""
     shipped = yaml.safe_load((REPO_ROOT / "stacks" / "Pulumi.llama32-1b-g5.yaml").read_text())
     shipped["config"]["fsdp-eks:job"]["maxRunHours"] = 0.05
     stack_file = tmp_path / "Pulumi.g5-late.yaml"
     stack_file.write_text(yaml.safe_dump(shipped))
 
-    assert offline_plan.main([str(stack_file)]) == 2
-    plan_error = capsys.readouterr().err
-    assert local_run.main([str(stack_file), "--out", str(tmp_path / "out"), "--quiet"]) == 2
-    local_error = capsys.readouterr().err
-    assert local_error == plan_error
-    assert "job.maxRunHours 0.05" in local_error
+    planned = run_cli("plan", str(stack_file))
+    local = run_cli("local", str(stack_file), "--out", str(tmp_path / "out"), "--quiet")
+    assert planned.code == local.code == 2
+    assert planned.err.removeprefix("fsdp-eks plan: ") == local.err.removeprefix("fsdp-eks local: ")
+    assert "job.maxRunHours 0.05" in local.err
     assert not (tmp_path / "out" / "g5-late").exists()
 
 
-def test_an_unknown_stack_is_one_line_naming_the_stacks(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    assert local_run.main(["llama-typo", "--out", str(tmp_path)]) == 2
-    error = capsys.readouterr().err
-    assert "no stack file" in error and "stacks: dev, " in error and "Traceback" not in error
+def test_an_unknown_stack_is_one_line_naming_the_stacks(tmp_path: Path) -> None:
+    assert_one_line_mistake(
+        run_cli("local", "llama-typo", "--out", str(tmp_path)),
+        "no stack 'llama-typo'",
+        "stacks: dev, ",
+    )
 
 
 @pytest.mark.slow
@@ -257,11 +263,11 @@ def test_two_agents_train_resume_and_checkpoint_into_one_shared_directory(
     """llama2-7b-p4d (2 nodes, FSx) as two torchrun agents of one gloo process each, joined by
     c10d rendezvous: both ranks' state lands in the one shared directory, and the relaunch
     after the planned interruption resumes both agents from it."""
-    code = local_run.main(
-        ["llama2-7b-p4d", "--steps", "10", "--context", "32", "--batch-size", "4",
-         "--device", "cpu", "--quiet", "--out", str(tmp_path)]
+    result = run_cli(
+        "local", "llama2-7b-p4d", "--steps", "10", "--context", "32", "--batch-size", "4",
+        "--device", "cpu", "--quiet", "--out", str(tmp_path),
     )  # fmt: skip
-    assert code == 0
+    assert result.code == 0, result
     run = tmp_path / "llama2-7b-p4d"
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert local_run.summarise(records).resumed

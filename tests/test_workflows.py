@@ -100,7 +100,7 @@ def test_every_script_the_workflows_run_exists() -> None:
     scripts = {
         m for step in all_steps() for m in re.findall(r"scripts/[\w/]+\.py", step.get("run", ""))
     }
-    assert {"scripts/dev.py", "scripts/tooling/ci_stacks.py", "scripts/cli/plan.py"} <= scripts
+    assert {"scripts/dev.py", "scripts/tooling/ci_stacks.py"} <= scripts
     for script in scripts:
         assert (ROOT / script).is_file(), script
 
@@ -152,7 +152,7 @@ def test_without_credentials_the_offline_plan_runs_instead() -> None:
     assert "head.repo.full_name == github.repository" in detect["env"]["SAME_REPO"]
     plan = next(s for s in steps(workflow, "offline-plan") if s.get("id") == "plan")
     assert plan["env"]["STACK"] == "${{ matrix.stack }}"
-    assert 'scripts/cli/plan.py "$STACK"' in plan["run"]
+    assert 'uv run --frozen fsdp-eks plan "$STACK"' in plan["run"]
     assert 'scripts/tooling/ci_stacks.py guardrails "$STACK"' in plan["run"]
     assert "GITHUB_STEP_SUMMARY" in plan["run"]
     last = steps(workflow, "offline-plan")[-1]
@@ -315,7 +315,7 @@ def test_matrix_command_rejects_unknown_stacks(capsys: pytest.CaptureFixture[str
 def test_offline_plan_step_reports_both_results_and_fails_on_either(
     tmp_path: Path, plan_rc: int, guardrails_rc: int, status: str
 ) -> None:
-    """The step's shell, run with a stand-in `uv` that plays plan.py and the guardrails."""
+    """The step's shell, run with a stand-in `uv` that plays the plan and the guardrails."""
     workflow = load("preview.yml")
     step = next(s for s in steps(workflow, "offline-plan") if s.get("id") == "plan")
     bin_dir = tmp_path / "bin"
@@ -324,7 +324,7 @@ def test_offline_plan_step_reports_both_results_and_fails_on_either(
     uv.write_text(
         "#!/bin/sh\n"
         'case "$*" in\n'
-        f'  *plan.py*) echo "PLAN OF $5"; exit {plan_rc};;\n'
+        f'  *"fsdp-eks plan"*) echo "PLAN OF $5"; exit {plan_rc};;\n'
         f'  *guardrails*) echo "GUARDRAILS OF $6"; exit {guardrails_rc};;\n'
         "esac\n"
         "exit 99\n"

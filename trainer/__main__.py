@@ -12,6 +12,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = parse_args(sys.argv[1:] if argv is None else argv)
     # Imported after parsing so that `--help` and flag errors answer without loading torch.
     from trainer.data import DataConfigError
+    from trainer.float8 import Float8Error
     from trainer.preflight import PREFLIGHT_EXIT_CODE, PreflightError
     from trainer.train import Trainer
 
@@ -25,8 +26,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # One write: ranks share the log, and print's separate newline write can interleave.
         sys.stderr.write(f"trainer: {error}\n")
         return PREFLIGHT_EXIT_CODE
-    except DataConfigError as error:
-        # A bad --dataset/--tokenizer is the user's to fix: one line naming the flag, no trace.
+    except (DataConfigError, Float8Error) as error:
+        # A bad --dataset/--tokenizer, or fp8 asked of a machine without it, is the user's to
+        # fix: one line naming the flag, no trace.
         from trainer.distributed import shutdown
 
         shutdown()

@@ -217,6 +217,24 @@ class ParallelConfig:
     bf16: bool = _flag(
         True, "bf16 mixed precision: bf16 compute and all-gather, fp32 master weights and reduce."
     )
+    precision: Literal["bf16", "fp8"] = _flag(
+        "bf16",
+        "Matmul precision of the decoder's linear layers. bf16: as --bf16 says; fp8: torchao's "
+        "float8 training for the layers large enough to gain (not the LM head), needs --bf16 1, "
+        "--compile on and a GPU with FP8 tensor cores (compute capability >= 8.9: L4, L40S, "
+        "H100, H200, B200). Weights, optimizer state and checkpoints stay those of a bf16 run.",
+    )
+    fp8_recipe: Literal["rowwise", "tensorwise"] = _flag(
+        "rowwise",
+        "With --precision fp8, torchao's scaling recipe: rowwise (per-row scales, more "
+        "accurate) or tensorwise (one scale per tensor, faster; weights are all-gathered in "
+        "float8 when a shard group has more than one rank).",
+    )
+    fp8_emulate: bool = _flag(
+        False,
+        "Testing: run --precision fp8's float8 matmuls emulated in fp32 (torchao's emulate), "
+        "so fp8 numerics can be checked on a CPU and without compile; no speed-up.",
+    )
     activation_checkpointing: Literal["off", "full", "op", "selective"] = _flag(
         "full",
         "Recompute activations in backward to save memory. full: every decoder layer's "
@@ -247,6 +265,18 @@ class ParallelConfig:
 
     def __post_init__(self) -> None:
         _require_positive(self, "ac_every")
+        if self.precision == "fp8" and not self.bf16:
+            raise ValueError(
+                "--precision fp8 needs --bf16 1: the layers it leaves out (LM head, norms, "
+                "small projections) compute in bf16"
+            )
+        if self.precision == "fp8" and self.compile is False and not self.fp8_emulate:
+            raise ValueError(
+                "--precision fp8 needs --compile 1: without it the float8 scale and cast "
+                "kernels run unfused and fp8 is slower than bf16"
+            )
+        if self.fp8_emulate and self.precision != "fp8":
+            raise ValueError("--fp8_emulate applies only to --precision fp8")
         if self.loss_chunk_tokens < 0:
             raise ValueError(f"--loss_chunk_tokens must be >= 0, got {self.loss_chunk_tokens}")
         if self.hsdp_shard_size < 0:

@@ -11,10 +11,15 @@ batch.
 
 The chunked path computes the same mean token loss in slices of `chunk_tokens` positions: one
 autograd function (`_SlicedHeadCrossEntropy`) runs each slice's head matmul, fp32 upcast and
-cross-entropy in forward, keeps only the final hidden states (saved anyway), and in backward
-recomputes one slice's logits at a time, so what is alive is one slice's logits and the head's
-fp32 gradient. The price is one more LM-head forward per step (2 x hidden x vocab FLOPs per
-token, ~2% of a Llama 3.1 8B step).
+cross-entropy, and, while that slice's logits are at hand, also their gradient and its two
+matmuls (into the hidden states' gradient and the head's fp32 weight gradient). What is alive
+is one slice's logits, the head's fp32 gradient and the hidden states' gradient; backward
+only scales the two gradients by the gradient of the loss. The head runs the three matmuls
+of Hugging Face's path (forward, grad input, grad weight) and no fourth: recomputing each
+slice's logits in backward instead would cost one more LM-head forward per step (2 x hidden x
+vocab FLOPs per token, ~3.4% of a Llama 3.2 3B step), which counts when nothing is compiled
+(docs/benchmarks.md, "Kernels of one step"). Under `torch.no_grad` (validation) no gradient
+is computed.
 
 It runs inside the model's own forward (`install_chunked_loss` rebinds the instance's
 `forward`): FSDP2's root unit gathers the LM head in its forward pre-hook (torch
@@ -43,54 +48,87 @@ def shifted_labels(labels: torch.Tensor) -> torch.Tensor:
 
 
 class _SlicedHeadCrossEntropy(torch.autograd.Function):
-    """Summed cross-entropy of `hidden @ weight.T` against `targets`, one slice of positions
-    at a time in forward and again in backward, where each slice's logits are recomputed.
+    """Mean cross-entropy of `hidden @ weight.T` against `targets` over `count` predicted
+    positions, one slice of positions at a time, with the gradients computed in forward
+    from each slice's logits (see the module docstring).
 
     Numerically it follows `ForCausalLMLoss` over `LlamaForCausalLM`'s head: the matmul in the
-    compute dtype, the softmax in fp32, the logits' gradient cast back to the compute dtype
-    before the matmuls of backward (as autograd does through `.float()`). The head's weight
-    gradient is summed over the slices in fp32 and cast once at the end: summing it in bf16,
-    as autograd would for a weight used once per slice, rounds the running sum at every slice
-    (0.7% relative error at 16 slices, 3% at 256, against 0.5% for the unsliced loss)."""
+    compute dtype, the softmax in fp32, the logits' gradient (divided by `count` in fp32)
+    cast to the compute dtype before the gradient matmuls, as autograd does through `.float()`.
+    The head's weight gradient is summed over the slices in fp32 and cast once at the end:
+    summing it in bf16, as autograd would for a weight used once per slice, rounds the running
+    sum at every slice (0.7% relative error at 16 slices, 3% at 256, against 0.5% for the
+    unsliced loss). Backward multiplies both gradients by the loss's incoming gradient (1 for
+    a single micro-batch, 1/accumulation otherwise), so a step with one micro-batch gets the
+    bits that recomputing the logits in backward would give."""
 
     @staticmethod
     def forward(
-        ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        targets: torch.Tensor,
+        count: torch.Tensor,
+        chunk: int,
+        with_grads: bool,
     ) -> torch.Tensor:
         total = hidden.new_zeros((), dtype=torch.float32)
+        grad_hidden = torch.empty_like(hidden) if with_grads else None
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if with_grads else None
+        # d(mean)/d(sum): what autograd's division by `count` would hand the sum's backward.
+        per_position = torch.ones((), dtype=torch.float32, device=hidden.device) / count
         for start in range(0, targets.numel(), chunk):
-            logits = functional.linear(hidden[start : start + chunk], weight).float()
-            total += functional.cross_entropy(
-                logits, targets[start : start + chunk], ignore_index=IGNORE_INDEX, reduction="sum"
-            )
-        ctx.save_for_backward(hidden, weight, targets)
-        ctx.chunk = chunk
-        return total
-
-    @staticmethod
-    def backward(
-        ctx: Any, grad_total: torch.Tensor
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None]:
-        hidden, weight, targets = ctx.saved_tensors
-        wants_hidden, wants_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        grad_hidden = torch.empty_like(hidden) if wants_hidden else None
-        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if wants_weight else None
-        for start in range(0, targets.numel(), ctx.chunk):
-            rows = slice(start, start + ctx.chunk)
+            rows = slice(start, start + chunk)
             piece, wanted = hidden[rows], targets[rows]
+            logits = functional.linear(piece, weight).float()
+            total += functional.cross_entropy(
+                logits, wanted, ignore_index=IGNORE_INDEX, reduction="sum"
+            )
+            if grad_hidden is None or grad_weight is None:
+                continue
             # d(sum of cross-entropies)/d(logits) = softmax - one-hot, zero on ignored rows;
             # by scatter and multiply, not boolean indexing (a host-device sync on GPUs).
-            grad_logits = torch.softmax(functional.linear(piece, weight).float(), dim=-1)
+            grad_logits = torch.softmax(logits, dim=-1)
+            del logits
             valid = (wanted != IGNORE_INDEX).unsqueeze(1)
             grad_logits.scatter_add_(
                 1, torch.where(valid, wanted.unsqueeze(1), 0), -valid.to(grad_logits.dtype)
             )
-            grad_logits = (grad_logits * (valid * grad_total)).to(hidden.dtype)
-            if grad_hidden is not None:
-                grad_hidden[rows] = grad_logits @ weight
-            if grad_weight is not None:
-                grad_weight += grad_logits.t() @ piece
-        return grad_hidden, grad_weight, None, None
+            grad_logits = (grad_logits * (valid * per_position)).to(hidden.dtype)
+            grad_hidden[rows] = grad_logits @ weight
+            grad_weight += grad_logits.t() @ piece
+        ctx.save_for_backward(grad_hidden, grad_weight)
+        ctx.weight_dtype = weight.dtype
+        return total / count
+
+    @staticmethod
+    def backward(
+        ctx: Any, grad_mean: torch.Tensor
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None, None]:
+        grad_hidden, grad_weight = ctx.saved_tensors
+        if grad_hidden is None or grad_weight is None:
+            raise RuntimeError("the chunked loss was computed without gradients (no_grad)")
+        if getattr(ctx, "scaled", False):
+            raise RuntimeError("the chunked loss's backward can run once (retain_graph)")
+        ctx.scaled = True
+        wants_hidden, wants_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_hidden.mul_(grad_mean)  # in place: no second copy
+        # Scaled and cast to the weight's dtype in one pass over the fp32 sum (the cast autograd
+        # would make of an fp32 gradient anyway); computed in fp32 and rounded once, so the
+        # same bits as scaling first and casting after.
+        weight_grad = None
+        if wants_weight:
+            weight_grad = torch.mul(
+                grad_weight, grad_mean, out=torch.empty_like(grad_weight, dtype=ctx.weight_dtype)
+            )
+        return (
+            grad_hidden if wants_hidden else None,
+            weight_grad,
+            None,
+            None,
+            None,
+            None,
+        )
 
 
 def chunked_causal_lm_loss(
@@ -107,10 +145,16 @@ def chunked_causal_lm_loss(
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])
     targets = shifted_labels(labels).reshape(-1)
-    total = _SlicedHeadCrossEntropy.apply(flat_hidden, head.weight, targets, chunk_tokens)
     # Every row's last position is ignored; packed rows have no other ignored label, but
     # count them as `ForCausalLMLoss` does (reduction "mean" over non-ignored targets).
-    return total / (targets != IGNORE_INDEX).sum()
+    count = (targets != IGNORE_INDEX).sum()
+    with_grads = torch.is_grad_enabled() and (
+        flat_hidden.requires_grad or head.weight.requires_grad
+    )
+    loss: torch.Tensor = _SlicedHeadCrossEntropy.apply(
+        flat_hidden, head.weight, targets, count, chunk_tokens, with_grads
+    )
+    return loss
 
 
 def _forward_with_chunked_loss(

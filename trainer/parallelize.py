@@ -1,7 +1,9 @@
-"""Apply activation checkpointing, torch.compile and FSDP2 to a model, in that order.
+"""Apply float8 layers, activation checkpointing, torch.compile and FSDP2, in that order.
 
-The order matters: checkpoint wrappers and compiled blocks must be inside the FSDP units so
-that each decoder layer's all-gather, compute and recompute are one schedulable unit.
+The order matters: float8 layers are swapped in first (their weights are what FSDP2 shards
+and, with float8 all-gather, gathers); checkpoint wrappers and compiled blocks must be inside
+the FSDP units so that each decoder layer's all-gather, compute and recompute are one
+schedulable unit.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from torch.distributed.tensor import DTensor, Shard
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from trainer.distributed import REPLICATE_DIM
+from trainer.float8 import Float8Plan, convert_to_float8
 from trainer.log import get_logger
 from trainer.models import decoder_layers
 
@@ -43,6 +46,8 @@ class ParallelPlan:
     ac_every: int = 1
     compile: bool = False
     cpu_offload: bool = False
+    float8: Float8Plan | None = None
+    """`--precision fp8`: how the decoder's linear layers run in float8 (None: bf16)."""
 
 
 AC_MODES = ("full", "op", "selective")
@@ -61,6 +66,9 @@ _ATTENTION_OPS = frozenset(
 """SDPA's kernels (CUDA flash, memory-efficient, cuDNN; the CPU one for local runs): their
 outputs are kept, so backward never runs attention's forward again."""
 _MATMUL = torch.ops.aten.mm.default
+_AMAX = torch.ops.aten.max.default
+"""The absolute maximum float8 layers compute each scale from: tiny, and worth keeping
+(torchtitan's `_op_sac_save_list` keeps it for low-precision training)."""
 
 
 def _keep_attention_and_every_other_matmul() -> Any:
@@ -75,7 +83,7 @@ def _keep_attention_and_every_other_matmul() -> Any:
 
     def policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
         nonlocal matmuls
-        if op in _ATTENTION_OPS:
+        if op in _ATTENTION_OPS or op == _AMAX:
             return CheckpointPolicy.MUST_SAVE
         if op == _MATMUL:
             matmuls += 1
@@ -231,7 +239,10 @@ def check_replicas_identical(model: nn.Module, mesh: DeviceMesh) -> None:
 
 
 def parallelize_model(model: nn.Module, mesh: DeviceMesh, plan: ParallelPlan) -> FSDPModule:
-    """Activation checkpointing → compile → FSDP2, on a model still on the meta device."""
+    """Float8 layers → activation checkpointing → compile → FSDP2, on a model still on the
+    meta device."""
+    if plan.float8 is not None:
+        convert_to_float8(model, plan.float8)
     checkpointed = 0
     if plan.activation_checkpointing != "off":
         checkpointed = apply_activation_checkpointing(
@@ -241,11 +252,12 @@ def parallelize_model(model: nn.Module, mesh: DeviceMesh, plan: ParallelPlan) ->
         apply_compile(model)
     apply_fsdp(model, mesh, plan)
     logger.info(
-        "parallelized: strategy=%s mesh=%s bf16=%s checkpointed_layers=%d/%d compile=%s "
-        "cpu_offload=%s",
+        "parallelized: strategy=%s mesh=%s bf16=%s precision=%s checkpointed_layers=%d/%d "
+        "compile=%s cpu_offload=%s",
         plan.sharding_strategy,
         dict(zip(mesh.mesh_dim_names or (), mesh.shape, strict=True)),
         plan.bf16,
+        "bf16" if plan.float8 is None else plan.float8.describe(),
         checkpointed,
         len(decoder_layers(model)),
         plan.compile,

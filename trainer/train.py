@@ -34,6 +34,13 @@ from trainer.distributed import (
     shutdown,
 )
 from trainer.divergence import DivergenceGuard
+from trainer.float8 import (
+    Float8Plan,
+    after_optimizer_step,
+    check_fp8_device,
+    check_torch_pairing,
+    plan_float8,
+)
 from trainer.log import get_logger, setup_logging
 from trainer.loss import install_chunked_loss
 from trainer.metrics import (
@@ -219,6 +226,15 @@ class Trainer:
         self.mesh = build_mesh(
             self.dist, cfg.parallel.sharding_strategy, cfg.parallel.hsdp_shard_size
         )
+        self.float8: Float8Plan | None = None
+        if cfg.parallel.precision == "fp8":
+            check_torch_pairing()
+            check_fp8_device(self.device, emulate=cfg.parallel.fp8_emulate)
+            self.float8 = plan_float8(
+                cfg.parallel.fp8_recipe,
+                emulate=cfg.parallel.fp8_emulate,
+                shard_group_size=self.mesh.size(self.mesh.ndim - 1),
+            )
         plan = ParallelPlan(
             sharding_strategy=cfg.parallel.sharding_strategy,
             bf16=cfg.parallel.bf16,
@@ -226,6 +242,7 @@ class Trainer:
             ac_every=cfg.parallel.ac_every,
             compile=self.compiled,
             cpu_offload=cfg.parallel.cpu_offload,
+            float8=self.float8,
         )
         self.fsdp = parallelize_model(self.model, self.mesh, plan)
         # Replicas (hybrid, no_shard) all-reduce gradients once per optimizer step rather
@@ -551,6 +568,7 @@ class Trainer:
         skipped = step_unless_non_finite(self.optimizer, grad_norm)
         self.skipped_updates += skipped
         self.divergence.observe(skipped)
+        after_optimizer_step(self.model, self.float8)
         self.lr_scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return StepResult(loss=loss_sum, grad_norm=grad_norm, lr=lr, digest=digest)
@@ -565,6 +583,11 @@ class Trainer:
             else ""
         )
         compile_why = "--compile" if parallel.compile is not None else f"{self.device.type}"
+        precision = "bf16" if parallel.bf16 else "fp32"
+        if self.float8 is not None:
+            # Without compile the scale and cast kernels run unfused: the config refuses
+            # fp8 with --compile 0 except under test emulation.
+            precision = self.float8.describe() + ("" if self.float8.emulate else ", needs compile")
         loss = (
             f"chunked, {parallel.loss_chunk_tokens} tokens per slice"
             if parallel.loss_chunk_tokens
@@ -572,10 +595,10 @@ class Trainer:
         )
         return (
             f"choices: sharding {parallel.sharding_strategy} over {mesh} | activation "
-            f"checkpointing {checkpointing} | compile {'on' if self.compiled else 'off'} "
-            f"({compile_why}) | loss {loss} | logging every {logging_cfg.logging_freq} steps, "
-            f"batch digests every {logging_cfg.digest_freq} | PYTORCH_CUDA_ALLOC_CONF="
-            f"{os.environ.get('PYTORCH_CUDA_ALLOC_CONF', '')}"
+            f"checkpointing {checkpointing} | precision {precision} | compile "
+            f"{'on' if self.compiled else 'off'} ({compile_why}) | loss {loss} | logging every "
+            f"{logging_cfg.logging_freq} steps, batch digests every {logging_cfg.digest_freq} | "
+            f"PYTORCH_CUDA_ALLOC_CONF={os.environ.get('PYTORCH_CUDA_ALLOC_CONF', '')}"
         )
 
     def forward_backward_step(

@@ -12,6 +12,7 @@ the error names the key the user wrote; checks across sections live in `infra.co
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import re
 from typing import Literal
@@ -571,8 +572,12 @@ class GpuNodesConfig(ConfigSection):
     @classmethod
     def _known_instance(cls, value: str) -> str:
         if known_facts(value) is None:
+            close = difflib.get_close_matches(
+                value.removeprefix(HYPERPOD_PREFIX), INSTANCE_FACTS, n=1
+            )
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ValueError(
-                f"gpuNodes.instanceType {value!r} is not a known GPU instance type; "
+                f"gpuNodes.instanceType {value!r} is not a known GPU instance type{hint}; "
                 f"allowed: {', '.join(sorted(INSTANCE_FACTS))}, or on a SageMaker HyperPod "
                 f"cluster the same with {HYPERPOD_PREFIX!r} in front (e.g. ml.p5.48xlarge)"
             )

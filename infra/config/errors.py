@@ -15,12 +15,19 @@ from infra.config.stack import StackConfig
 
 
 class StackConfigError(ValueError):
-    """A stack config that cannot run; `problems` holds one message per problem."""
+    """A stack config that cannot run; `problems` holds one message per problem.
+
+    One problem is one line (`source: problem`), several a header and a line each: what a
+    terminal, a CI log and a pull-request comment show as is."""
 
     def __init__(self, problems: list[str], *, source: str = "stack config") -> None:
         self.problems = problems
+        self.source = source
+        if len(problems) == 1:
+            super().__init__(f"{source}: {problems[0]}")
+            return
         lines = "\n".join(f"  - {problem}" for problem in problems)
-        super().__init__(f"{source} is invalid ({len(problems)} problem(s)):\n{lines}")
+        super().__init__(f"{source} is invalid ({len(problems)} problems):\n{lines}")
 
 
 def allowed_keys(model: type[BaseModel]) -> list[str]:
@@ -46,6 +53,28 @@ def _model_at(path: tuple[int | str, ...]) -> type[BaseModel] | None:
     return model
 
 
+def _key_paths(model: type[BaseModel], prefix: str = "") -> dict[str, list[str]]:
+    """Every key of `model` and of its sections, by its own name (`maxRunHours` →
+    [`job.maxRunHours`])."""
+    found: dict[str, list[str]] = {}
+    for name, field in model.model_fields.items():
+        key = field.alias or name
+        path = f"{prefix}{key}"
+        found.setdefault(key, []).append(path)
+        annotation = field.annotation
+        candidates = [annotation, *getattr(annotation, "__args__", ())]
+        for nested in (c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)):
+            for inner, paths in _key_paths(nested, f"{path}.").items():
+                found.setdefault(inner, []).extend(paths)
+    return found
+
+
+def _sections_with(key: str) -> list[str]:
+    """Where a key that is unknown in one section is a key: `job.maxRunHours`, ... (a key the
+    user put in the wrong section gets its home named, not a list of the section's keys)."""
+    return sorted(_key_paths(StackConfig).get(key, []))
+
+
 def _describe_error(error: ErrorDetails) -> str:
     path = tuple(error["loc"])
     key = ".".join(str(part) for part in path) or "stack config"
@@ -54,6 +83,10 @@ def _describe_error(error: ErrorDetails) -> str:
     if kind == "extra_forbidden":
         parent = _model_at(path[:-1])
         allowed = allowed_keys(parent) if parent else []
+        elsewhere = _sections_with(str(path[-1]))
+        if elsewhere and str(path[-1]) not in allowed:
+            homes = " or ".join(elsewhere)
+            return f"{key}: unknown key here; it belongs in another section: did you mean {homes}?"
         hint = difflib.get_close_matches(str(path[-1]), allowed, n=1)
         suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
         return f"{key}: unknown key{suggestion}; allowed keys here: {', '.join(allowed)}"

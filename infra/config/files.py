@@ -15,8 +15,11 @@ from typing import Any
 import yaml
 
 from infra.config.errors import StackConfigError
+from infra.config.names import STACKS_DIR, stack_file_path, stack_name
 from infra.config.parse import _unqualified, parse_stack_config
 from infra.config.stack import HF_TOKEN_KEY, PROJECT, StackConfig, gated_hub_references
+
+REPO_ROOT = STACKS_DIR.parent
 
 SECRET_PLACEHOLDER = "offline-placeholder-secret"
 """Stands in for an encrypted value when a stack file is read without its secrets provider."""
@@ -36,36 +39,93 @@ class StackFile:
     offline plan shows the run as it will be; the program itself refuses without it."""
 
 
-STACKS_DIR = Path(__file__).resolve().parents[2] / "stacks"
+def display_path(path: Path) -> str:
+    """A repository file as its path from the root (`stacks/Pulumi.dev.yaml`), others as is."""
+    resolved = path.resolve()
+    return str(resolved.relative_to(REPO_ROOT)) if resolved.is_relative_to(REPO_ROOT) else str(path)
 
 
-def stack_names(stacks_dir: Path | None = None) -> list[str]:
-    """The stacks that have a file under `stacks/`, by name."""
-    directory = stacks_dir or STACKS_DIR
-    names = (p.name.removeprefix("Pulumi.") for p in directory.glob("Pulumi.*.yaml"))
-    return sorted(name.removesuffix(".yaml") for name in names)
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping: PyYAML keeps the last
+    silently (`SafeConstructor.construct_mapping` fills a dict), so a second
+    `fsdp-eks:training:` section would replace the first without a word. The Pulumi CLI's
+    YAML parser (go-yaml v3) refuses such a file too ("mapping key ... already defined")."""
 
 
-def stack_file_path(stack: str | Path, stacks_dir: Path | None = None) -> Path:
-    """`dev`, `Pulumi.dev.yaml` or a path → the stack file's path."""
-    candidate = Path(stack)
-    if candidate.suffix in (".yaml", ".yml") and candidate.exists():
-        return candidate
-    path = (stacks_dir or STACKS_DIR) / f"Pulumi.{stack}.yaml"
-    if not path.exists():
-        names = ", ".join(stack_names(stacks_dir))
-        raise FileNotFoundError(f"no stack file {path}; stacks: {names}")
-    return path
+def _refuse_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    seen: dict[Any, yaml.Mark] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        if key in seen:
+            first = seen[key].line + 1
+            raise yaml.MarkedYAMLError(
+                problem=f"{key!r} is given twice (lines {first} and {key_node.start_mark.line + 1})"
+                "; YAML would keep only the last and drop the first without a word: merge them",
+                problem_mark=key_node.start_mark,
+            )
+        seen[key] = key_node.start_mark
+    loader.flatten_mapping(node)
+    return dict(loader.construct_pairs(node))
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _refuse_duplicates)
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    """A stack file's YAML; a syntax error or a duplicated key is one line `file:line:col: what`
+    (a StackConfigError, so every command and the program treat it as any other mistake)."""
+    text = path.read_text(encoding="utf-8")
+    try:
+        document = yaml.load(text, Loader=_StrictLoader)
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        where = (
+            f"{display_path(path)}:{mark.line + 1}:{mark.column + 1}"
+            if mark
+            else display_path(path)
+        )
+        what = error.problem or error.context or "not valid YAML"
+        if mark is not None and "\t" in _indent_of(text, mark.line):
+            what += " (a tab in the indentation: YAML indents with spaces only)"
+        raise StackFileError(f"{where}: {what}") from None
+    except yaml.YAMLError as error:
+        raise StackFileError(f"{display_path(path)}: not valid YAML: {error}") from None
+    if document is None:
+        return {}
+    if not isinstance(document, dict):
+        raise StackFileError(
+            f"{display_path(path)}: a stack file is a mapping with a `config:` key"
+        )
+    return document
+
+
+def _indent_of(text: str, line: int) -> str:
+    """The leading whitespace of a line (0-based) of `text`; empty past its end."""
+    lines = text.splitlines()
+    if line >= len(lines):
+        return ""
+    return lines[line][: len(lines[line]) - len(lines[line].lstrip())]
+
+
+class StackFileError(StackConfigError):
+    """A stack file that is not valid YAML: one line that names the file, line and column."""
+
+    def __init__(self, line: str) -> None:
+        super().__init__([line], source="")
+        self.args = (line,)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 def read_stack_file(stack: str | Path, stacks_dir: Path | None = None) -> StackFile:
     """Read a stack file; `secure:` values become a placeholder and are listed as secret."""
     path = stack_file_path(stack, stacks_dir)
-    name = path.name.removeprefix("Pulumi.").rsplit(".", 1)[0]
-    document = yaml.safe_load(path.read_text()) or {}
+    name = stack_name(path)
+    document = load_yaml(path)
     raw = document.get("config") or {}
     if not isinstance(raw, dict):
-        raise StackConfigError([f"{path.name}: 'config' must be a mapping"], source=str(path))
+        raise StackConfigError(["'config' must be a mapping of keys"], source=display_path(path))
     config: dict[str, Any] = {}
     secret_keys: list[str] = []
     for key, value in raw.items():
@@ -113,5 +173,5 @@ def load_stack_file(stack: str | Path, stacks_dir: Path | None = None) -> StackC
         stack_file.config,
         stack_name=stack_file.stack_name,
         secret_keys=stack_file.secret_keys,
-        source=str(stack_file.path.name),
+        source=display_path(stack_file.path),
     )

@@ -400,8 +400,8 @@ class TrainingConfig(ConfigSection):
     extra_args: dict[str, str | int | float | bool] = Field(
         default_factory=dict,
         description=(
-            "More trainer flags, {flag: value} without dashes (see `python -m trainer "
-            "--help`). Flags this program renders from other keys are rejected here."
+            "More trainer flags, {flag: value} without dashes (`fsdp-eks trainer-flags` lists "
+            "them). Flags this program renders from other keys are rejected here."
         ),
     )
 
@@ -417,8 +417,8 @@ class TrainingConfig(ConfigSection):
                 close = difflib.get_close_matches(name, sorted(known), n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise ValueError(
-                    f"training.extraArgs.{flag} is not a trainer flag{hint}; see "
-                    "`python -m trainer --help` for the flags"
+                    f"training.extraArgs.{flag} is not a trainer flag{hint}; "
+                    "`fsdp-eks trainer-flags` lists them"
                 )
             if name in RENDERED_TRAINER_FLAGS or name != flag:
                 raise ValueError(

@@ -17,8 +17,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from infra.config.errors import StackConfigError, allowed_keys, format_validation_error
+from infra.config.errors import (
+    StackConfigError,
+    _sections_with,
+    allowed_keys,
+    format_validation_error,
+)
 from infra.config.stack import HF_TOKEN_KEY, PROJECT, StackConfig, cross_section_problems
+from infra.facts.regions import REGIONS
 
 
 def config_keys() -> list[str]:
@@ -110,6 +116,8 @@ def validate_stack_config(
         if name not in allowed:
             hint = difflib.get_close_matches(name, allowed, n=1)
             suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
+            if homes := _sections_with(name):
+                suggestion = f" (it is a key of a section: did you mean {' or '.join(homes)}?)"
             problems.append(
                 f"{PROJECT}:{name} is not a stack config key{suggestion}; "
                 f"allowed: {', '.join(allowed)}"
@@ -158,14 +166,21 @@ def validate_stack_config(
 
 
 def region_problems(config: StackConfig, region: Any) -> list[str]:
-    """Every AZ the stack names must be in the provider's region (`aws:region`).
+    """`aws:region` must be a region, and every AZ the stack names must be in it.
 
     Caught here, an AZ of another region is one line in the same list as every other
     mistake; left to the program, it surfaces from the first EC2 call of `pulumi up` as a
     provider error on a half-created stack.
     """
-    if not isinstance(region, str) or not region:
+    if region is None:
         return []  # the AWS provider's own default (AWS_REGION, the profile) applies
+    if not isinstance(region, str) or region not in REGIONS:
+        hint = difflib.get_close_matches(str(region), sorted(REGIONS), n=1, cutoff=0.6)
+        suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
+        return [
+            f"aws:region {region!r} is not an AWS region{suggestion}; allowed: "
+            f"{', '.join(sorted(REGIONS))} (infra/facts/regions.py)"
+        ]
     named = [
         ("gpuNodes.availabilityZone", config.gpu_nodes.availability_zone),
         *(

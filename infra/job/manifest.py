@@ -403,6 +403,12 @@ def render_job(
     }
     if service_account_name is not None:
         pod_spec["serviceAccountName"] = service_account_name
+    # Never `suspend`: `fsdp-eks stop` / `start` own that field (infra.job.suspension), and
+    # leaving it out keeps Pulumi blind to it, since pulumi-kubernetes diffs the inputs against
+    # the live object pruned to the inputs' shape (provider.go `Diff`, `pruneLiveState`). An
+    # explicit `false` would turn a refreshed `up` of a stopped run into a spec diff, so a
+    # replacement that starts it (replace_on_changes=["spec"]), and an in-place `up` into a
+    # field-manager conflict with `fsdp-eks`. tests/infra/test_stop_start_ssa.py plays both.
     run_policy: dict[str, Any] = {
         "cleanPodPolicy": job.clean_pod_policy,
         "backoffLimit": job.backoff_limit,

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from infra.config import StackConfigError, read_stack_file
+from infra.config.files import display_path
 from infra.config.parse import validate_stack_config
 from infra.config.stack import figures_possible
 from infra.estimates.run_plan import RunPlan, plan_run
@@ -562,5 +563,5 @@ def plan_stack_file(stack: str | Path, stacks_dir: Path | None = None) -> RunPla
         stack_file.config,
         stack_name=stack_file.stack_name,
         secret_keys=stack_file.secret_keys,
-        source=stack_file.path.name,
+        source=display_path(stack_file.path),
     )

@@ -16,6 +16,10 @@ So `infra.launch.start_watch` polls the job and its pods and asks `assess` what 
   `pkg/controller.v1/common/job.go`, `pytorch/pytorchjob_controller.go`) fails at once, with
   the operator's reason and message and the last worker termination seen;
 * `Succeeded` is done (a short job may finish before it is seen running);
+* a suspended job (`spec.runPolicy.suspend` true: stopped by `fsdp-eks stop`, or by an
+  earlier all-or-nothing release) cannot start until someone resumes it, so it is reported at
+  once instead of after the whole start budget: an unchanged `pulumi up` after a failed start
+  recreates the watch over the same, still suspended, job;
 * done once every worker pod's trainer container has run `STABLE_RUNNING_S` without a
   restart: a crash-looping container never gets that far, and the operator fails the job once
   the restarts reach `runPolicy.backoffLimit` (`pkg/core/job.go` `PastBackoffLimit` sums the
@@ -50,6 +54,7 @@ from typing import Any
 
 from infra.config.job import DEFAULT_START_TIMEOUT_MINUTES
 from infra.job.manifest import CONTAINER_NAME
+from infra.job.suspension import is_suspended
 
 STABLE_RUNNING_S = 60
 """How long every trainer container must run without a restart before the job counts as
@@ -296,10 +301,12 @@ def assess(
     start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
     events: Sequence[Mapping[str, Any]] = (),
     history: StartHistory | None = None,
+    stack: str | None = None,
 ) -> Verdict:
     """What `job` (a PyTorchJob), its `pods` and their Warning `events` mean at `now` for a job
     of `workers` nodes whose workers may take `start_timeout_s` to be placed; `history` is what
-    earlier polls of the same watch saw (already updated with `pods`)."""
+    earlier polls of the same watch saw (already updated with `pods`); `stack` names the
+    stack in the command a stopped job's message gives (None: `<stack>`)."""
     name = job.get("metadata", {}).get("name", "?")
     status = job.get("status") or {}
     worker_pods = [
@@ -315,6 +322,13 @@ def assess(
         return Verdict(False, reason + (f"; last worker exit: {last}" if last else ""), "failed")
     if _condition(status, "Succeeded") is not None:
         return Verdict(True, None, f"PyTorchJob {name} succeeded")
+    if is_suspended(job):
+        return Verdict(
+            False,
+            f"PyTorchJob {name} is stopped (suspended): `fsdp-eks start {stack or '<stack>'}` "
+            "resumes it from its latest checkpoint",
+            "stopped",
+        )
     if not status.get("conditions"):
         waited = _seconds_since(job.get("metadata", {}).get("creationTimestamp"), now)
         if waited > OPERATOR_PICKUP_S:

@@ -48,7 +48,8 @@ from infra.job.manifest import (
     network_policy,
     render_job,
 )
-from infra.launch.start_watch import JobStartWatch, wait_limit_seconds
+from infra.job.start_wait import wait_limit_seconds
+from infra.launch.start_watch import JobStartWatch
 
 
 def create_timeout(start_timeout_s: int) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from pulumi.runtime import mocks as pulumi_mocks
@@ -22,17 +23,65 @@ from infra.facts.eks_versions import DEFAULT_KUBERNETES_VERSION
 from infra.facts.instances import INSTANCE_FACTS
 
 ACCOUNT_ID = "123456789012"
-REGION = "us-west-2"
-AZ_NAMES = [f"{REGION}{suffix}" for suffix in "abcd"]
-AZ_IDS = [f"usw2-az{i}" for i in range(1, 5)]
+DEFAULT_REGION = "us-west-2"
+"""The region of a stack file without `aws:region` (the AWS provider would use the
+environment's; offline there is none)."""
+_DIRECTIONS = {
+    "north": "n",
+    "south": "s",
+    "east": "e",
+    "west": "w",
+    "central": "c",
+    "northeast": "ne",
+    "southeast": "se",
+    "northwest": "nw",
+    "southwest": "sw",
+}
+
+
+@dataclass(frozen=True)
+class MockRegion:
+    """The region the fake cloud answers for: the stack's `aws:region`, so that the AZs,
+    subnets, endpoints and ARNs of an offline plan are the ones `pulumi up` would see."""
+
+    name: str = DEFAULT_REGION
+
+    @property
+    def partition(self) -> str:
+        """The ARN partition of the region (`aws`, `aws-cn`, `aws-us-gov`)."""
+        if self.name.startswith("cn-"):
+            return "aws-cn"
+        return "aws-us-gov" if self.name.startswith("us-gov-") else "aws"
+
+    @property
+    def az_names(self) -> list[str]:
+        return [f"{self.name}{suffix}" for suffix in "abcd"]
+
+    @property
+    def az_ids(self) -> list[str]:
+        """AZ IDs as AWS spells them (`usw2-az1`, `apse2-az1`, `euc1-az1`): geography,
+        direction initials, number."""
+        geography, direction, number = [*self.name.split("-"), "", "", ""][:3]
+        code = f"{geography}{_DIRECTIONS.get(direction, direction[:1])}{number}"
+        return [f"{code}-az{i}" for i in range(1, 5)]
+
+
+_region = MockRegion()
+
+
+def region() -> MockRegion:
+    """The region of the evaluation under way (`FakeCloud(region=...)` sets it)."""
+    return _region
 
 
 def short_hash(text: str, length: int = 17) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:length]
 
 
-def arn(service: str, resource: str, *, region: str = REGION) -> str:
-    return f"arn:aws:{service}:{region}:{ACCOUNT_ID}:{resource}"
+def arn(service: str, resource: str, *, region_name: str | None = None) -> str:
+    return (
+        f"arn:{_region.partition}:{service}:{region_name or _region.name}:{ACCOUNT_ID}:{resource}"
+    )
 
 
 OutputRule = Callable[[str, dict[str, Any]], dict[str, Any]]
@@ -43,11 +92,11 @@ def _eks_cluster(name: str, inputs: dict[str, Any]) -> dict[str, Any]:
     # Endpoint and issuer belong to the cluster (its EKS name), so a look-up by name
     # (`aws.eks.get_cluster`) answers the same ones the creating resource reported.
     cluster_id = short_hash(cluster_name, 32).upper()
-    issuer = f"https://oidc.eks.{REGION}.amazonaws.com/id/{cluster_id}"
+    issuer = f"https://oidc.eks.{_region.name}.amazonaws.com/id/{cluster_id}"
     return {
         "arn": arn("eks", f"cluster/{cluster_name}"),
         "name": cluster_name,
-        "endpoint": f"https://{cluster_id}.gr7.{REGION}.eks.amazonaws.com",
+        "endpoint": f"https://{cluster_id}.gr7.{_region.name}.eks.amazonaws.com",
         "certificateAuthority": {"data": "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCg=="},
         "identities": [{"oidcs": [{"issuer": issuer}]}],
         "vpcConfig": {
@@ -140,7 +189,7 @@ RESOURCE_OUTPUTS: dict[str, OutputRule] = {
         "arn": arn("ecr", f"repository/{inputs.get('name', name)}"),
         "name": inputs.get("name", name),
         "repositoryUrl": (
-            f"{ACCOUNT_ID}.dkr.ecr.{REGION}.amazonaws.com/{inputs.get('name', name)}"
+            f"{ACCOUNT_ID}.dkr.ecr.{_region.name}.amazonaws.com/{inputs.get('name', name)}"
         ),
         "registryId": ACCOUNT_ID,
     },
@@ -158,7 +207,7 @@ RESOURCE_OUTPUTS: dict[str, OutputRule] = {
     "aws:fsx/lustreFileSystem:LustreFileSystem": lambda name, inputs: {
         "id": f"fs-{short_hash(name)}",
         "arn": arn("fsx", f"file-system/fs-{short_hash(name)}"),
-        "dnsName": f"fs-{short_hash(name)}.fsx.{REGION}.amazonaws.com",
+        "dnsName": f"fs-{short_hash(name)}.fsx.{_region.name}.amazonaws.com",
         "mountName": short_hash(name + "mount", 8),
     },
     "aws:iam/role:Role": lambda name, inputs: {
@@ -176,7 +225,9 @@ RESOURCE_OUTPUTS: dict[str, OutputRule] = {
     "aws:s3/bucket:Bucket": lambda name, inputs: {
         "bucket": inputs.get("bucket", f"{name}-{short_hash(name, 7)}"),
         "arn": f"arn:aws:s3:::{inputs.get('bucket', f'{name}-{short_hash(name, 7)}')}",
-        "bucketRegionalDomainName": (f"{inputs.get('bucket', name)}.s3.{REGION}.amazonaws.com"),
+        "bucketRegionalDomainName": (
+            f"{inputs.get('bucket', name)}.s3.{_region.name}.amazonaws.com"
+        ),
     },
     "eks:index:Cluster": _pulumi_eks_cluster,
     # The image build's dynamic resource: the digest CodeBuild would report for the tag.
@@ -266,7 +317,9 @@ def _existing_cluster(args: dict[str, Any]) -> dict[str, Any]:
         "vpcConfigs": [
             {
                 **eks["vpcConfig"],
-                "subnetIds": [f"subnet-{short_hash(args['name'] + az)}" for az in AZ_NAMES[:3]],
+                "subnetIds": [
+                    f"subnet-{short_hash(args['name'] + az)}" for az in _region.az_names[:3]
+                ],
                 "securityGroupIds": [],
                 "endpointPrivateAccess": True,
                 "endpointPublicAccess": True,
@@ -283,9 +336,9 @@ INVOKE_RESULTS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "aws:eks/getCluster:getCluster": _existing_cluster,
     "aws:iam/getPolicyDocument:getPolicyDocument": _policy_document,
     "aws:index/getAvailabilityZones:getAvailabilityZones": lambda args: {
-        "names": AZ_NAMES,
-        "zoneIds": AZ_IDS,
-        "id": REGION,
+        "names": _region.az_names,
+        "zoneIds": _region.az_ids,
+        "id": _region.name,
     },
     "aws:index/getCallerIdentity:getCallerIdentity": lambda args: {
         "accountId": ACCOUNT_ID,
@@ -294,15 +347,15 @@ INVOKE_RESULTS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
         "id": ACCOUNT_ID,
     },
     "aws:index/getPartition:getPartition": lambda args: {
-        "partition": "aws",
-        "dnsSuffix": "amazonaws.com",
-        "id": "aws",
+        "partition": _region.partition,
+        "dnsSuffix": "amazonaws.com.cn" if _region.partition == "aws-cn" else "amazonaws.com",
+        "id": _region.partition,
     },
     "aws:index/getRegion:getRegion": lambda args: {
-        "name": REGION,
-        "region": REGION,
-        "id": REGION,
-        "endpoint": f"ec2.{REGION}.amazonaws.com",
+        "name": _region.name,
+        "region": _region.name,
+        "id": _region.name,
+        "endpoint": f"ec2.{_region.name}.amazonaws.com",
     },
     "aws:ssm/getParameter:getParameter": lambda args: {
         "name": args["name"],
@@ -316,8 +369,11 @@ INVOKE_RESULTS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
 class FakeCloud(pulumi_mocks.Mocks):
     """Answers registrations and invokes with AWS-shaped values; records the invokes made."""
 
-    def __init__(self) -> None:
+    def __init__(self, region_name: str | None = None) -> None:
+        global _region
         self.invokes: list[tuple[str, dict[str, Any]]] = []
+        self.region = MockRegion(region_name or DEFAULT_REGION)
+        _region = self.region  # one evaluation at a time: the program runs to completion
 
     def new_resource(self, args: pulumi_mocks.MockResourceArgs) -> tuple[str, dict[str, Any]]:
         rule = RESOURCE_OUTPUTS.get(args.typ)
@@ -339,8 +395,8 @@ def _subnet(args: dict[str, Any]) -> dict[str, Any]:
     return {
         "id": subnet_id,
         "arn": arn("ec2", f"subnet/{subnet_id}"),
-        "availabilityZone": AZ_NAMES[0],
-        "availabilityZoneId": AZ_IDS[0],
+        "availabilityZone": _region.az_names[0],
+        "availabilityZoneId": _region.az_ids[0],
         "vpcId": f"vpc-{short_hash(subnet_id)}",
         "cidrBlock": "10.0.128.0/18",
     }
@@ -367,7 +423,7 @@ def _capacity_block(args: dict[str, Any]) -> dict[str, Any]:
     return {
         "id": args.get("id", "cr-unknown"),
         "instanceType": "p5.48xlarge",
-        "availabilityZone": AZ_NAMES[0],
+        "availabilityZone": _region.az_names[0],
         "instanceCount": 4,
         "startDate": "2026-11-01T11:30:00Z",
         "endDate": "2099-01-01T11:30:00Z",
@@ -418,7 +474,7 @@ INVOKE_RESULTS["aws:eks/getNodeGroup:getNodeGroup"] = lambda args: {
 # --- Instance type offerings per AZ ----------------------------------------------------------
 
 OFFERINGS_CHECKED_ON = "2026-11-23"
-AZ_IDS_WITHOUT_GPU_TYPES = frozenset({"usw2-az4"})
+AZ_IDS_WITHOUT_GPU_TYPES = frozenset({"usw2-az4"})  # us-west-2 only
 """The one offerings fact this mock region carries, keyed by AZ ID (AZ names map to different
 physical zones in every account; IDs do not). usw2-az4 lacks many instance types: the
 terraform-provider-aws acceptance tests exclude it for that reason ("Many instance types are
@@ -431,8 +487,8 @@ three, is this mock's simplification, not a measurement: at deploy time the real
 
 def _offered_az_ids(instance_type: str) -> list[str]:
     if instance_type in INSTANCE_FACTS:
-        return [az_id for az_id in AZ_IDS if az_id not in AZ_IDS_WITHOUT_GPU_TYPES]
-    return list(AZ_IDS)  # CPU types (system nodes): everywhere
+        return [az_id for az_id in _region.az_ids if az_id not in AZ_IDS_WITHOUT_GPU_TYPES]
+    return list(_region.az_ids)  # CPU types (system nodes): everywhere
 
 
 def _instance_type_offerings(args: dict[str, Any]) -> dict[str, Any]:
@@ -442,7 +498,7 @@ def _instance_type_offerings(args: dict[str, Any]) -> dict[str, Any]:
         if entry["name"] == "instance-type":
             wanted += entry["values"]
     location_type = args.get("locationType", "region")
-    names = dict(zip(AZ_IDS, AZ_NAMES, strict=True))
+    names = dict(zip(_region.az_ids, _region.az_names, strict=True))
     rows: list[tuple[str, str]] = []
     for instance_type in wanted:
         az_ids = _offered_az_ids(instance_type)
@@ -451,13 +507,13 @@ def _instance_type_offerings(args: dict[str, Any]) -> dict[str, Any]:
         elif location_type == "availability-zone":
             rows += [(instance_type, names[az_id]) for az_id in az_ids]
         elif az_ids:
-            rows.append((instance_type, REGION))
+            rows.append((instance_type, _region.name))
     return {
         "instanceTypes": [row[0] for row in rows],
         "locations": [row[1] for row in rows],
         "locationTypes": [location_type] * len(rows),
         "locationType": location_type,
-        "id": REGION,
+        "id": _region.name,
     }
 
 

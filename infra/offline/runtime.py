@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -61,6 +62,9 @@ class Evaluation:
     resources: list[RecordedResource]
     stack_outputs: dict[str, Any]
     invokes: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    """What the program logged as warnings (`pulumi.log.warn`): the engine would show them in
+    `pulumi preview`; the offline plan shows them labelled, beside its summary."""
 
     def of_type(self, type_token: str) -> list[RecordedResource]:
         return [r for r in self.resources if r.type == type_token]
@@ -186,6 +190,21 @@ class _RecordingMonitor(pulumi_mocks.MockMonitor):
         return empty_pb2.Empty()
 
 
+class _WarningRecorder(logging.Handler):
+    """The mock engine's logger (`pulumi.runtime.mocks.MockEngine` logs `pulumi.log` calls to
+    it): warnings and errors are kept, in order, and nothing reaches the terminal."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.WARNING)
+        self.messages: list[str] = []
+        self.logger = logging.getLogger(f"fsdp-eks.offline.{id(self)}")
+        self.logger.propagate = False
+        self.logger.handlers = [self]
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
 def _config_entries(project: str, config: Mapping[str, Any]) -> dict[str, str]:
     """Stack-file config (`key` or `namespace:key` → value) as the engine hands it over.
 
@@ -213,7 +232,9 @@ def evaluate(
     file. An exception raised by the program propagates after pending registrations settle, so
     callers can check that a rejected config registered nothing.
     """
-    cloud = fake_cloud or FakeCloud()
+    region = config.get("aws:region")
+    cloud = fake_cloud or FakeCloud(region if isinstance(region, str) else None)
+    logged = _WarningRecorder()
     monitor = _RecordingMonitor(cloud)
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
@@ -232,7 +253,14 @@ def evaluate(
         entries = _config_entries(project, config)
         secrets = [k if ":" in k else f"{project}:{k}" for k in secret_keys]
         pulumi.runtime.set_all_config(entries, secret_keys=secrets)
-        pulumi_mocks.set_mocks(cloud, project=project, stack=stack, preview=False, monitor=monitor)
+        pulumi_mocks.set_mocks(
+            cloud,
+            project=project,
+            stack=stack,
+            preview=False,
+            monitor=monitor,
+            logger=logged.logger,
+        )
         error: BaseException | None = None
         try:
             program()
@@ -256,6 +284,7 @@ def evaluate(
             resources=list(monitor.recorded),
             stack_outputs=stack_outputs,
             invokes=list(cloud.invokes),
+            warnings=list(logged.messages),
         )
     finally:
         # A program that raised leaves outputs pending in the SDK's process-wide settings; they

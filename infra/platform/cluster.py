@@ -10,7 +10,7 @@ the outputs of the platform stack that created it. Nothing of the cluster is reg
 stack can never change or delete it; only the Pod Identity agent add-on when explicitly asked.
 
 In both modes the Kubernetes provider's kubeconfig is built here from the EKS look-up, signed
-with the stack's `aws:profile` and `cluster.adminRoleArn` (infra/platform/kube_access.py says why),
+with the stack's `aws:profile` and `cluster.adminRoleArn` (infra/job/kubeconfig.py says why),
 and a created cluster runs a version in standard support with upgrade policy STANDARD
 (infra/facts/eks_versions.py).
 
@@ -41,6 +41,7 @@ import pulumi_kubernetes as k8s
 from infra.config import StackConfigError
 from infra.config.cluster import ClusterConfig, GpuNodesConfig
 from infra.facts.eks_versions import UPGRADE_SUPPORT_TYPE
+from infra.job.kubeconfig import kubernetes_access, same_iam_principal
 from infra.job.placement import NODE_POOL_LABEL
 from infra.platform.gpu_nodes import (
     GpuNodeGroup,
@@ -49,12 +50,7 @@ from infra.platform.gpu_nodes import (
     root_volume,
 )
 from infra.platform.iam import aws_managed_policy_arn, node_role, service_trust_policy
-from infra.platform.kube_access import (
-    cluster_kubeconfig,
-    deployer_principal_arn,
-    kubernetes_access,
-    same_iam_principal,
-)
+from infra.platform.kube_access import cluster_kubeconfig, deployer_principal_arn
 from infra.platform.network import Network
 
 SYSTEM_AMI_TYPE = "AL2023_x86_64_STANDARD"

@@ -1,9 +1,12 @@
 """The GPU benchmark matrix: every efficiency choice of the trainer, one command, one table.
 
 `python scripts/bench/throughput.py --matrix` runs, for each model, `torch.compile` off and on and
-each activation-checkpointing policy (off, op-level, full), one `bench_trainer.py` process per
-cell (a fresh CUDA context: no cell inherits another's allocator state or compiled graphs), and
-writes the table between the `gpu-matrix` markers of docs/benchmarks.md after every cell, so a
+each activation-checkpointing policy (off, op-level, full) of the trainer in bf16; the plain
+Hugging Face loop a user would write (`--loop plain`) with compile off and on, as the baseline
+each trainer row is compared with; and, with compile on (fp8 requires it), the trainer in fp8
+with each torchao recipe (rowwise, tensorwise). One `throughput.py` process per cell (a
+fresh CUDA context: no cell inherits another's allocator state or compiled graphs); the table
+between the `gpu-matrix` markers of docs/benchmarks.md is rewritten after every cell, so a
 device session cut short still leaves the cells it finished. A cell that fails (out of memory,
 a compile error) is a row that says so; the others still run.
 """
@@ -33,14 +36,21 @@ MATRIX_BATCH_SIZE = 2
 checkpointing now that the loss never holds the whole vocabulary's fp32 logits."""
 
 
+FP8_RECIPES = ("rowwise", "tensorwise")
+
+
 @dataclass(frozen=True)
 class Cell:
     model: str
     compile: bool
     ac: str
+    loop: str = "trainer"
+    precision: str = "bf16"
+    """bf16, or fp8-<recipe>."""
 
     def argv(self, args: argparse.Namespace) -> list[str]:
-        """The `bench_trainer.py` flags of this cell."""
+        """The `throughput.py` flags of this cell."""
+        fp8 = self.precision.startswith("fp8-")
         return [
             "--model", self.model,
             "--seq_len", str(args.seq_len),
@@ -52,15 +62,23 @@ class Cell:
             "--loss_chunk_tokens", str(args.loss_chunk_tokens),
             "--bf16", str(int(args.bf16)),
             "--device", args.device,
+            "--loop", self.loop,
+            "--precision", "fp8" if fp8 else "bf16",
+            *(["--fp8_recipe", self.precision.removeprefix("fp8-")] if fp8 else []),
             *(["--num_layers", str(args.num_layers)] if args.num_layers else []),
         ]  # fmt: skip
 
 
 def cells(models: Sequence[str], compiles: Sequence[bool]) -> list[Cell]:
-    return [
-        Cell(model, compiled, ac)
-        for model, compiled, ac in itertools.product(models, compiles, AC_POLICIES)
-    ]
+    """Per model: the plain baseline first (so every later row shows its ratio to it), the
+    trainer's bf16 cells, then fp8 (compiled only)."""
+    result = []
+    for model in models:
+        result += [Cell(model, c, "off", loop="plain") for c in compiles]
+        result += [Cell(model, c, ac) for c, ac in itertools.product(compiles, AC_POLICIES)]
+        if True in compiles:
+            result += [Cell(model, True, "off", precision=f"fp8-{r}") for r in FP8_RECIPES]
+    return result
 
 
 def run_cell(cell: Cell, args: argparse.Namespace) -> dict[str, Any]:
@@ -84,21 +102,32 @@ def run_cell(cell: Cell, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def table(results: list[tuple[Cell, dict[str, Any]]]) -> str:
-    """The markdown table of the cells run so far."""
+    """The markdown table of the cells run so far; "vs plain" is tokens/s over the plain
+    loop's with the same model and compile setting (once that cell has run)."""
     rows = [
-        "| model | compile | activation checkpointing | tokens/s per GPU | MFU | step time | "
-        "peak memory |",
-        "|---|---|---|---|---|---|---|",
+        "| model | loop | precision | compile | activation checkpointing | tokens/s per GPU | "
+        "MFU | step time | peak memory | vs plain |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    plain = {
+        (cell.model, cell.compile): result["tokens_per_sec_per_gpu"]
+        for cell, result in results
+        if cell.loop == "plain" and "error" not in result
+    }
     for cell, result in results:
-        head = f"| {cell.model} | {'on' if cell.compile else 'off'} | {cell.ac} |"
+        head = (
+            f"| {cell.model} | {cell.loop} | {cell.precision} | {'on' if cell.compile else 'off'} "
+            f"| {cell.ac} |"
+        )
         if "error" in result:
-            rows.append(f"{head} failed: {result['error']} | | | |")
+            rows.append(f"{head} failed: {result['error']} | | | | |")
             continue
         mfu = "n/a" if result.get("mfu") is None else f"{100 * result['mfu']:.1f}%"
+        baseline = plain.get((cell.model, cell.compile))
+        ratio = "" if baseline is None else f"{result['tokens_per_sec_per_gpu'] / baseline:.2f}"
         rows.append(
             f"{head} {result['tokens_per_sec_per_gpu']:,.0f} | {mfu} | "
-            f"{result['step_time_s']:.3f} s | {result['peak_mem_gib']:.1f} GiB |"
+            f"{result['step_time_s']:.3f} s | {result['peak_mem_gib']:.1f} GiB | {ratio} |"
         )
     return "\n".join(rows)
 
@@ -122,7 +151,11 @@ def run_matrix(args: argparse.Namespace) -> int:
     compiles = args.matrix_compile
     results: list[tuple[Cell, dict[str, Any]]] = []
     for cell in cells(models, compiles):
-        print(f"matrix: {cell.model}, compile {int(cell.compile)}, AC {cell.ac}", flush=True)
+        print(
+            f"matrix: {cell.model}, {cell.loop} {cell.precision}, compile {int(cell.compile)}, "
+            f"AC {cell.ac}",
+            flush=True,
+        )
         result = run_cell(cell, args)
         results.append((cell, result))
         if args.json_out is not None:
@@ -134,7 +167,8 @@ def run_matrix(args: argparse.Namespace) -> int:
             f"Measured {datetime.now(UTC):%Y-%m-%d} on {device}, torch "
             f"{next((r['torch_version'] for _, r in results if 'torch_version' in r), '?')}: "
             f"bf16={int(args.bf16)}, {args.batch_size} x {args.seq_len} tokens per GPU, "
-            f"{args.steps} timed steps, loss in slices of {args.loss_chunk_tokens} tokens "
+            f"{args.steps} timed steps, loss in slices of {args.loss_chunk_tokens} tokens; "
+            "fp8 MFU against the bf16 peak, as torchtitan reports it "
             f"(`python scripts/bench/throughput.py --matrix`)."
         )
         write_docs(args.docs, f"{header}\n\n{table(results)}")

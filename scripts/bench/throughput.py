@@ -2,15 +2,20 @@
 
     python scripts/bench/throughput.py --matrix          # the GPU matrix into docs/benchmarks.md
     torchrun --nproc_per_node=1 scripts/bench/throughput.py --model llama3.2-3b --seq_len 4096 \
-        --batch_size 2 --steps 20 --warmup_steps 5 --compile 1 --activation_checkpointing 0
+        --batch_size 2 --steps 20 --warmup_steps 5 --compile 1 --activation_checkpointing off
     python scripts/bench/throughput.py --model tiny --seq_len 256 --batch_size 4 --device cpu
 
 It runs the trainer's own pieces, not a copy of them: the preset shapes, model construction on
-the meta device, activation checkpointing / compile / FSDP2 (`trainer.parallelize`), AdamW
-(`trainer.optim`), gradient clipping and the MFU arithmetic (`trainer.metrics`). Only the data is
-synthetic (uniform random tokens, generated on the device), so the figures are the model's and
-the parallelism's, not the input pipeline's. The first `--warmup_steps` steps (allocator warm-up,
-torch.compile) are not timed.
+the meta device, float8 layers / activation checkpointing / compile / FSDP2
+(`trainer.parallelize`), AdamW (`trainer.optim`), gradient clipping and the MFU arithmetic
+(`trainer.metrics`). Only the data is synthetic (uniform random tokens, generated on the
+device), so the figures are the model's and the parallelism's, not the input pipeline's. The
+first `--warmup_steps` steps (allocator warm-up, torch.compile) are not timed.
+
+`--loop plain` runs instead what a user would write without this trainer, as the baseline:
+Hugging Face's model of the same preset shape with fp32 weights, bf16 autocast, SDPA, its own
+loss over the full logits, fused AdamW (on CUDA), gradient clipping and, with `--compile 1`,
+`torch.compile` of the whole model; same tokens, same FLOPs formula, one process.
 
 Prints a table, then one JSON line (the last line of stdout) for scripts to parse.
 """
@@ -23,7 +28,7 @@ import math
 import platform
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +51,14 @@ from trainer.distributed import (
     shard_coordinate,
     shutdown,
 )
+from trainer.float8 import (
+    FP8_RECIPES,
+    PRECISIONS,
+    Float8Error,
+    after_optimizer_step,
+    check_fp8_device,
+    plan_float8,
+)
 from trainer.log import get_logger, setup_logging
 from trainer.loss import install_chunked_loss
 from trainer.metrics import (
@@ -62,10 +75,12 @@ from trainer.train import clip_grad_norm_
 
 logger = get_logger("bench")
 
+LOOPS = ("trainer", "plain")
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="bench_trainer.py",
+        prog="throughput.py",
         description="Training throughput (tokens/s/GPU) and MFU of a model preset, on "
         "synthetic tokens, with the trainer's own model, FSDP2 and optimizer code.",
         allow_abbrev=False,
@@ -109,6 +124,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="As the trainer's flag.",
     )
     add("--bf16", type=parse_switch, default=True, help="bf16 mixed precision (fp32 master).")
+    add(
+        "--precision",
+        choices=PRECISIONS,
+        default="bf16",
+        help="As the trainer's flag: fp8 runs the large decoder projections in float8 (torchao).",
+    )
+    add("--fp8_recipe", choices=FP8_RECIPES, default="rowwise", help="As the trainer's flag.")
+    add(
+        "--fp8_emulate",
+        type=parse_switch,
+        default=False,
+        help="Testing: torchao's fp32 emulation of the float8 matmuls (CPU smoke runs).",
+    )
+    add(
+        "--loop",
+        choices=LOOPS,
+        default="trainer",
+        help="trainer: the trainer's pieces; plain: the Hugging Face loop a user would write "
+        "(the baseline; one process).",
+    )
     add("--cpu_offload", type=parse_switch, default=False, help="FSDP2 CPU offload.")
     add("--device", choices=("auto", "cuda", "cpu"), default="auto", help="Where to run.")
     add("--num_layers", type=int, default=None, help="Override the preset's layer count.")
@@ -176,6 +211,20 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         parser.error(f"--warmup_steps must be >= 0, got {args.warmup_steps}")
     if args.compile and args.warmup_steps < 1:
         parser.error("--compile 1 needs --warmup_steps >= 1 (the first step compiles)")
+    if args.precision == "fp8" and not args.bf16:
+        parser.error("--precision fp8 needs --bf16 1")
+    if args.precision == "fp8" and not (args.compile or args.fp8_emulate or args.matrix):
+        parser.error("--precision fp8 needs --compile 1 (float8 casts unfused are slower)")
+    if args.fp8_emulate and args.precision != "fp8":
+        parser.error("--fp8_emulate applies only to --precision fp8")
+    if args.loop == "plain" and not args.matrix:
+        if args.precision != "bf16" or args.activation_checkpointing != "off" or args.cpu_offload:
+            parser.error(
+                "--loop plain is the bf16 baseline: no --precision fp8, "
+                "--activation_checkpointing or --cpu_offload"
+            )
+        if args.sharding_strategy != "full":
+            parser.error("--loop plain runs one unsharded process: no --sharding_strategy")
     if args.num_layers is not None and args.num_layers < 1:
         parser.error(f"--num_layers must be >= 1, got {args.num_layers}")
     if args.peak_tflops < 0:
@@ -195,6 +244,8 @@ class BenchResult:
     world_size: int
     device: str
     dtype: str
+    loop: str
+    precision: str
     compile: bool
     activation_checkpointing: str
     loss_chunk_tokens: int
@@ -218,7 +269,8 @@ class BenchResult:
         rows = [
             ("model", f"{self.model} ({self.params / 1e9:.3f}B params, {self.num_layers} layers)"),
             ("device", f"{self.world_size} x {self.device}"),
-            ("precision", self.dtype),
+            ("loop", self.loop),
+            ("precision", f"{self.precision} ({self.dtype})"),
             (
                 "compile / AC",
                 f"{int(self.compile)} / {self.activation_checkpointing}",
@@ -254,18 +306,21 @@ def _device_name(info: DistInfo) -> str:
     return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
-def run_benchmark(args: argparse.Namespace, info: DistInfo) -> BenchResult:
-    """Build, shard and train the preset on synthetic tokens; collective over all ranks."""
-    shape = get_preset(args.model)
-    shape = shape.with_overrides(
-        num_layers=args.num_layers,
-        max_position_embeddings=max(shape.max_position_embeddings, args.seq_len),
-    )
-    hf_config = hf_config_from(shape)
+Step = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _trainer_step(args: argparse.Namespace, info: DistInfo, hf_config: Any) -> tuple[Step, int]:
+    """The trainer's pieces, in Trainer.train_step's order with one micro-batch."""
     model = build_model(hf_config)  # meta device: no memory yet
     if args.loss_chunk_tokens:
         install_chunked_loss(model, args.loss_chunk_tokens)
     mesh = build_mesh(info, args.sharding_strategy)
+    float8 = None
+    if args.precision == "fp8":
+        check_fp8_device(info.device, emulate=args.fp8_emulate)
+        float8 = plan_float8(
+            args.fp8_recipe, emulate=args.fp8_emulate, shard_group_size=mesh.size(mesh.ndim - 1)
+        )
     plan = ParallelPlan(
         sharding_strategy=args.sharding_strategy,
         bf16=args.bf16,
@@ -273,6 +328,7 @@ def run_benchmark(args: argparse.Namespace, info: DistInfo) -> BenchResult:
         ac_every=args.ac_every,
         compile=args.compile,
         cpu_offload=args.cpu_offload,
+        float8=float8,
     )
     parallelize_model(model, mesh, plan)
     # As in the trainer: offloaded shards are materialised in CPU memory (FSDP2 refuses GPU ones),
@@ -287,20 +343,63 @@ def run_benchmark(args: argparse.Namespace, info: DistInfo) -> BenchResult:
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = build_optimizer(model, lr=1e-4, weight_decay=0.1, beta1=0.9, beta2=0.95)
 
-    generator = torch.Generator(device=info.device).manual_seed(args.seed + info.rank)
-    vocab = int(hf_config.vocab_size)
-
-    def step() -> torch.Tensor:
-        # Same order of work as Trainer.train_step with one micro-batch.
-        tokens = torch.randint(
-            0, vocab, (args.batch_size, args.seq_len), device=info.device, generator=generator
-        )
+    def step(tokens: torch.Tensor) -> torch.Tensor:
         loss = model(input_ids=tokens, labels=tokens).loss
         loss.backward()
         clip_grad_norm_(trainable, 1.0)
         optimizer.step()
+        after_optimizer_step(model, float8)
         optimizer.zero_grad(set_to_none=True)
         return loss.detach()
+
+    return step, params
+
+
+def _plain_step(args: argparse.Namespace, info: DistInfo, hf_config: Any) -> tuple[Step, int]:
+    """The baseline a user writes: the whole fp32 model on the device, bf16 autocast, SDPA,
+    Hugging Face's loss, fused AdamW (on CUDA), clipping, whole-model torch.compile."""
+    model = build_model(hf_config, device=info.device, seed=args.seed)
+    params = sum(p.numel() for p in model.parameters())
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(
+        trainable, lr=1e-4, weight_decay=0.1, betas=(0.9, 0.95), fused=info.device.type == "cuda"
+    )
+    forward = torch.compile(model) if args.compile else model
+
+    def step(tokens: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(info.device.type, dtype=torch.bfloat16, enabled=args.bf16):
+            loss = forward(input_ids=tokens, labels=tokens).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    return step, params
+
+
+def run_benchmark(args: argparse.Namespace, info: DistInfo) -> BenchResult:
+    """Build the loop (the trainer's, sharded, or the plain baseline) and train the preset on
+    synthetic tokens; collective over all ranks."""
+    shape = get_preset(args.model)
+    shape = shape.with_overrides(
+        num_layers=args.num_layers,
+        max_position_embeddings=max(shape.max_position_embeddings, args.seq_len),
+    )
+    hf_config = hf_config_from(shape)
+    if args.loop == "plain" and info.world_size > 1:
+        raise Float8Error("--loop plain is one process: run it with --nproc_per_node=1")
+    build = _plain_step if args.loop == "plain" else _trainer_step
+    train_step, params = build(args, info, hf_config)
+
+    generator = torch.Generator(device=info.device).manual_seed(args.seed + info.rank)
+    vocab = int(hf_config.vocab_size)
+
+    def step() -> torch.Tensor:
+        tokens = torch.randint(
+            0, vocab, (args.batch_size, args.seq_len), device=info.device, generator=generator
+        )
+        return train_step(tokens)
 
     logger.info("bench: %d warm-up steps (not timed)", args.warmup_steps)
     for _ in range(args.warmup_steps):
@@ -335,7 +434,7 @@ def run_benchmark(args: argparse.Namespace, info: DistInfo) -> BenchResult:
     record = throughput.record(
         step=args.warmup_steps + args.steps,
         loss=final_loss,
-        lr=float(optimizer.param_groups[0]["lr"]),
+        lr=1e-4,
         grad_norm=math.nan,
         elapsed_s=elapsed,
         steps=args.steps,
@@ -351,6 +450,8 @@ def run_benchmark(args: argparse.Namespace, info: DistInfo) -> BenchResult:
         world_size=info.world_size,
         device=_device_name(info),
         dtype="bf16 compute, fp32 master/reduce" if args.bf16 else "fp32",
+        loop=args.loop,
+        precision=args.precision if args.precision == "bf16" else f"fp8 {args.fp8_recipe}",
         compile=args.compile,
         activation_checkpointing=args.activation_checkpointing,
         loss_chunk_tokens=args.loss_chunk_tokens,
@@ -378,6 +479,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(info.rank)
     try:
         result = run_benchmark(args, info)
+    except Float8Error as error:
+        # fp8 on a GPU without FP8 tensor cores (or the plain loop over ranks): one line.
+        sys.stderr.write(f"throughput.py: error: {error}\n")
+        return 2
     finally:
         shutdown()
     if info.is_main:

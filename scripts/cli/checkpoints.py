@@ -1,8 +1,5 @@
-"""List and download a run's checkpoints from S3, where FSx exports them.
-
-    python scripts/cli/checkpoints.py --stack llama31-8b-p5 list
-    python scripts/cli/checkpoints.py --stack llama31-8b-p5 download latest ./ckpt
-    python scripts/cli/checkpoints.py --s3-uri s3://bucket/checkpoints/run-1234 download export ./m
+"""`fsdp-eks checkpoints`: list or download a run's checkpoints, in S3 (or where FSx exports
+them).
 
 The trainer writes `step-N/` directories under its checkpoint directory on FSx and marks each
 complete one with a `COMPLETE` file written last (trainer.checkpoint); FSx's data repository
@@ -13,7 +10,6 @@ or an export still catching up, so `latest` skips it and `download` refuses it u
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
@@ -25,11 +21,10 @@ from typing import Any
 
 import click
 
-if __package__ in (None, ""):  # run as a script: make `scripts.*` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from scripts.cli.run_target import TargetError, add_target_arguments, resolve, split_s3_uri
-from scripts.cli.s3_download import download_prefix
+from scripts.cli.support.errors import CliError
+from scripts.cli.support.s3 import download_prefix, s3_client, split_s3_uri
+from scripts.cli.support.stacks import stack_arguments
+from scripts.cli.support.target import RunTarget, run_options
 
 COMPLETE_MARKER = "COMPLETE"  # trainer.checkpoint.COMPLETE_MARKER (not imported: it needs torch)
 EXPORT_DIR = "export"
@@ -45,15 +40,6 @@ class Checkpoint:
     files: int
     bytes: int
     last_modified: str
-
-
-def s3_client() -> Any:
-    """A boto3 S3 client; AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_S3 point it elsewhere (tests)."""
-    import boto3
-
-    # A session of its own: boto3's default session keeps the first credentials it resolved
-    # for the life of the process, whatever the environment says later.
-    return boto3.session.Session().client("s3")
 
 
 def list_checkpoints(client: Any, uri: str) -> list[Checkpoint]:
@@ -88,14 +74,14 @@ def pick(checkpoints: list[Checkpoint], which: str) -> Checkpoint:
     if which == "latest":
         complete = [c for c in checkpoints if c.step is not None and c.complete]
         if not complete:
-            raise TargetError("no complete checkpoint (step-N with a COMPLETE marker) yet")
+            raise CliError("no complete checkpoint (step-N with a COMPLETE marker) yet")
         return complete[-1]
     name = f"step-{which}" if which.isdigit() else which
     for checkpoint in checkpoints:
         if checkpoint.name == name:
             return checkpoint
     known = ", ".join(c.name for c in checkpoints) or "none"
-    raise TargetError(f"no checkpoint {which!r}; there are: {known}")
+    raise CliError(f"no checkpoint {which!r}; there are: {known}")
 
 
 def download(
@@ -110,7 +96,7 @@ def download(
     """Copy every object of `checkpoint` to `dest/<name>/`, keeping the layout, several
     objects at a time (`scripts.cli.s3_download`); `progress(bytes)` per file."""
     if not checkpoint.complete and not allow_incomplete:
-        raise TargetError(
+        raise CliError(
             f"{checkpoint.name} has no {COMPLETE_MARKER} marker (a save or export in progress); "
             "pass --allow-incomplete to copy it anyway"
         )
@@ -140,53 +126,56 @@ def format_table(checkpoints: list[Checkpoint]) -> str:
     return "\n".join(rows)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    add_target_arguments(parser)
-    commands = parser.add_subparsers(dest="command", required=True)
-    listing = commands.add_parser("list", help="list step-N checkpoints and the export")
-    listing.add_argument("--json", action="store_true")
-    fetch = commands.add_parser("download", help="copy one checkpoint to a local directory")
-    fetch.add_argument("which", help="latest, step-N, N or export")
-    fetch.add_argument("dest", type=Path, help="local directory (gets a <name>/ inside)")
-    fetch.add_argument("--allow-incomplete", action="store_true")
-    options = parser.parse_args(argv)
-    try:
-        uri = resolve(options).require_checkpoint_uri()
-        client = s3_client()
-        checkpoints = list_checkpoints(client, uri)
-        if options.command == "list":
-            if options.json:
-                print(json.dumps([asdict(c) for c in checkpoints], indent=2))
-            else:
-                print(f"{uri}\n{format_table(checkpoints)}")
-            return 0
-        checkpoint = pick(checkpoints, options.which)
-        with click.progressbar(
-            length=checkpoint.bytes, label=checkpoint.name, file=sys.stderr
-        ) as bar:
-            lock = threading.Lock()
+@click.command()
+@stack_arguments(optional=True)
+@run_options
+@click.option("--json", "as_json", is_flag=True, help="List as JSON.")
+@click.option(
+    "--download", "which", metavar="WHICH", help="Download one: latest, step-N, N or export."
+)
+@click.option(
+    "--to",
+    "dest",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path(),
+    show_default=True,
+    help="Local directory the download goes into (as DEST/<name>/).",
+)
+@click.option("--allow-incomplete", is_flag=True, help="Download a checkpoint not marked complete.")
+def checkpoints(
+    target: RunTarget, as_json: bool, which: str | None, dest: Path, allow_incomplete: bool
+) -> int:
+    """List a run's checkpoints and its exported model, or download one.
 
-            def landed(size: int) -> None:
-                with lock:
-                    bar.update(size)
+    \b
+        fsdp-eks checkpoints llama31-8b-p5
+        fsdp-eks checkpoints llama31-8b-p5 --download latest --to ./ckpt
+        fsdp-eks checkpoints --s3-uri s3://bucket/checkpoints/run-1 --download export
+    """
+    uri = target.require_checkpoint_uri()
+    client = s3_client()
+    found = list_checkpoints(client, uri)
+    if which is None:
+        if as_json:
+            click.echo(json.dumps([asdict(c) for c in found], indent=2))
+        else:
+            click.echo(f"{uri}\n{format_table(found)}")
+        return 0
+    checkpoint = pick(found, which)
+    if not checkpoint.complete and not allow_incomplete:
+        raise CliError(
+            f"{checkpoint.name} has no {COMPLETE_MARKER} marker (a save or export in progress); "
+            "pass --allow-incomplete to copy it anyway"
+        )
+    with click.progressbar(length=checkpoint.bytes, label=checkpoint.name, file=sys.stderr) as bar:
+        lock = threading.Lock()
 
-            files = download(
-                client,
-                uri,
-                checkpoint,
-                options.dest,
-                allow_incomplete=options.allow_incomplete,
-                progress=landed,
-            )
-    except TargetError as error:
-        print(f"checkpoints: {error}", file=sys.stderr)
-        return 2
-    print(f"{checkpoint.name}: {len(files)} files -> {options.dest / checkpoint.name}")
+        def landed(size: int) -> None:
+            with lock:
+                bar.update(size)
+
+        files = download(
+            client, uri, checkpoint, dest, allow_incomplete=allow_incomplete, progress=landed
+        )
+    click.echo(f"{checkpoint.name}: {len(files)} files -> {dest / checkpoint.name}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

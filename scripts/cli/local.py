@@ -1,7 +1,4 @@
-"""Run a stack's training job on this machine, for free, before it costs money on EKS.
-
-    python3 scripts/dev.py local                  # the cheap `dev` stack
-    python3 scripts/dev.py local llama31-8b-p5    # any stack under stacks/ (or a path)
+"""`fsdp-eks local`: a stack's training run on this machine, for free, before it costs money.
 
 It reads the stack file with the same config model (and so the same checks) the Pulumi program
 and the offline plan use, renders the exact `torchrun ... -m trainer <args>` the PyTorchJob
@@ -10,10 +7,10 @@ two), joined through the c10d rendezvous settings the job renders, all of them w
 directory playing where the job keeps the run (FSx, or its prefix in S3). The trainer is
 scaled to this machine: the `tiny` model preset, a small corpus and tokenizer generated here
 (no network), a short context, CPU processes with gloo (or this machine's GPUs), a few hundred
-steps. The run is interrupted on purpose half way
-(`--fail_at_step`) and started again with the *same* commands, which resume from the latest
-checkpoint, as restarted pods do on the cluster. At the end it prints loss and throughput and
-writes a loss plot (PNG).
+steps. The run is interrupted on purpose half way (`--fail_at_step`, announced, its torchrun
+report collapsed to one line) and started again with the *same* commands, which resume from
+the latest checkpoint, as restarted pods do on the cluster. At the end it prints loss and
+throughput and writes a loss plot (PNG).
 
 Needs only the `local` dependency group (torch, transformers, datasets, matplotlib, pydantic,
 pyyaml): no pulumi, no AWS credentials.
@@ -21,7 +18,6 @@ pyyaml): no pulumi, no AWS credentials.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import logging
@@ -32,25 +28,22 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
+
+import click
+
+from scripts.cli.support.errors import CliError
+from scripts.cli.support.stacks import name_of, stack_arguments
+
+if TYPE_CHECKING:
+    from scripts.cli.support.local_topology import LocalAgent, LocalPlan
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
-    sys.path.insert(0, str(REPO_ROOT))
-
-from infra.config import StackConfigError  # noqa: E402
-from infra.job.stack_checks import plan_stack_file  # noqa: E402
-from scripts.cli.local_topology import (  # noqa: E402
-    LocalAgent,
-    LocalPlan,
-    agent_command,
-    agent_env,
-    describe_topology,
-    plan_local_run,
-)
 
 logger = logging.getLogger("local_run")
 
@@ -68,7 +61,7 @@ def local_devices(requested: str) -> tuple[str, int]:
         if torch.cuda.is_available():
             return "cuda", torch.cuda.device_count()
         if requested == "cuda":
-            raise SystemExit("--device cuda: torch sees no CUDA device on this machine")
+            raise CliError("--device cuda: torch sees no CUDA device on this machine")
     return "cpu", 2
 
 
@@ -79,17 +72,63 @@ def _free_port() -> int:
 
 
 def agent_log(plan: LocalPlan, agent: LocalAgent) -> Path:
-    """Where a quiet launch writes agent `agent`'s output."""
+    """Where agent `agent`'s whole output is kept (a relaunch appends to it)."""
     return plan.metrics_file.parent / f"node-{agent.index}" / "agent.log"
 
 
-def run_agents(plan: LocalPlan, *, quiet: bool) -> int:
+REPORT_STARTS = (
+    "Traceback (most recent call last):",
+    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError",
+)
+"""Lines where torchrun's account of a failed worker begins: after the planned interruption it
+is ~40 lines of elastic-agent traceback and a `Root Cause` box about an exit we asked for."""
+
+
+@dataclass
+class AgentOutput:
+    """One agent's output: every line to its log, live lines to the terminal (unless quiet),
+    and once a line starts torchrun's failure report, the rest held back for a verdict."""
+
+    log: IO[str]
+    shown: IO[str] | None
+    prefix: str
+    held: list[str] = field(default_factory=list)
+
+    def feed(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.log.write(line)
+            self.log.flush()
+            if self.held or line.lstrip().startswith(REPORT_STARTS):
+                self.held.append(line)
+            elif self.shown is not None:
+                self.shown.write(self.prefix + line)
+                self.shown.flush()
+
+    def release(self, *, planned: bool, log_path: Path) -> None:
+        """After the launch: torchrun's report in full, or one line for a planned exit."""
+        if not self.held or self.shown is None:
+            return
+        if planned:
+            self.shown.write(
+                f"{self.prefix}torchrun reported the planned exit ({len(self.held)} lines, "
+                f"kept in {log_path})\n"
+            )
+        else:
+            self.shown.writelines(self.prefix + line for line in self.held)
+        self.shown.flush()
+
+
+def run_agents(plan: LocalPlan, *, quiet: bool, planned: bool = False) -> int:
     """Launch every agent, wait for all; the first non-zero exit code, else 0.
 
     One failed agent ends the launch, as one failed pod fails the job: the others get
     AGENT_GRACE_S to see it (a broken collective) and are then stopped with SIGTERM, which
-    torchrun's agent passes on to its workers.
+    torchrun's agent passes on to its workers. Each agent's output goes to its log; on the
+    terminal (unless `quiet`) it is shown live up to torchrun's failure report, which is shown
+    whole unless the launch is the `planned` interruption and a worker logged it so.
     """
+    from scripts.cli.support.local_topology import agent_command, agent_env
+
     endpoint = f"127.0.0.1:{_free_port()}"
     base_env = {
         **os.environ,
@@ -99,32 +138,48 @@ def run_agents(plan: LocalPlan, *, quiet: bool) -> int:
         "HF_DATASETS_OFFLINE": "1",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
     }
-    processes: list[subprocess.Popen[bytes]] = []
-    logs = []
+    processes: list[subprocess.Popen[str]] = []
+    outputs: list[AgentOutput] = []
+    readers: list[threading.Thread] = []
+    several = len(plan.agents) > 1
     for agent in plan.agents:
-        output: Any = None
-        if quiet:
-            log = agent_log(plan, agent)
-            log.parent.mkdir(parents=True, exist_ok=True)
-            output = log.open("ab")  # a relaunch appends, as `kubectl logs --previous` keeps
-            logs.append(output)
-        processes.append(
-            subprocess.Popen(
-                agent_command(plan, agent),
-                cwd=REPO_ROOT,
-                env={**base_env, **agent_env(plan, agent, endpoint=endpoint)},
-                stdout=output,
-                stderr=subprocess.STDOUT if quiet else None,
-            )
+        log = agent_log(plan, agent)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        process = subprocess.Popen(
+            agent_command(plan, agent),
+            cwd=REPO_ROOT,
+            env={**base_env, **agent_env(plan, agent, endpoint=endpoint)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
         )
+        # A relaunch appends, as `kubectl logs --previous` keeps the crashed container's.
+        output = AgentOutput(
+            log=log.open("a", encoding="utf-8"),
+            shown=None if quiet else sys.stdout,
+            prefix=f"[node {agent.index}] " if several else "",
+        )
+        assert process.stdout is not None
+        reader = threading.Thread(target=output.feed, args=(process.stdout,), daemon=True)
+        reader.start()
+        processes.append(process)
+        outputs.append(output)
+        readers.append(reader)
     try:
-        return _wait_for_agents(processes)
+        code = _wait_for_agents(processes)
     finally:
-        for log_file in logs:
-            log_file.close()
+        for reader in readers:
+            reader.join(timeout=30)
+        for output in outputs:
+            output.log.close()
+    as_planned = planned and code != 0 and _planned_in_logs(plan)
+    for agent, output in zip(plan.agents, outputs, strict=True):
+        output.release(planned=as_planned, log_path=agent_log(plan, agent))
+    return code
 
 
-def _wait_for_agents(processes: list[subprocess.Popen[bytes]]) -> int:
+def _wait_for_agents(processes: list[subprocess.Popen[str]]) -> int:
     failed_at: float | None = None
     first_failure = 0
     while any(p.poll() is None for p in processes):
@@ -166,7 +221,7 @@ class RunSummary:
 def summarise(records: list[dict[str, Any]]) -> RunSummary:
     train = [r for r in records if r.get("kind") == "train"]
     if not train:
-        raise SystemExit("the run wrote no training metrics; see the trainer's output above")
+        raise CliError("the run wrote no training metrics; see the trainer's output above")
     steps = [r["step"] for r in train]
     # The resumed run logs steps the first run already logged: the step sequence goes back.
     resumed = any(b <= a for a, b in itertools.pairwise(steps))
@@ -211,32 +266,6 @@ def plot_loss(records: list[dict[str, Any]], out: Path, *, title: str, fail_at: 
     return out
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "stack",
-        nargs="?",
-        default=DEFAULT_STACK,
-        help=f"stack name under stacks/ or a stack file path (default: {DEFAULT_STACK})",
-    )
-    parser.add_argument("--steps", type=int, default=300, help="optimizer steps (default 300)")
-    parser.add_argument("--context", type=int, default=128, help="tokens per sequence (max)")
-    parser.add_argument("--batch-size", type=int, default=8, help="sequences per process")
-    parser.add_argument(
-        "--device",
-        choices=["auto", "cpu", "cuda"],
-        default="auto",
-        help="auto: this machine's GPUs if any, else 2 CPU processes with gloo",
-    )
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory")
-    parser.add_argument(
-        "--quiet", action="store_true", help="hide the trainer's own output (tests)"
-    )
-    return parser
-
-
 def _print_failure_logs(plan: LocalPlan) -> None:
     """After a quiet launch failed: the end of each agent's log (the trainer's error)."""
     for agent in plan.agents:
@@ -246,66 +275,100 @@ def _print_failure_logs(plan: LocalPlan) -> None:
             print(f"--- node {agent.index}: {log} (last lines)\n" + "\n".join(tail))
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+@click.command()
+@stack_arguments(default=DEFAULT_STACK)
+@click.option("--steps", type=click.IntRange(min=4), default=300, show_default=True,
+              help="Optimizer steps (at least 4: checkpoint, interrupt, resume).")  # fmt: skip
+@click.option("--context", type=click.IntRange(min=8), default=128, show_default=True,
+              help="Tokens per sequence (at most the stack's).")  # fmt: skip
+@click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Sequences per process.")  # fmt: skip
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
+              show_default=True,
+              help="auto: this machine's GPUs if any, else 2 CPU processes with gloo.")  # fmt: skip
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_OUT,
+              help="Output directory (default: .local-run/ in the repository).")  # fmt: skip
+@click.option("--quiet", is_flag=True, help="Hide the trainer's own output (its logs keep it).")
+def local(
+    stack: str, steps: int, context: int, batch_size: int, device: str, out: Path, quiet: bool
+) -> int:
+    """Rehearse a stack's run on this machine, for free: its exact command and topology, at a
+    size that fits, interrupted half way on purpose and resumed from its checkpoint.
+
+    \b
+        fsdp-eks local                    # the dev stack
+        fsdp-eks local llama31-8b-p5      # any stack (two agents sharing one directory as FSx)
+
+    Without a stack it runs `dev`. It writes .local-run/<stack>/ (checkpoints, metrics, each
+    node's log, loss.png) and needs no AWS account, Pulumi or secret.
+    """
+    from infra.job.stack_checks import plan_stack_file
+    from scripts.cli.support.local_topology import (
+        agent_command,
+        describe_topology,
+        plan_local_run,
+    )
+
     logging.basicConfig(level=logging.INFO, format="[local] %(message)s")
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
-    if args.steps < 4:
-        raise SystemExit("--steps must be at least 4 (checkpoint, interrupt, resume)")
-    try:
-        # The same parser and whole-stack checks as the plan and the Pulumi program, so a
-        # stack they refuse stops here with the very message `scripts/cli/plan.py` prints.
-        run = plan_stack_file(args.stack)
-    except (StackConfigError, FileNotFoundError) as err:
-        print(err, file=sys.stderr)
-        return 2
+    # The same parser and whole-stack checks as the plan and the Pulumi program, so a stack
+    # they refuse stops here with the very message `fsdp-eks plan` prints.
+    run = plan_stack_file(stack)
     config = run.config
-    stack_name = Path(args.stack).name.removeprefix("Pulumi.").removesuffix(".yaml")
-    out_dir = args.out.resolve()
+    stack_name = name_of(stack)
+    out_dir = out.resolve()
     # Each local run starts from scratch; only the generated corpus and tokenizer are reused.
     shutil.rmtree(out_dir / stack_name, ignore_errors=True)
-    device, nproc = local_devices(args.device)
+    chosen_device, nproc = local_devices(device)
     plan = plan_local_run(
         run,
         stack_name,
         out_dir=out_dir,
         assets_dir=out_dir / "tiny-assets",
-        steps=args.steps,
-        context=args.context,
-        batch_size=args.batch_size,
-        device=device,
+        steps=steps,
+        context=context,
+        batch_size=batch_size,
+        device=chosen_device,
         nproc=nproc,
     )
-    print(f"Stack {stack_name!r}: on EKS each of {config.gpu_nodes.count} node(s) runs\n")
-    print("  " + shlex.join(plan.cluster_command) + "\n")
-    print(f"Here, scaled to the {plan.preset!r} preset: {describe_topology(plan)}\n")
-    print(
+    say = click.echo
+    say(f"Stack {stack_name!r}: on EKS each of {config.gpu_nodes.count} node(s) runs\n")
+    say("  " + shlex.join(plan.cluster_command) + "\n")
+    say(f"Here, scaled to the {plan.preset!r} preset: {describe_topology(plan)}\n")
+    say(
         f"The data is the generated tiny corpus and tokenizer, not {config.data.dataset!r} and "
         f"{config.data.tokenizer!r}: no download, no hfToken or other secret needed.\n"
     )
-    print("  torchrun " + shlex.join([*agent_command(plan, plan.agents[0])[3:]]) + "\n")
+    say("  torchrun " + shlex.join([*agent_command(plan, plan.agents[0])[3:]]) + "\n")
     if len(plan.agents) > 1:
-        print(f"  (and {len(plan.agents) - 1} more agent(s) like it, joining its rendezvous)\n")
+        say(f"  (and {len(plan.agents) - 1} more agent(s) like it, joining its rendezvous)\n")
+    say(
+        f"The first launch stops on purpose at step {plan.fail_at_step} (--fail_at_step), as "
+        "a failed node would; the second resumes from its latest checkpoint.\n"
+    )
     plan.metrics_file.unlink(missing_ok=True)
 
-    code = run_agents(plan, quiet=args.quiet)
+    code = run_agents(plan, quiet=quiet, planned=True)
     if code == 0:
-        print("The first launch finished before the planned interruption.")
+        say("The first launch finished before the planned interruption.")
+    elif not _planned_in_logs(plan):
+        if quiet:
+            _print_failure_logs(plan)
+        raise CliError(f"the first launch failed (exit {code}) before the planned interruption")
     else:
         from trainer.checkpoint import find_latest
 
         latest = find_latest(plan.run_dir)
-        print(
-            f"\nFirst launch stopped at step {plan.fail_at_step} as planned (exit {code}); the "
-            f"latest checkpoint is {Path(latest).name if latest else 'none'}. Starting the same "
+        say(
+            f"\nFirst launch stopped at step {plan.fail_at_step} as planned; the latest "
+            f"checkpoint is {Path(latest).name if latest else 'none'}. Starting the same "
             "commands again, as the operator restarts failed pods.\n"
         )
-        code = run_agents(plan, quiet=args.quiet)
+        code = run_agents(plan, quiet=quiet)
         if code != 0:
-            if args.quiet:
+            if quiet:
                 _print_failure_logs(plan)
-            print(f"The resumed launch failed (exit {code}); see the trainer's output above.")
-            return code
+            raise CliError(f"the resumed launch failed (exit {code}); see the trainer's output")
 
     records = read_metrics(plan.metrics_file)
     summary = summarise(records)
@@ -314,19 +377,26 @@ def main(argv: list[str] | None = None) -> int:
         plan.metrics_file.parent / "loss.png",
         title=(
             f"{stack_name}: {plan.preset} preset on {len(plan.agents)} node(s) x "
-            f"{plan.agents[0].nproc} {device}"
+            f"{plan.agents[0].nproc} {chosen_device}"
         ),
         fail_at=plan.fail_at_step,
     )
-    print(
+    say(
         f"\nDone: {summary.last_step} steps, loss {summary.first_loss:.3f} -> "
         f"{summary.last_loss:.3f}, {summary.mean_tokens_per_sec:,.0f} tokens/s "
         f"({summary.mean_samples_per_sec:.1f} samples/s), resumed after the interruption: "
         f"{'yes' if summary.resumed else 'no'}"
     )
-    print(f"Checkpoints: {plan.run_dir}\nMetrics:     {plan.metrics_file}\nLoss plot:   {png}")
+    say(f"Checkpoints: {plan.run_dir}\nMetrics:     {plan.metrics_file}\nLoss plot:   {png}")
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def _planned_in_logs(plan: LocalPlan) -> bool:
+    """Whether a worker logged the planned interruption: the agent's own exit status cannot
+    tell it from a crash (torchrun exits 1 for any failed worker)."""
+    marker = f"--fail_at_step {plan.fail_at_step}: exiting abruptly"
+    return any(
+        marker in agent_log(plan, agent).read_text(errors="replace")
+        for agent in plan.agents
+        if agent_log(plan, agent).exists()
+    )

@@ -1,12 +1,4 @@
-"""Follow the logs of a training run: rank 0 (loss and throughput), one node, or all of them.
-
-    python scripts/cli/logs.py --stack llama31-8b-p5            # follow, like kubectl logs -f
-    python scripts/cli/logs.py --stack llama31-8b-p5 --loss     # only the `Batch N Loss: ...` lines
-    python scripts/cli/logs.py --stack llama31-8b-p5 --node all --errors   # every pod, errors only
-    python scripts/cli/logs.py --job exp --namespace training --tail 200 --no-follow
-
-With `--node all` every worker pod is followed at once, each line prefixed with its pod
-(`kubectl logs --selector ... --prefix`); `--node N` follows worker N.
+"""`fsdp-eks logs`: follow a run's logs: rank 0 (loss and throughput), one node, or all.
 
 Rank 0 runs in the master pod when the job has a Master replica, else in worker 0 (our jobs
 are workers only: the operator makes worker 0 the rendezvous master). The container is
@@ -15,24 +7,18 @@ are workers only: the operator makes worker 0 the rendezvous master). The contai
 
 from __future__ import annotations
 
-import argparse
 import re
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import IO, Any
 
-if __package__ in (None, ""):  # run as a script: make `scripts.*` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import click
 
-from scripts.cli.run_target import (
-    RunTarget,
-    TargetError,
-    add_target_arguments,
-    kubectl_json,
-    resolve,
-)
+from scripts.cli.support.errors import CliError
+from scripts.cli.support.kube import Kubectl
+from scripts.cli.support.stacks import stack_arguments
+from scripts.cli.support.target import RunTarget, run_options
 
 CONTAINER = "pytorch"
 LOSS_LINE = re.compile(r"Loss:")
@@ -63,7 +49,7 @@ def worker_pod(job: Mapping[str, Any], index: int) -> str:
         return f"{name}-master-0" if index == 0 else f"{name}-worker-{index - 1}"
     workers = int((replicas.get("Worker") or {}).get("replicas", 1))
     if index >= workers:
-        raise TargetError(
+        raise CliError(
             f"--node {index}: PyTorchJob {name} has {workers} worker(s), 0-{workers - 1}"
         )
     return f"{name}-worker-{index}"
@@ -71,6 +57,7 @@ def worker_pod(job: Mapping[str, Any], index: int) -> str:
 
 def logs_command(
     target: RunTarget,
+    kubectl: Kubectl,
     pod: str | None,
     *,
     follow: bool = True,
@@ -95,7 +82,7 @@ def logs_command(
         args.append(f"--tail={tail}")
     if previous:
         args.append("--previous")  # the container before its last restart
-    return target.kubectl(*args)
+    return kubectl.command(*args)
 
 
 def copy_lines(
@@ -115,44 +102,50 @@ def copy_lines(
     return written
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    add_target_arguments(parser)
-    parser.add_argument("--no-follow", action="store_true", help="print and exit")
-    parser.add_argument("--tail", type=int, help="start with the last N lines")
-    parser.add_argument("--previous", action="store_true", help="the crashed container's logs")
-    parser.add_argument("--loss", action="store_true", help="only the loss lines")
-    parser.add_argument("--errors", action="store_true", help="only errors and warnings")
-    parser.add_argument(
-        "--node", default="0", help="worker N (default 0: rank 0), or `all` (every pod, prefixed)"
-    )
-    options = parser.parse_args(argv)
-    if options.node != "all" and not options.node.isdigit():
-        parser.error(f"--node {options.node!r}: a worker index (0, 1, ...) or `all`")
-    try:
-        target = resolve(options)
-        job = kubectl_json(target, "get", "pytorchjob", target.require_job())
-        pod = None if options.node == "all" else worker_pod(job, int(options.node))
-    except TargetError as error:
-        print(f"logs: {error}", file=sys.stderr)
-        return 2
-    command = logs_command(
-        target, pod, follow=not options.no_follow, tail=options.tail, previous=options.previous
-    )
-    print(f"# {' '.join(command)}", file=sys.stderr)
+@click.command()
+@stack_arguments(optional=True)
+@run_options
+@click.option(
+    "--node",
+    default="0",
+    show_default=True,
+    help="Worker N (0: rank 0), or `all`: every pod at once, each line prefixed.",
+)
+@click.option("--loss", "only_loss", is_flag=True, help="Only the loss lines.")
+@click.option("--errors", "only_errors", is_flag=True, help="Only errors and warnings.")
+@click.option("--tail", type=click.IntRange(0), help="Start with the last N lines.")
+@click.option("--previous", is_flag=True, help="The crashed container's logs.")
+@click.option("--no-follow", is_flag=True, help="Print what there is and exit.")
+def logs(
+    target: RunTarget,
+    node: str,
+    only_loss: bool,
+    only_errors: bool,
+    tail: int | None,
+    previous: bool,
+    no_follow: bool,
+) -> int:
+    """Follow a run's logs: rank 0 (loss and throughput), one node, or all of them.
+
+    \b
+        fsdp-eks logs llama31-8b-p5                   # follow rank 0
+        fsdp-eks logs llama31-8b-p5 --loss            # only `Batch N Loss: ...` lines
+        fsdp-eks logs llama31-8b-p5 --node all --errors
+    """
+    if node != "all" and not node.isdigit():
+        raise click.BadParameter(
+            f"{node!r}: a worker index (0, 1, ...) or `all`", param_hint="--node"
+        )
+    kubectl = target.kubectl()
+    job = kubectl.json("get", "pytorchjob", target.require_job())
+    pod = None if node == "all" else worker_pod(job, int(node))
+    command = logs_command(target, kubectl, pod, follow=not no_follow, tail=tail, previous=previous)
+    click.echo(f"# {' '.join(command)}", err=True)
     with subprocess.Popen(command, stdout=subprocess.PIPE, text=True, bufsize=1) as process:
         assert process.stdout is not None
         try:
-            copy_lines(
-                process.stdout, sys.stdout, only_loss=options.loss, only_errors=options.errors
-            )
+            copy_lines(process.stdout, sys.stdout, only_loss=only_loss, only_errors=only_errors)
         except KeyboardInterrupt:  # Ctrl-C ends the follow, not the run
             process.terminate()
             return 0
     return process.returncode
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,57 +1,44 @@
-"""Offline plan: what `pulumi up -s STACK` would create, without the Pulumi CLI or AWS.
+"""`fsdp-eks plan`: what `pulumi up` would create, fit, take and cost, without AWS or Pulumi.
 
-    python scripts/cli/plan.py dev                      # a stack name under stacks/
-    python scripts/cli/plan.py stacks/Pulumi.dev.yaml   # or a stack file
-    python scripts/cli/plan.py --verbose dev            # + every resource and the PyTorchJob
-    python scripts/cli/plan.py --all                    # every stack (CI)
-    python scripts/cli/plan.py --time dev               # how long one evaluation takes
+    fsdp-eks plan dev                      # a stack under stacks/ (or a stack file)
+    fsdp-eks plan dev llama31-8b-p5        # several
+    fsdp-eks plan --all                    # every stack (CI)
+    fsdp-eks plan -v dev                   # + every resource, the outputs and the PyTorchJob
+    fsdp-eks plan --time dev               # how long evaluating it takes
 
 Evaluates the real program (`infra.program.main`) under Pulumi's mock runtime with AWS-shaped
-answers (`infra.offline`) and prints what a reviewer needs: what runs and where, whether it
-fits the GPUs' memory, how long it takes, what it costs, and the guardrails' verdict (the same
-checks as the policy pack in `infra/policy/`). `--verbose` adds the resources as a tree with
-their key settings, the stack outputs and the PyTorchJob exactly as it would be applied.
-Secrets in the stack file (`secure:`) are replaced by a placeholder and never printed. A stack
-the config model rejects, or one that breaks a guardrail, prints its problems and exits with
-status 1: what `pulumi up` would refuse, found first.
+answers in the stack's region (`infra.offline`) and prints what a reviewer needs: what runs and
+where, whether it fits the GPUs' memory, how long it takes, what it costs, the warnings the
+program gives, and the guardrails' verdict (the policy pack's checks, `infra/policy/`).
+Secrets in the stack file (`secure:`) are replaced by a placeholder and never printed.
+Exit status: 0 planned; 1 a guardrail refuses it; 2 the stack is invalid (what `pulumi up`
+would refuse, found first).
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import statistics
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import yaml
+import click
+
+from scripts.cli.support import plan_cache
+from scripts.cli.support.plan_cache import CachedPlan
+from scripts.cli.support.stacks import stack_arguments
+
+if TYPE_CHECKING:
+    from infra.config import StackConfig, StackFile
+    from infra.estimates.run_plan import RunPlan
+    from infra.offline import Evaluation, RecordedResource
+    from infra.policy.offline import Violation
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-from infra.config import (  # noqa: E402
-    StackConfig,
-    StackConfigError,
-    StackFile,
-    read_stack_file,
-)
-from infra.estimates.run_plan import RunPlan  # noqa: E402
-from infra.job.flags import run_paths  # noqa: E402
-from infra.job.stack_checks import checked_run_plan  # noqa: E402
-from infra.offline import Evaluation, RecordedResource, evaluate  # noqa: E402
-from infra.platform.gpu_lease import lease_line  # noqa: E402
-from infra.policy.offline import Violation, run_policies  # noqa: E402
-from infra.policy.settings import policy_config_for  # noqa: E402
-from infra.program import main as program  # noqa: E402
-from trainer.presets import approx_num_parameters  # noqa: E402
 
 PYTORCHJOB_TYPE = "kubernetes:kubeflow.org/v1:PyTorchJob"
-STACKS_DIR = REPO_ROOT / "stacks"
 
 # The settings worth a reviewer's eye, per input key (camelCase, as sent to the engine).
 KEY_SETTINGS = (
@@ -89,6 +76,9 @@ class Plan:
 
 
 def evaluate_stack(stack: StackFile) -> Evaluation:
+    from infra.offline import evaluate
+    from infra.program import main as program
+
     return evaluate(
         program,
         config=stack.config,
@@ -99,12 +89,17 @@ def evaluate_stack(stack: StackFile) -> Evaluation:
 
 def plan_stack(name: str | Path) -> Plan:
     """Validate and evaluate one stack (raises StackConfigError for a bad one)."""
-    stack = read_stack_file(name, STACKS_DIR)
-    run = checked_run_plan(  # every problem of the stack at once
+    from infra.config.files import display_path, read_stack_file
+    from infra.job.stack_checks import checked_run_plan
+    from infra.policy.offline import run_policies
+    from infra.policy.settings import policy_config_for
+
+    stack = read_stack_file(name)
+    run = checked_run_plan(
         stack.config,
         stack_name=stack.stack_name,
         secret_keys=stack.secret_keys,
-        source=stack.path.name,
+        source=display_path(stack.path),
     )
     config = run.config
     start = time.perf_counter()
@@ -129,7 +124,7 @@ def _short(value: Any) -> str:
     value = whole_numbers(value)
     if isinstance(value, dict) and "name" in value and len(value) > 1:
         value = value["name"]  # Kubernetes metadata: the name says it
-    text = value if isinstance(value, str) else yaml.safe_dump(value, default_flow_style=True)
+    text = value if isinstance(value, str) else _yaml(value, flow=True)
     text = " ".join(str(text).split())
     return text if len(text) <= 70 else text[:67] + "..."
 
@@ -203,6 +198,8 @@ def placement_line(config: StackConfig, evaluation: Evaluation | None = None) ->
 
 def saves_line(plan: RunPlan) -> str:
     """Where the checkpoints go, how often, and what one save costs."""
+    from infra.job.flags import run_paths
+
     config = plan.config
     paths = run_paths(plan)
     where = (
@@ -219,6 +216,9 @@ def saves_line(plan: RunPlan) -> str:
 
 
 def summary_lines(plan: RunPlan, evaluation: Evaluation | None = None) -> list[str]:
+    from infra.platform.gpu_lease import lease_line
+    from trainer.presets import approx_num_parameters
+
     config = plan.config
     facts = config.instance
     shape = config.model_shape()
@@ -249,19 +249,16 @@ def summary_lines(plan: RunPlan, evaluation: Evaluation | None = None) -> list[s
     ]
 
 
-def display_path(path: Path) -> str:
-    """Repository files relative to the root (as reviewers know them), others as given."""
-    resolved = path.resolve()
-    return str(resolved.relative_to(REPO_ROOT)) if resolved.is_relative_to(REPO_ROOT) else str(path)
-
-
 def render(plan: Plan, *, verbose: bool = False) -> str:
     """The summary and the guardrails; with `verbose`, the resources, outputs and the job."""
+    from infra.config.files import display_path
+
     evaluation = plan.evaluation
+    warnings = [*plan.stack.warnings, *plan.run.warnings, *evaluation.warnings]
     lines = [
         f"Stack {plan.stack.stack_name} ({display_path(plan.stack.path)})",
         *(f"  {line}" for line in summary_lines(plan.run, plan.evaluation)),
-        *(f"  Warning: {warning}" for warning in [*plan.stack.warnings, *plan.run.warnings]),
+        *(f"  Warning: {warning}" for warning in warnings),
         "",
         "Guardrails:",
         *([f"  {violation}" for violation in plan.violations] or ["  all passed"]),
@@ -294,15 +291,20 @@ def render(plan: Plan, *, verbose: bool = False) -> str:
             {key: job.inputs.get(key) for key in ("apiVersion", "kind", "metadata", "spec")}
         )
         # Sorted keys, as `kubectl get -o yaml` shows objects.
-        lines += ["", "PyTorchJob:", "---", yaml.safe_dump(manifest, sort_keys=True).rstrip()]
+        lines += ["", "PyTorchJob:", "---", _yaml(manifest)]
     return "\n".join(lines)
 
 
-def all_stacks() -> list[Path]:
-    return sorted(STACKS_DIR.glob("Pulumi.*.yaml"))
+def _yaml(value: Any, *, flow: bool = False) -> str:
+    import yaml
+
+    if flow:
+        return str(yaml.safe_dump(value, default_flow_style=True))
+    # Sorted keys, as `kubectl get -o yaml` shows objects.
+    return str(yaml.safe_dump(value, sort_keys=True)).rstrip()
 
 
-def time_stack(name: str | Path, repeats: int) -> list[float]:
+def time_stack(name: str, repeats: int) -> list[float]:
     """Seconds per full plan (read, validate, evaluate) of one stack, `repeats` times."""
     samples = []
     for _ in range(repeats):
@@ -312,58 +314,85 @@ def time_stack(name: str | Path, repeats: int) -> list[float]:
     return samples
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("stacks", nargs="*", help="stack names or stack files")
-    parser.add_argument("--all", action="store_true", help="every stack under stacks/")
-    parser.add_argument(
-        "-v",
-        "--verbose",
-        action="store_true",
-        help="also the resource tree, the stack outputs and the PyTorchJob as applied",
-    )
-    parser.add_argument(
-        "--time", action="store_true", help="time the plan of each stack instead of printing it"
-    )
-    parser.add_argument("--repeats", type=int, default=5, help="evaluations per stack with --time")
-    args = parser.parse_args(argv)
-    names: list[str | Path] = [*args.stacks, *(all_stacks() if args.all else [])]
-    if not names:
-        parser.error("name a stack (e.g. dev) or pass --all")
+def plan_output(name: str, *, verbose: bool) -> CachedPlan:
+    """What planning one stack prints, and its exit status."""
+    from infra.config import StackConfigError
 
+    try:
+        planned = plan_stack(name)
+    except StackConfigError as error:  # the same line `fsdp-eks local` and `pulumi up` give
+        return CachedPlan("", f"fsdp-eks plan: {error}\n", 2)  # 2: a mistake; 1: refused
+    return CachedPlan(render(planned, verbose=verbose) + "\n\n", "", 1 if planned.violations else 0)
+
+
+def cached_plan_output(name: str, *, verbose: bool, use_cache: bool) -> CachedPlan:
+    """`plan_output`, from the plan cache when nothing it follows from has changed."""
+    from infra.config.names import stack_file_path
+
+    if not use_cache or plan_cache.cache_dir() is None:
+        return plan_output(name, verbose=verbose)
+    path = stack_file_path(name)
+    key = plan_cache.plan_key(path, str(path.resolve()), verbose=verbose)
+    kept = plan_cache.load(key)
+    if kept is not None:
+        return kept
+    output = plan_output(name, verbose=verbose)
+    plan_cache.store(key, output)
+    return output
+
+
+@click.command()
+@stack_arguments(many=True, all_flag=True)
+@click.option(
+    "-v", "--verbose", is_flag=True, help="Also every resource, the outputs and the PyTorchJob."
+)
+@click.option("--time", "timed", is_flag=True, help="Time the plan of each stack instead.")
+@click.option("--repeats", type=click.IntRange(1), default=5, show_default=True,
+              help="Evaluations per stack with --time.")  # fmt: skip
+@click.option("--no-cache", is_flag=True,
+              help="Evaluate even when nothing the plan reads has changed.")  # fmt: skip
+def plan(stacks: list[str], verbose: bool, timed: bool, repeats: int, no_cache: bool) -> int:
+    """What `pulumi up` would create, fit, take and cost: offline, no AWS, no Pulumi CLI.
+
+    \b
+        fsdp-eks plan dev                # a stack under stacks/ (or a stack file)
+        fsdp-eks plan dev llama31-8b-p5  # several
+        fsdp-eks plan --all              # every stack
+        fsdp-eks plan -v dev             # + every resource, the outputs, the PyTorchJob
+
+    The real program runs under Pulumi's mock runtime with AWS-shaped answers in the stack's
+    region: what runs where, whether it fits the GPUs' memory, how long it takes, what it
+    costs, the program's warnings and the guardrails' verdict (the policy pack's checks).
+    A plan is kept (~/.cache/fsdp-eks) and shown again while nothing it follows from has
+    changed: the stack file, the program's sources, the installed packages.
+    Exit status: 0 planned, 1 a guardrail refuses it, 2 the stack is invalid.
+    """
+    if timed:
+        return time_stacks(stacks, repeats)
     status = 0
-    if args.time:
-        # The first evaluation in a process also imports the provider SDKs' submodules.
-        start = time.perf_counter()
-        with contextlib.suppress(StackConfigError):  # reported in the loop below
-            plan_stack(names[0])
-        print(f"first plan in this process (imports included): {time.perf_counter() - start:.2f} s")
-        print()
-        print("| stack | resources | median s | max s |")
-        print("|---|---|---|---|")
-    for name in names:
-        try:
-            if args.time:
-                samples = time_stack(name, args.repeats)
-                count = len(plan_stack(name).evaluation.resources)
-                label = Path(name).name.removeprefix("Pulumi.").removesuffix(".yaml")
-                print(
-                    f"| {label} | {count} | {statistics.median(samples):.2f} | {max(samples):.2f} |"
-                )
-            else:
-                plan = plan_stack(name)
-                print(render(plan, verbose=args.verbose))
-                print()
-                if plan.violations:
-                    status = 1
-        except (StackConfigError, FileNotFoundError) as err:
-            # A bad stack, or one that does not exist (the message lists the stacks there are).
-            print(f"plan: {err}" if isinstance(err, FileNotFoundError) else err, file=sys.stderr)
-            status = 2  # a user's mistake; 1 is a plan the guardrails refuse
+    for name in stacks:
+        output = cached_plan_output(name, verbose=verbose, use_cache=not no_cache)
+        click.echo(output.stdout, nl=False)
+        click.echo(output.stderr, nl=False, err=True)
+        if output.status == 2 or (output.status == 1 and status == 0):
+            status = output.status
     return status
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def time_stacks(stacks: list[str], repeats: int) -> int:
+    """A table of how long each stack's plan takes, evaluated every time (no cache)."""
+    from infra.config import StackConfigError
+
+    status = 0
+    click.echo("| stack | resources | median s | max s |")
+    click.echo("|---|---|---|---|")
+    for name in stacks:
+        try:
+            samples = time_stack(name, repeats)
+            count = len(plan_stack(name).evaluation.resources)
+        except StackConfigError as error:
+            click.echo(f"fsdp-eks plan: {error}", err=True)
+            status = 2
+            continue
+        click.echo(f"| {name} | {count} | {statistics.median(samples):.2f} | {max(samples):.2f} |")
+    return status

@@ -1,8 +1,4 @@
-"""Plot a run's loss curve from the trainer's JSONL metrics file.
-
-    python scripts/cli/plot.py runs/dev/metrics.jsonl                 # -> runs/dev/loss.png
-    python scripts/cli/plot.py --stack llama31-8b-p5 --out loss.png    # from S3, after `up`
-    python scripts/cli/plot.py s3://bucket/checkpoints/run-1/metrics.jsonl --smooth 0.9
+"""`fsdp-eks plot`: a run's loss curve from the trainer's JSONL metrics file.
 
 The trainer (trainer.metrics.JsonlSink) writes one JSON object per line: `kind: "train"` with
 `step` and `loss` (plus throughput figures), and `kind: "validation"` with `step` and
@@ -14,19 +10,19 @@ before it ended.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
-import sys
 import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make `scripts.*` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import click
 
-from scripts.cli.run_target import TargetError, add_target_arguments, resolve, split_s3_uri
+from scripts.cli.support.errors import CliError
+from scripts.cli.support.s3 import fetch_object
+from scripts.cli.support.stacks import complete_stacks, resolve
+from scripts.cli.support.target import resolve_target
 
 logger = logging.getLogger("fsdp_eks.plot_loss")
 METRICS_FILE = "metrics.jsonl"
@@ -89,7 +85,7 @@ def ema(values: list[float], weight: float) -> list[float]:
     return smoothed
 
 
-def plot(curves: LossCurves, out: Path, *, title: str, smooth: float = 0.0) -> Path:
+def plot_curves(curves: LossCurves, out: Path, *, title: str, smooth: float = 0.0) -> Path:
     """Write the loss curve(s) to `out` (PNG) and return it."""
     if not curves.train and not curves.validation:
         raise ValueError("no loss records to plot")
@@ -134,46 +130,48 @@ def plot(curves: LossCurves, out: Path, *, title: str, smooth: float = 0.0) -> P
     return out
 
 
-def fetch_s3(uri: str, directory: Path) -> Path:
-    """Download one S3 object to `directory` (boto3; AWS_ENDPOINT_URL works for tests)."""
-    import boto3
+@click.command()
+@click.argument("source", required=False, metavar="[STACK|FILE]", shell_complete=complete_stacks)
+@click.option("-s", "--stack", help="A deployed stack: its run's metrics file in S3.",
+              shell_complete=complete_stacks)  # fmt: skip
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
+              help="The PNG (default: loss.png beside a local file, else here).")  # fmt: skip
+@click.option("--smooth", type=click.FloatRange(0, 1, max_open=True), default=0.0,
+              show_default=True, help="EMA weight of the smoothed curve.")  # fmt: skip
+def plot(source: str | None, stack: str | None, out: Path | None, smooth: float) -> int:
+    """Plot a run's loss curve (PNG) from its metrics file: a deployed stack's run (read from
+    S3), a local file, or an s3:// URI.
 
-    bucket, key = split_s3_uri(uri)
-    local = directory / Path(key).name
-    boto3.session.Session().client("s3").download_file(bucket, key, str(local))
-    return local
-
-
-def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("metrics", nargs="?", help="metrics.jsonl path or s3:// URI")
-    add_target_arguments(parser)
-    parser.add_argument("--out", type=Path, help="PNG path (default: loss.png beside the input)")
-    parser.add_argument("--smooth", type=float, default=0.0, help="EMA weight in [0, 1)")
-    options = parser.parse_args(argv)
+    \b
+        fsdp-eks plot llama31-8b-p5 --out loss.png     # the deployed run
+        fsdp-eks plot .local-run/dev/metrics.jsonl     # what `fsdp-eks local dev` wrote
+        fsdp-eks plot s3://bucket/checkpoints/run-1/metrics.jsonl --smooth 0.9
+    """
+    metrics = None
+    if source is not None and (source.startswith("s3://") or Path(source).is_file()):
+        metrics = source
+    elif source is not None:
+        stack = resolve([source, *([stack] if stack else [])], all_stacks=False, many=False,
+                        default=None)[0]  # fmt: skip
+    elif stack is None:
+        stack = resolve([], all_stacks=False, many=False, default=None)[0]
+    if metrics is None and stack is None:
+        raise CliError("name a metrics file (e.g. .local-run/dev/metrics.jsonl) or -s STACK")
     with tempfile.TemporaryDirectory() as scratch:
+        source = metrics or f"{resolve_target(stack).require_checkpoint_uri()}/{METRICS_FILE}"
+        if source.startswith("s3://"):
+            path = fetch_object(source, Path(scratch))
+            out = out or Path("loss.png")
+        else:
+            path = Path(source)
+            if not path.is_file():
+                raise CliError(f"no metrics file {source}")
+            out = out or path.with_name("loss.png")
+        with path.open(encoding="utf-8") as lines:
+            curves = read_curves(lines)
         try:
-            source = options.metrics
-            if source is None:
-                source = f"{resolve(options).require_checkpoint_uri()}/{METRICS_FILE}"
-            if source.startswith("s3://"):
-                path = fetch_s3(source, Path(scratch))
-                out = options.out or Path("loss.png")
-            else:
-                path = Path(source)
-                out = options.out or path.with_name("loss.png")
-            with path.open(encoding="utf-8") as lines:
-                curves = read_curves(lines)
-            plot(curves, out, title=source, smooth=options.smooth)
-        except (TargetError, ValueError, OSError) as error:
-            print(f"plot_loss: {error}", file=sys.stderr)
-            return 2
-    print(f"{curves.summary()}\nwrote {out}")
+            plot_curves(curves, out, title=source, smooth=smooth)
+        except ValueError as error:  # nothing to plot: a file without loss records
+            raise CliError(f"{source}: {error}") from None
+    click.echo(f"{curves.summary()}\nwrote {out}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

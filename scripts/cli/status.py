@@ -1,18 +1,9 @@
-"""Where a training run stands: the PyTorchJob's state, its pods, time left and money spent.
-
-    python scripts/cli/status.py --stack llama31-8b-p5
-    python scripts/cli/status.py --job llama31-8b-p5 --namespace training --json
-
-Exit status: 0 while the job is pending, running or done; 1 when it failed; 2 when it cannot be
-found. Reads the job and pods with kubectl (the cluster's kubeconfig must be current:
-`aws eks update-kubeconfig --name <cluster>`).
-"""
+"""`fsdp-eks status`: where a run stands: the job's state, its pods, the GPU lease, restarts,
+time left and money spent."""
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import tempfile
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
@@ -20,16 +11,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script: make `scripts.*` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import click
 
-from scripts.cli.run_target import (
-    RunTarget,
-    TargetError,
-    add_target_arguments,
-    kubectl_json,
-    resolve,
-)
+from scripts.cli.support.errors import CliError, ToolFailedError
+from scripts.cli.support.stacks import stack_arguments
+from scripts.cli.support.target import RunTarget, run_options
 
 JOB_LABEL = "training.kubeflow.org/job-name"
 GPU_POOL_SELECTOR = "fsdp-eks/node-pool=gpu"
@@ -205,16 +191,16 @@ def read_restarts(target: RunTarget) -> str | None:
     """The restart line from the run's metrics file in S3; None when it cannot be read."""
     try:
         uri = f"{target.require_checkpoint_uri()}/metrics.jsonl"
-    except TargetError:
+    except CliError:
         return None
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from scripts.cli.plot import fetch_s3
+    from scripts.cli.support.s3 import fetch_object
     from trainer.restarts import read_records
 
     with tempfile.TemporaryDirectory() as scratch:
         try:
-            return restart_summary(read_records(fetch_s3(uri, Path(scratch))))
+            return restart_summary(read_records(fetch_object(uri, Path(scratch))))
         except (BotoCoreError, ClientError) as error:
             return f"restarts: unknown ({uri} not readable: {error})"
 
@@ -231,35 +217,36 @@ def gpu_node_summary(nodes: list[NodeRow]) -> str:
 
 def fetch_status(target: RunTarget, *, now: datetime | None = None) -> JobStatus:
     name = target.require_job()
-    job = kubectl_json(target, "get", "pytorchjob", name)
-    pods = kubectl_json(target, "get", "pods", "-l", f"{JOB_LABEL}={name}")
+    kubectl = target.kubectl()
+    job = kubectl.json("get", "pytorchjob", name)
+    pods = kubectl.json("get", "pods", "-l", f"{JOB_LABEL}={name}")
     summary = summarize(job, pods, now=now or datetime.now(UTC), usd_per_hour=target.usd_per_hour)
     summary = replace(summary, restarts=read_restarts(target))
     try:
-        nodes = node_rows(kubectl_json(target, "get", "nodes", "-l", GPU_POOL_SELECTOR))
-    except TargetError:
+        nodes = node_rows(
+            target.kubectl(namespaced=False).json("get", "nodes", "-l", GPU_POOL_SELECTOR)
+        )
+    except ToolFailedError:
         return summary  # listing nodes is cluster-wide: a namespaced user may not
     return replace(summary, gpu_nodes=nodes)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    add_target_arguments(parser)
-    parser.add_argument("--json", action="store_true", help="print the status as JSON")
-    options = parser.parse_args(argv)
-    try:
-        status = fetch_status(resolve(options))
-    except TargetError as error:
-        print(f"status: {error}", file=sys.stderr)
-        return 2
-    if options.json:
-        print(json.dumps({**asdict(status), "spent_usd": status.spent_usd}, indent=2))
+@click.command()
+@stack_arguments(optional=True)
+@run_options
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+def status(target: RunTarget, as_json: bool) -> int:
+    """Where a run stands: the job's state, its pods, the GPU lease, restarts, spend.
+
+    \b
+        fsdp-eks status llama31-8b-p5
+        fsdp-eks status llama31-8b-p5 --json
+
+    Exit status: 0 while the job is pending, running, stopped or done; 1 when it failed.
+    """
+    found = fetch_status(target)
+    if as_json:
+        click.echo(json.dumps({**asdict(found), "spent_usd": found.spent_usd}, indent=2))
     else:
-        print(format_status(status))
-    return 1 if status.state == "Failed" else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        click.echo(format_status(found))
+    return 1 if found.state == "Failed" else 0

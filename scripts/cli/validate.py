@@ -1,11 +1,9 @@
-"""Check a stack's GPU cluster before paying for a run: GPUs, EFA devices, NCCL over EFA.
+"""`fsdp-eks validate`: check a stack's GPU cluster before paying for a run: GPUs, EFA devices,
+NCCL over EFA.
 
-    python scripts/cli/validate.py llama31-8b-p5                # all checks
-    python scripts/cli/validate.py llama31-8b-p5 --skip nccl    # devices only
-    python scripts/cli/validate.py llama31-8b-p5 --render-only  # print the manifests
-
-Run it after `pulumi up` with kubectl pointed at the stack's cluster. Everything is derived
-from the stack file (`stacks/Pulumi.<stack>.yaml`), through the same config model as the
+Run it after `pulumi up`: it reaches the stack's own cluster (`scripts.cli.support.kube`),
+never the current kubectl context unless `--context` names one. Everything is derived from
+the stack file (`stacks/Pulumi.<stack>.yaml`), through the same config model as the
 Pulumi program:
 
 1. nodes: `gpuNodes.count` nodes of `gpuNodes.instanceType` are Ready, and each advertises
@@ -17,44 +15,42 @@ Pulumi program:
 launched by torchrun like the trainer) and reports bus bandwidth and the transport NCCL chose:
    `NET/OFI` with the `efa` provider (EFA) or `NET/Socket` (the silent TCP fallback).
 
-Exit status 0 when every check passes. Checks that need a cluster use `kubectl`; the parsers
-of their output are plain functions (unit-tested on captured-format text).
+Exit status 0 when every check passes, 1 when one fails. Checks that need a cluster use
+`kubectl`; the parsers of their output are plain functions (unit-tested on captured-format
+text).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import re
 import secrets
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import yaml
+import click
+
+from infra.job.placement import EFA_RESOURCE, GPU_RESOURCE, INSTANCE_TYPE_LABEL
+from scripts.cli.support.errors import CliError
+from scripts.cli.support.kube import Kubectl, to_yaml
+from scripts.cli.support.stacks import name_of, stack_arguments
+from scripts.cli.support.target import resolve_target
+
+if TYPE_CHECKING:
+    from infra.config import StackConfig
+    from infra.job.cluster_checks import ExpectedNodeResources
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
-    sys.path.insert(0, str(REPO_ROOT))
-
-from infra.config import StackConfig  # noqa: E402
-from infra.job.cluster_checks import (  # noqa: E402
-    ExpectedNodeResources,
-    expected_node_resources,
-    validation_manifests,
-)
-from infra.job.manifest import CONTAINER_NAME, EFA_RESOURCE, GPU_RESOURCE  # noqa: E402
-from infra.job.stack_checks import plan_stack_file  # noqa: E402
+CONTAINER_NAME = "pytorch"  # the training operator finds the container by this name
+FIELD_MANAGER = "fsdp-eks-validate"
 
 log = logging.getLogger("validate_cluster")
 
 BENCH_SCRIPT = REPO_ROOT / "infra" / "job" / "payloads" / "nccl_allreduce.py"
-INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 CHECKS = ("nodes", "nvidia-smi", "nccl")
 
 
@@ -300,58 +296,6 @@ def check_nccl(report: NcclReport, expected: ExpectedNodeResources) -> CheckResu
 # -- cluster access ------------------------------------------------------------------------------
 
 
-class _PlainDumper(yaml.SafeDumper):
-    """Writes shared sub-objects (labels) out in full: no YAML anchors in manifests."""
-
-    def ignore_aliases(self, data: Any) -> bool:
-        return True
-
-
-def to_yaml(manifests: Iterable[dict[str, Any]]) -> str:
-    return yaml.dump_all(list(manifests), Dumper=_PlainDumper, sort_keys=False)
-
-
-Runner = Callable[[Sequence[str], str | None], str]
-
-
-def run_command(argv: Sequence[str], stdin: str | None = None) -> str:
-    """Run a command, returning stdout; a failure raises with its stderr."""
-    log.debug("$ %s", " ".join(argv))
-    completed = subprocess.run(list(argv), input=stdin, capture_output=True, text=True, check=False)
-    if completed.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv[:4])} ... failed: {completed.stderr.strip()}")
-    return completed.stdout
-
-
-class Kubectl:
-    """The few kubectl calls the checks make (a runner can be swapped in tests)."""
-
-    def __init__(self, context: str | None = None, runner: Runner = run_command) -> None:
-        self._base = ["kubectl"] + ([f"--context={context}"] if context else [])
-        self._run = runner
-
-    def __call__(self, *args: str, stdin: str | None = None) -> str:
-        return self._run([*self._base, *args], stdin)
-
-    def json(self, *args: str) -> Any:
-        return json.loads(self(*args, "-o", "json"))
-
-    def apply(self, manifests: Iterable[dict[str, Any]]) -> None:
-        documents = to_yaml(manifests)
-        self(
-            "apply",
-            "--server-side",
-            "--field-manager=fsdp-eks-validate",
-            "-f",
-            "-",
-            stdin=documents,
-        )
-
-    def delete(self, manifests: Iterable[dict[str, Any]]) -> None:
-        documents = to_yaml(manifests)
-        self("delete", "--ignore-not-found", "--wait=false", "-f", "-", stdin=documents)
-
-
 PROGRESS_EVERY_S = 60.0
 """How often a waiting check says what it waits for and for how long (a check may take up to
 `--timeout`, 30 minutes by default: GPU nodes scaling up, an image pull)."""
@@ -468,26 +412,21 @@ def run_nccl_check(
     return result, text
 
 
-def stack_name(stack: str) -> str:
-    """`dev`, `Pulumi.dev.yaml` or `stacks/Pulumi.dev.yaml` → `dev` (for `pulumi --stack`)."""
-    name = Path(stack).name
-    if name.endswith((".yaml", ".yml")):
-        return name.removeprefix("Pulumi.").rsplit(".", 1)[0]
-    return stack
-
-
-def resolve_image(config: StackConfig, stack: str, image: str | None) -> str:
+def resolve_image(
+    config: StackConfig, stack: str, image: str | None, outputs: dict[str, Any]
+) -> str:
     """`--image`, else the stack's own `image.uri`, else the image `pulumi up` built."""
     if image:
         return image
     if config.image.uri:
         return config.image.uri
-    try:
-        return run_command(["pulumi", "stack", "output", "image", "--stack", stack]).strip()
-    except (RuntimeError, FileNotFoundError) as error:
-        raise SystemExit(
-            f"no image to run: pass --image, set image.uri, or run `pulumi up` first ({error})"
-        ) from error
+    image_uri = outputs.get("image")
+    if not isinstance(image_uri, str) or not image_uri:
+        raise CliError(
+            f"stack {stack!r} has no image output: pass --image, set image.uri, or run "
+            "`pulumi up` first"
+        )
+    return image_uri
 
 
 def _format_report(results: Sequence[CheckResult]) -> str:
@@ -499,36 +438,57 @@ def _format_report(results: Sequence[CheckResult]) -> str:
     return "\n".join(lines)
 
 
-def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description="Validate a stack's GPU cluster: devices, nvidia-smi, NCCL over EFA."
-    )
-    parser.add_argument("stack", help="stack name (stacks/Pulumi.<stack>.yaml) or a stack file")
-    parser.add_argument("--image", help="image for the check pods (default: the trainer image)")
-    parser.add_argument("--context", help="kubectl context (default: the current one)")
-    parser.add_argument("--skip", action="append", choices=CHECKS, default=[], help="skip a check")
-    parser.add_argument("--timeout", type=float, default=1800, help="seconds per check job")
-    parser.add_argument("--keep", action="store_true", help="leave the check jobs in place")
-    parser.add_argument("--render-only", action="store_true", help="print manifests and exit")
-    parser.add_argument("--json", type=Path, help="also write the results as JSON here")
-    parser.add_argument("-v", "--verbose", action="store_true")
-    return parser.parse_args(argv)
+@click.command()
+@stack_arguments()
+@click.option("--image", help="Image for the check pods (default: the stack's trainer image).")
+@click.option("--context", help="A kubectl context of yours instead of the stack's cluster.")
+@click.option("--skip", multiple=True, type=click.Choice(CHECKS), help="Skip a check.")
+@click.option("--timeout", type=click.FloatRange(min=1), default=1800.0, show_default=True,
+              help="Seconds each check job may take.")  # fmt: skip
+@click.option("--keep", is_flag=True, help="Leave the check workloads in place.")
+@click.option("--render-only", is_flag=True, help="Print the manifests and exit (offline).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the results as JSON here.")  # fmt: skip
+@click.option("-v", "--verbose", is_flag=True, help="Every kubectl call.")
+def validate(
+    stack: str,
+    image: str | None,
+    context: str | None,
+    skip: tuple[str, ...],
+    timeout: float,
+    keep: bool,
+    render_only: bool,
+    json_path: Path | None,
+    verbose: bool,
+) -> int:
+    """Check a stack's GPU cluster before paying for a run: nodes, GPUs and EFA devices, the
+    FSx mount, NCCL's bandwidth and transport.
 
+    \b
+        fsdp-eks validate llama31-8b-p5               # every check
+        fsdp-eks validate llama31-8b-p5 --skip nccl   # devices only
+        fsdp-eks validate llama31-8b-p5 --render-only # the check workloads, offline
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parse_args(argv)
+    It runs on the stack's own cluster (from its outputs), never the current kubectl
+    context unless --context names one. Exit status 0 when every check passes, 1 otherwise.
+    """
+    from infra.job.cluster_checks import expected_node_resources, validation_manifests
+    from infra.job.stack_checks import plan_stack_file
+
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(message)s"
+        level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(message)s"
     )
-    plan = plan_stack_file(args.stack)
+    plan = plan_stack_file(stack)
     config = plan.config
+    name = name_of(stack)
     expected = expected_node_resources(config)
     run_id = f"validate-{secrets.token_hex(3)}"
-    if args.render_only:
-        image = args.image or config.image.uri or "<trainer image: pulumi stack output image>"
+    target = None if render_only else resolve_target(name, context=context)
+    if render_only or target is None:
+        image = image or config.image.uri or "<trainer image: pulumi stack output image>"
     else:
-        image = resolve_image(config, stack_name(args.stack), args.image)
-    claim = config.storage.claim_name(stack_name(args.stack))
+        image = resolve_image(config, name, image, dict(target.outputs))
+    claim = config.storage.claim_name(name)
     *policies, gpu_job, bench, nccl = validation_manifests(
         plan,
         image=image,
@@ -536,42 +496,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         bench_script=BENCH_SCRIPT.read_text(),
         claim_name=claim,
     )
-    if args.render_only:
-        print(to_yaml([*policies, gpu_job, bench, nccl]))
+    if render_only or target is None:
+        click.echo(to_yaml([*policies, gpu_job, bench, nccl]))
         return 0
 
-    kubectl = Kubectl(args.context)
+    kubectl = target.kubectl(namespaced=False)
     results: list[CheckResult] = []
     created: list[dict[str, Any]] = []
     try:
         kubectl.apply(policies)  # before any check pod exists
         created += policies
-        if "nodes" not in args.skip:
+        if "nodes" not in skip:
             log.info("checking %d %s node(s)", expected.node_count, expected.instance_type)
             results.append(run_node_check(kubectl, expected))
-        if "nvidia-smi" not in args.skip:
+        if "nvidia-smi" not in skip:
             log.info("running nvidia-smi on every GPU node (job %s)", gpu_job["metadata"]["name"])
-            kubectl.apply([gpu_job])
+            kubectl.apply([gpu_job], field_manager=FIELD_MANAGER)
             created.append(gpu_job)
             results.append(
-                run_gpu_check(kubectl, gpu_job, expected, args.timeout, fsx=claim is not None)
+                run_gpu_check(kubectl, gpu_job, expected, timeout, fsx=claim is not None)
             )
-        if "nccl" not in args.skip:
+        if "nccl" not in skip:
             log.info("running the NCCL all-reduce (PyTorchJob %s)", nccl["metadata"]["name"])
-            kubectl.apply([bench, nccl])
+            kubectl.apply([bench, nccl], field_manager=FIELD_MANAGER)
             created += [bench, nccl]
-            result, text = run_nccl_check(kubectl, nccl, expected, args.timeout)
+            result, text = run_nccl_check(kubectl, nccl, expected, timeout)
             results.append(result)
             if not result.passed:
                 log.info("last lines of the NCCL log:\n%s", "\n".join(text.splitlines()[-40:]))
     finally:
-        if created and not args.keep:
+        if created and not keep:
             kubectl.delete(reversed(created))
-    print(_format_report(results))
-    if args.json:
-        args.json.write_text(json.dumps([asdict(r) for r in results], indent=2))
+    click.echo(_format_report(results))
+    if json_path is not None:
+        json_path.write_text(json.dumps([asdict(r) for r in results], indent=2))
     return 0 if all(result.passed for result in results) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "docker" / "smoke_test.py"
 GPU_ONLY = {"gpus", "efa_devices"}
 IMAGE_ONLY = {"no_infra_packages", "efa_libraries"}
-QUICK = {"imports", "trainer_flags", "no_infra_packages", "cache_dirs_writable"}
+QUICK = {"imports", "trainer_flags", "torchao_pairing", "no_infra_packages", "cache_dirs_writable"}
 
 
 @pytest.fixture(scope="module")
@@ -58,13 +58,13 @@ def test_full_level_passes_on_cpu_as_the_build_runs_it(tmp_path: Path) -> None:
     for name in GPU_ONLY | IMAGE_ONLY | {"torch_cuda_build"}:
         assert results[name]["status"] == "skipped"
         assert results[name]["detail"].startswith("not applicable: ")
-    passed = ("imports", "trainer_flags", "cache_dirs_writable", "model_configs")
+    passed = ("imports", "trainer_flags", "torchao_pairing", "cache_dirs_writable", "model_configs")
     for name in (*passed, "tiny_training_steps", "collective"):
         assert results[name]["status"] == "passed", results[name]
     assert "loss" in results["tiny_training_steps"]["detail"]
     assert "gloo" in results["collective"]["detail"]
     assert (tmp_path / "triton").is_dir()
-    assert "level full: 6 passed, 5 skipped (not applicable), 0 failed" in result.stderr
+    assert "level full: 7 passed, 5 skipped (not applicable), 0 failed" in result.stderr
 
 
 @pytest.mark.parametrize(
@@ -114,6 +114,19 @@ def test_unwritable_cache_dir_fails_and_image_mode_requires_one(
     monkeypatch.delenv("TRITON_CACHE_DIR")
     with pytest.raises(AssertionError, match="TRITON_CACHE_DIR is not set"):
         smoke.check_cache_dirs_writable(smoke.Context(image=True, library_dirs=()))
+
+
+def test_a_base_torch_the_pinned_torchao_does_not_run_with_fails_the_build(
+    smoke: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    ctx = smoke.Context(image=True, library_dirs=())
+    assert "torchao 0.18.0" in smoke.check_torchao_pairing(ctx)
+    monkeypatch.setattr(torch, "__version__", "2.10.0a0+b4e4ee81d3")  # NGC 25.12's torch
+    result = by_name(smoke.run_checks("quick", ctx))["torchao_pairing"]
+    assert result.status == "failed"  # type: ignore[attr-defined]
+    assert "this is torch 2.10.0a0+b4e4ee81d3" in result.detail  # type: ignore[attr-defined]
 
 
 def test_an_unknown_level_is_named(smoke: ModuleType) -> None:

@@ -11,9 +11,10 @@ from pulumi.runtime import settings
 
 from infra.config import StackConfigError, read_stack_file
 from infra.config.cluster import ClusterConfig, GpuNodesConfig
+from infra.job.kubeconfig import same_iam_principal
 from infra.offline import Evaluation, FakeCloud, evaluate
 from infra.offline.outputs import ACCOUNT_ID, INVOKE_RESULTS, RESOURCE_OUTPUTS, short_hash
-from infra.platform.cluster import Cluster, ClusterArgs, default_cluster_name, same_iam_principal
+from infra.platform.cluster import Cluster, ClusterArgs, default_cluster_name
 from infra.platform.network import Network, NetworkArgs
 from infra.program import main as program
 

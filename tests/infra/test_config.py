@@ -388,7 +388,7 @@ def test_several_problems_are_all_reported() -> None:
     with pytest.raises(StackConfigError) as caught:
         parse_stack_config(values, stack_name="exp")
     assert len(caught.value.problems) == 3
-    assert "stack 'exp' is invalid (3 problem(s))" in str(caught.value)
+    assert "stack 'exp' is invalid (3 problems):" in str(caught.value)
 
 
 @pytest.mark.parametrize(

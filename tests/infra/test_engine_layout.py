@@ -198,7 +198,7 @@ def test_the_provider_process_unpickles_the_image_build_provider() -> None:
     payload = run(SERIALIZE)
     module, name, path = run(DESERIALIZE, stdin=payload).split()
     assert (module, name) == ("infra.image.build", "ImageBuildProvider")
-    assert Path(path) == REPO_ROOT / "infra" / "image_build.py"
+    assert Path(path) == REPO_ROOT / "infra" / "image" / "build.py"
 
 
 def test_the_entry_point_reports_a_bad_stack_as_one_run_error(
@@ -225,5 +225,5 @@ def test_the_entry_point_reports_a_bad_stack_as_one_run_error(
     with pytest.raises(pulumi.RunError) as caught:  # every stack must name its gpuNodes
         evaluate(entry_point, config={"job": good["job"]}, stack="exp")
     message = str(caught.value)
-    assert message.startswith("stack 'exp' is invalid (1 problem(s)):"), message
+    assert message.startswith("stack 'exp': gpuNodes is required and missing"), message
     assert "gpuNodes is required and missing" in message and "Traceback" not in message

@@ -26,7 +26,8 @@ from infra.facts.instances import (
     scheduling_labels,
 )
 from infra.facts.prices import PriceUnknownError, instance_price
-from infra.job.manifest import INSTANCE_TYPE_LABEL, render_job
+from infra.job.manifest import render_job
+from infra.job.placement import INSTANCE_TYPE_LABEL
 from infra.job.stack_checks import checked_run_plan
 from infra.offline import evaluate
 from infra.policy.offline import run_policies

@@ -230,6 +230,41 @@ def test_a_job_that_succeeded_before_it_was_seen_running_is_done(crd_schema: Any
     assert judge(done, [], crd_schema).done
 
 
+def suspended_job(*, spec_suspend: bool) -> dict[str, Any]:
+    """What training-operator v1.9.0 writes for a suspended job (`common/job.go`
+    `ReconcileJobs`: Running=False and Suspended=True with reason PyTorchJobSuspended, no
+    active replicas), with `spec.runPolicy.suspend` as given."""
+    stopped = job(
+        CREATED,
+        {**condition("Running", "PyTorchJob exp is suspended."), "status": "False",
+         "reason": "PyTorchJobSuspended"},
+        condition("Suspended", "PyTorchJob exp is suspended."),
+    )  # fmt: skip
+    stopped["spec"]["runPolicy"] = {"suspend": spec_suspend}
+    return stopped
+
+
+def test_a_suspended_job_is_reported_at_once_with_the_command_that_resumes_it(
+    crd_schema: Any,
+) -> None:
+    """An unchanged `pulumi up` after a failed start recreates the watch over the job the
+    release suspended: it can never start, so waiting the whole start budget helps nobody."""
+    verdict = judge(suspended_job(spec_suspend=True), [], crd_schema)
+    assert verdict.failure == (
+        "PyTorchJob exp is stopped (suspended): `fsdp-eks start <stack>` resumes it from its "
+        "latest checkpoint"
+    )
+    assert verdict.progress == "stopped" and not verdict.done
+    named = assess(suspended_job(spec_suspend=True), [], workers=WORKERS, now=NOW, stack="dev")
+    assert "`fsdp-eks start dev`" in str(named.failure)
+
+
+def test_a_job_being_resumed_is_not_stopped(crd_schema: Any) -> None:
+    """`fsdp-eks start` set the spec to false; the operator has not yet marked it resumed."""
+    verdict = judge(suspended_job(spec_suspend=False), [], crd_schema)
+    assert verdict.failure is None and verdict.progress == "0/2 workers running"
+
+
 @pytest.mark.parametrize(
     ("budget", "waited", "fails"),
     [

@@ -1,36 +1,37 @@
 """The start watch against an API server on loopback, reached the way the provider reaches EKS.
 
-The server is a plain HTTP server holding PyTorchJob / Pod documents (the shapes of
-`test_job_wait`); the kubeconfig names it with an `exec` credential plugin, so the token the
-watch sends comes from running that plugin exactly as client-go would (ExecCredential JSON on
-stdout, `status.token`). Nothing is faked inside the watch itself.
+The server (`tests.infra.kube_fake.ScriptedApiServer`) serves PyTorchJob / Pod documents (the
+shapes of `test_job_wait`) one state per poll; the kubeconfig names it with an `exec`
+credential plugin, so the token the watch sends comes from running that plugin exactly as
+client-go would (ExecCredential JSON on stdout, `status.token`). Nothing is faked inside the
+watch itself.
 """
 
 from __future__ import annotations
 
-import json
-import sys
-import threading
-import urllib.parse
 from collections.abc import Iterator
+from contextlib import ExitStack
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 
+from infra.job.kube_api import KubernetesApi
 from infra.job.start_rule import JobStartError
-from infra.launch.start_watch import (
-    JobStartWatchProvider,
-    KubernetesApi,
-    WatchedJob,
-    wait_for_start,
-)
+from infra.job.start_wait import WatchedJob, wait_for_start
+from infra.job.suspension import FIELD_MANAGER
+from infra.launch.start_watch import JobStartWatchProvider
+from tests.infra.kube_fake import APPLY_PATCH, TOKEN, ScriptedApiServer, kubeconfig, serving
 
-TOKEN = "k8s-aws-v1.test-token"
 JOB_PATH = "/apis/kubeflow.org/v1/namespaces/training/pytorchjobs/exp"
 PODS_PATH = "/api/v1/namespaces/training/pods"
 EVENTS_PATH = "/api/v1/namespaces/training/events"
+SUSPEND_APPLY = {
+    "apiVersion": "kubeflow.org/v1",
+    "kind": "PyTorchJob",
+    "metadata": {"name": "exp", "namespace": "training"},
+    "spec": {"runPolicy": {"suspend": True}},
+}
 
 
 def stamp(seconds_ago: float) -> str:
@@ -73,118 +74,33 @@ def worker(index: int, started_ago: float) -> dict[str, Any]:
     }
 
 
-class FakeApiServer(ThreadingHTTPServer):
-    """Serves `states` in turn (one per poll of the job) and records every request."""
-
-    def __init__(self, states: list[tuple[int, dict[str, Any], list[dict[str, Any]]]]) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.states = states
-        self.polls = 0
-        self.events: list[dict[str, Any]] | None = None
-        """Warning events to serve; None answers 403, as for a deployer without that right."""
-        self.requests: list[tuple[str, str, str | None]] = []
-        self.patches: list[tuple[str, str, dict[str, Any]]] = []
-        """(path, content type, body) of each PATCH."""
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: FakeApiServer
-
-    def do_GET(self) -> None:
-        parsed = urllib.parse.urlsplit(self.path)
-        params = urllib.parse.parse_qs(parsed.query)
-        query = (params.get("labelSelector") or params.get("fieldSelector") or [""])[0] or None
-        self.server.requests.append((parsed.path, self.headers["Authorization"], query))
-        index = min(self.server.polls, len(self.server.states) - 1)
-        code, job, pods = self.server.states[index]
-        if parsed.path == JOB_PATH:
-            body: dict[str, Any] = job
-            if code != 200:  # an error answer ends this poll: the next one sees the next state
-                self.server.polls += 1
-        elif parsed.path == PODS_PATH:
-            body = {"kind": "PodList", "items": pods}
-            self.server.polls += 1
-        elif parsed.path == EVENTS_PATH and self.server.events is not None:
-            body = {"kind": "EventList", "items": self.server.events}
-        elif parsed.path == EVENTS_PATH:
-            code, body = 403, {"kind": "Status", "code": 403}
-        else:
-            code, body = 404, {"kind": "Status", "code": 404}
-        payload = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def do_PATCH(self) -> None:
-        length = int(self.headers["Content-Length"])
-        body = json.loads(self.rfile.read(length))
-        self.server.patches.append((self.path, self.headers["Content-Type"], body))
-        payload = json.dumps({"kind": "PyTorchJob"}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, *_args: Any) -> None:
-        pass
-
-
 @pytest.fixture
 def serve() -> Iterator[Any]:
-    servers: list[FakeApiServer] = []
+    with ExitStack() as stack:
 
-    def start(states: list[tuple[int, dict[str, Any], list[dict[str, Any]]]]) -> FakeApiServer:
-        server = FakeApiServer(states)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        return server
+        def start(states: list[tuple[int, dict[str, Any], list[dict[str, Any]]]]) -> Any:
+            return stack.enter_context(serving(ScriptedApiServer(states, JOB_PATH)))
 
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+        yield start
 
 
-def kubeconfig(server: str, *, exit_code: int = 0) -> str:
-    """The shape `infra.platform.kube_access.exec_kubeconfig` writes, with a plugin that prints a
-    token."""
-    credential = {
-        "apiVersion": "client.authentication.k8s.io/v1beta1",
-        "kind": "ExecCredential",
-        "status": {"token": TOKEN},
-    }
-    script = f"import sys; print({json.dumps(json.dumps(credential))}); sys.exit({exit_code})"
-    return json.dumps(
-        {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [{"name": "c", "cluster": {"server": server}}],
-            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "aws"}}],
-            "current-context": "c",
-            "users": [
-                {
-                    "name": "aws",
-                    "user": {
-                        "exec": {
-                            "apiVersion": "client.authentication.k8s.io/v1beta1",
-                            "command": sys.executable,
-                            "args": ["-c", script],
-                        }
-                    },
-                }
-            ],
-        }
-    )
+def seen(server: ScriptedApiServer) -> list[tuple[str, str | None, str | None]]:
+    """(path, Authorization, selector) of every GET."""
+    return [
+        (r.path, r.authorization, r.query.get("labelSelector") or r.query.get("fieldSelector"))
+        for r in server.requests
+        if r.method == "GET"
+    ]
 
 
-def watch(server: FakeApiServer, **kwargs: Any) -> str:
+def released(server: ScriptedApiServer) -> list[tuple[str, str | None, dict[str, str], Any]]:
+    return [(r.path, r.content_type, r.query, r.body) for r in server.patches]
+
+
+RELEASE = (JOB_PATH, APPLY_PATCH, {"fieldManager": FIELD_MANAGER, "force": "true"}, SUSPEND_APPLY)
+
+
+def watch(server: ScriptedApiServer, **kwargs: Any) -> str:
     api = KubernetesApi.from_kubeconfig(kubeconfig(server.url))
     return wait_for_start(api, WatchedJob("training", "exp", 2), poll_s=0, **kwargs)
 
@@ -201,8 +117,8 @@ def test_returns_once_every_worker_runs_with_the_plugins_token(serve: Any) -> No
     )
     assert watch(server).startswith("2/2 workers running")
     assert server.polls == 3
-    assert {auth for _, auth, _ in server.requests} == {f"Bearer {TOKEN}"}
-    selectors = {query for path, _, query in server.requests if path == PODS_PATH}
+    assert {auth for _, auth, _ in seen(server)} == {f"Bearer {TOKEN}"}
+    selectors = {query for path, _, query in seen(server) if path == PODS_PATH}
     assert selectors == {"training.kubeflow.org/job-name=exp"}
 
 
@@ -216,13 +132,27 @@ def test_a_failed_job_fails_up_at_once_with_the_operators_message(serve: Any) ->
     assert server.polls == 1
 
 
+def test_a_suspended_job_fails_the_watch_at_once_and_is_left_suspended(serve: Any) -> None:
+    stopped = job_doc(("Created", "c"), ("Suspended", "PyTorchJob exp is suspended."))
+    stopped["spec"] = {"runPolicy": {"suspend": True}}
+    server = serve([(200, stopped, [])])
+    ticks = iter(range(0, 100_000, 60))
+    with pytest.raises(JobStartError) as error:
+        watch(server, clock=lambda: float(next(ticks)))
+    assert str(error.value) == (
+        "PyTorchJob exp is stopped (suspended): `fsdp-eks start <stack>` resumes it from its "
+        "latest checkpoint"
+    )
+    assert server.polls == 1 and server.patches == []
+
+
 def test_gives_up_after_its_limit_with_the_last_progress(serve: Any) -> None:
     running = job_doc(("Created", "c"), ("Running", "r"))
     server = serve([(200, running, [worker(0, 300)])])
     ticks = iter(range(100))
     with pytest.raises(JobStartError, match=r"not every worker started.*1/2 workers running"):
         watch(server, limit_s=3, clock=lambda: float(next(ticks)))
-    assert [path for path, _, _ in server.patches] == [JOB_PATH]
+    assert released(server) == [RELEASE]
 
 
 def test_the_job_s_start_budget_bounds_the_wait(serve: Any) -> None:
@@ -235,7 +165,7 @@ def test_the_job_s_start_budget_bounds_the_wait(serve: Any) -> None:
     with pytest.raises(JobStartError, match=r"not every worker started within 11 min"):
         wait_for_start(api, job, poll_s=0, clock=lambda: float(next(ticks)))
     assert server.polls == 11  # a minute apart: the wait ends at its limit, not before
-    assert [path for path, _, _ in server.patches] == [JOB_PATH]
+    assert released(server) == [RELEASE]
 
 
 def test_refused_access_names_what_the_deployer_needs(serve: Any) -> None:
@@ -332,17 +262,18 @@ def test_a_volume_that_will_not_mount_fails_up_with_kubelets_event(serve: Any) -
     server.events = [failed_mount("u0", 900), failed_mount("someone-else", 900)]
     with pytest.raises(
         JobStartError, match=r"exp-worker-0 stuck in ContainerCreating.*FailedMount"
-    ):
+    ) as error:
         watch(server)
     # All or nothing: the worker that did start must not keep its GPU node.
-    assert server.patches == [
-        (JOB_PATH, "application/merge-patch+json", {"spec": {"runPolicy": {"suspend": True}}})
-    ]
+    # Suspended as `fsdp-eks stop` does (a forced apply by fsdp-eks), so `fsdp-eks start`
+    # resumes it; the message says so.
+    assert released(server) == [RELEASE]
+    assert "`fsdp-eks start <stack>`" in str(error.value)
     assert (
         "/api/v1/namespaces/training/events",
         f"Bearer {TOKEN}",
         "involvedObject.kind=Pod,type=Warning",
-    ) in server.requests
+    ) in seen(server)
 
 
 def test_without_the_right_to_read_events_the_watch_goes_on(serve: Any) -> None:

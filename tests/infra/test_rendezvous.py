@@ -24,7 +24,7 @@ import pytest
 from infra.config import parse_stack_config
 from infra.estimates.run_plan import plan_run
 from infra.job.manifest import render_job
-from scripts.cli.local_topology import operator_env
+from scripts.cli.support.local_topology import operator_env
 from tests.trainer.torchrun_util import REPO_ROOT, free_port
 
 IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/fsdp@sha256:" + "a" * 64

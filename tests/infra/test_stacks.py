@@ -94,6 +94,8 @@ def test_stack_job_matches_its_config(name: str) -> None:
     assert elastic["rdzvBackend"] == "c10d"
     assert config.job.max_run_hours is not None  # every stack has a deadline
     assert spec["runPolicy"]["activeDeadlineSeconds"] == int(config.job.max_run_hours * 3600)
+    # `fsdp-eks stop` / `start` own `suspend`; Pulumi must never hold an opinion on it.
+    assert "suspend" not in spec["runPolicy"]
     # `up` waits for every worker through the job's JobStartWatch, not a waitFor annotation.
     assert "pulumi.com/waitFor" not in job.inputs["metadata"].get("annotations", {})
     watch = result.one("pulumi-python:dynamic/job:JobStartWatch")

@@ -26,6 +26,7 @@ from infra.job.cluster_checks import (
 )
 from infra.job.payloads import nccl_allreduce
 from scripts.cli import validate as validate_cluster
+from scripts.cli.support.errors import CliError
 from scripts.cli.validate import (
     GpuCheckReport,
     Kubectl,
@@ -41,6 +42,7 @@ from scripts.cli.validate import (
     run_nccl_check,
     wait_until,
 )
+from tests.cli.conftest import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 FORBIDDEN_ENV = {"NCCL_SOCKET_IFNAME", "NCCL_PROTO", "NCCL_ALGO", "NCCL_P2P_DISABLE"}
@@ -253,7 +255,7 @@ def test_all_manifests_have_kubernetes_shapes():
     assert job["spec"]["template"]["spec"]["restartPolicy"] in ("Never", "OnFailure")
 
 
-def test_render_only_prints_the_manifests_of_a_stack_file(tmp_path, capsys):
+def test_render_only_prints_the_manifests_of_a_stack_file(tmp_path):
     path = tmp_path / "Pulumi.val.yaml"
     path.write_text(
         yaml.safe_dump(
@@ -265,8 +267,9 @@ def test_render_only_prints_the_manifests_of_a_stack_file(tmp_path, capsys):
             }
         )
     )
-    assert validate_cluster.main([str(path), "--render-only", "--image", "img:1"]) == 0
-    documents = list(yaml.safe_load_all(capsys.readouterr().out))
+    result = run_cli("validate", str(path), "--render-only", "--image", "img:1")
+    assert result.code == 0, result
+    documents = list(yaml.safe_load_all(result.out))
     kinds = [d["kind"] for d in documents if d]
     assert kinds == ["NetworkPolicy", "NetworkPolicy", "Job", "ConfigMap", "PyTorchJob"]
     gpu_job, bench_map, nccl = documents[2:]
@@ -689,21 +692,9 @@ def test_nccl_check_reads_worker_0_and_fails_a_failed_job():
     assert not result.passed and "ended Failed" in result.problems[0]
 
 
-@pytest.mark.parametrize(
-    ("given", "name"),
-    [
-        ("dev", "dev"),
-        ("Pulumi.dev.yaml", "dev"),
-        ("stacks/Pulumi.llama31-8b-p5.yaml", "llama31-8b-p5"),
-    ],
-)
-def test_stack_name_for_pulumi(given, name):
-    assert validate_cluster.stack_name(given) == name
-
-
 def test_image_comes_from_the_flag_then_the_stack_config():
     config = stack("p5.48xlarge", 2)
-    assert validate_cluster.resolve_image(config, "val", "img:flag") == "img:flag"
+    assert validate_cluster.resolve_image(config, "val", "img:flag", {}) == "img:flag"
     own = parse_stack_config(
         {
             "gpuNodes": {"instanceType": "p5.48xlarge", "count": 2},
@@ -712,7 +703,11 @@ def test_image_comes_from_the_flag_then_the_stack_config():
         },
         stack_name="val",
     )
-    assert validate_cluster.resolve_image(own, "val", None).endswith("a" * 64)
+    assert validate_cluster.resolve_image(own, "val", None, {}).endswith("a" * 64)
+    built = "123456789012.dkr.ecr.us-west-2.amazonaws.com/t@sha256:" + "b" * 64
+    assert validate_cluster.resolve_image(config, "val", None, {"image": built}) == built
+    with pytest.raises(CliError, match="no image output: pass --image"):
+        validate_cluster.resolve_image(config, "val", None, {})
 
 
 def test_gpu_check_script_output_parses(tmp_path):

@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -80,6 +81,10 @@ def test_bench_without_known_peak_reports_no_mfu(capsys):
         (["--compile", "maybe"], "expected 0/1/true/false"),
         (["--compile", "1", "--warmup_steps", "0"], "needs --warmup_steps >= 1"),
         (["--seq_length", "8"], "unrecognized arguments: --seq_length"),
+        (["--precision", "fp8"], "--precision fp8 needs --compile 1"),
+        (["--precision", "fp8", "--compile", "1", "--bf16", "0"], "needs --bf16 1"),
+        (["--fp8_emulate", "1"], "--fp8_emulate applies only to --precision fp8"),
+        (["--loop", "plain", "--activation_checkpointing", "1"], "--loop plain is the bf16"),
     ],
 )
 def test_bench_rejects_bad_flags(capsys, extra, message):
@@ -175,25 +180,73 @@ def test_the_matrix_runs_every_cell_and_writes_the_table_into_the_docs(tmp_path)
     assert text.startswith("# Benchmarks\n\nbefore\n") and text.endswith("\n\nafter\n")
     assert "old" not in text
     rows = [line for line in text.splitlines() if line.startswith("| tiny |")]
-    assert [row.split(" | ")[1:3] for row in rows] == [
-        ["off", "off"],
-        ["off", "op"],
-        ["off", "full"],
+    # The plain loop first, then the trainer's AC policies, each compared with it; no fp8
+    # cells without compile.
+    assert [row.split(" | ")[1:5] for row in rows] == [
+        ["plain", "bf16", "off", "off"],
+        ["trainer", "bf16", "off", "off"],
+        ["trainer", "bf16", "off", "op"],
+        ["trainer", "bf16", "off", "full"],
     ]
+    assert rows[0].endswith("| 1.00 |") and all(re.search(r"\| \d+\.\d\d \|$", r) for r in rows)
     assert "--matrix" in text and "2 x 32 tokens per GPU" in text
     results = [json.loads(line) for line in json_out.read_text().splitlines()]
     assert [(r["cell"]["ac"], r["activation_checkpointing"]) for r in results] == [
         ("off", "off"),
+        ("off", "off"),
         ("op", "op"),
         ("full", "full"),
     ]
+    assert [r["loop"] for r in results] == ["plain", "trainer", "trainer", "trainer"]
     assert all(r["batch_size"] == bench_matrix.MATRIX_BATCH_SIZE for r in results)
 
 
+def test_the_matrix_has_fp8_cells_where_compile_is_on() -> None:
+    cells = bench_matrix.cells(["llama3.2-3b"], [False, True])
+    assert [(c.loop, c.precision, c.compile, c.ac) for c in cells] == [
+        ("plain", "bf16", False, "off"),
+        ("plain", "bf16", True, "off"),
+        *[("trainer", "bf16", compiled, ac) for compiled in (False, True)
+          for ac in ("off", "op", "full")],
+        ("trainer", "fp8-rowwise", True, "off"),
+        ("trainer", "fp8-tensorwise", True, "off"),
+    ]  # fmt: skip
+    args = bench_trainer.parse_args(["--matrix"])
+    argv = cells[-1].argv(args)
+    assert argv[argv.index("--precision") + 1] == "fp8"
+    assert argv[argv.index("--fp8_recipe") + 1] == "tensorwise"
+    assert bench_trainer.parse_args(argv).precision == "fp8"  # each cell's flags parse
+
+
+def test_bench_plain_loop_and_emulated_fp8_on_cpu(capsys) -> None:
+    """The baseline and the fp8 path run end to end at a tiny size (numbers: a smoke test)."""
+    argv = [*TINY, "--steps", "1", "--warmup_steps", "1", "--num_layers", "2"]
+    assert bench_trainer.main([*argv, "--loop", "plain"]) == 0
+    plain = _last_json_line(capsys.readouterr().out)
+    assert (plain["loop"], plain["precision"]) == ("plain", "bf16")
+    assert bench_trainer.main([*argv, "--precision", "fp8", "--fp8_emulate", "1"]) == 0
+    fp8 = _last_json_line(capsys.readouterr().out)
+    assert (fp8["loop"], fp8["precision"]) == ("trainer", "fp8 rowwise")
+    # Same shape, same tokens, same FLOPs formula: the same work per token.
+    assert fp8["params"] == plain["params"]
+    assert fp8["model_tflops_per_gpu"] / fp8["tokens_per_sec_per_gpu"] == pytest.approx(
+        plain["model_tflops_per_gpu"] / plain["tokens_per_sec_per_gpu"]
+    )
+    assert abs(fp8["final_loss"] - plain["final_loss"]) < 0.05
+
+
+def test_fp8_without_fp8_tensor_cores_is_one_line(capsys) -> None:
+    argv = [*TINY, "--steps", "1", "--warmup_steps", "1", "--precision", "fp8", "--compile", "1"]
+    assert bench_trainer.main(argv) == 2
+    assert "error: --precision fp8 needs a GPU with FP8 tensor cores" in capsys.readouterr().err
+
+
 def test_a_failed_cell_is_a_row_that_says_why():
-    cell = bench_matrix.Cell("llama3.2-3b", True, "off")
+    cell = bench_matrix.Cell("llama3.2-3b", True, "off", precision="fp8-rowwise")
     table = bench_matrix.table([(cell, {"error": "torch.OutOfMemoryError: CUDA out of memory"})])
-    assert "| llama3.2-3b | on | off | failed: torch.OutOfMemoryError" in table
+    assert (
+        "| llama3.2-3b | trainer | fp8-rowwise | on | off | failed: torch.OutOfMemoryError" in table
+    )
 
 
 def test_the_matrix_refuses_an_unknown_model(capsys):

@@ -1,4 +1,4 @@
-"""Copy everything under an S3 prefix to a local directory, many objects at once.
+"""The run's files in S3: URIs, a client, one object or everything under a prefix.
 
 A checkpoint is hundreds of shard files and a TensorBoard run dozens of event files: one
 `download_file` after the other leaves the link idle between objects. boto3's clients are
@@ -12,6 +12,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 from typing import Any
+
+from scripts.cli.support.errors import CliError
 
 PARALLEL_OBJECTS = 8
 """Objects in flight at once: s3transfer's own default concurrency per transfer is 10 threads,
@@ -57,3 +59,30 @@ def download_prefix(
 
     with ThreadPoolExecutor(max_workers=PARALLEL_OBJECTS) as pool:
         return list(pool.map(fetch, jobs))
+
+
+def split_s3_uri(uri: str) -> tuple[str, str]:
+    """s3://bucket/a/b -> ("bucket", "a/b") (no trailing slash)."""
+    if not uri.startswith("s3://"):
+        raise CliError(f"{uri!r} is not an s3:// URI")
+    bucket, _, prefix = uri[len("s3://") :].partition("/")
+    if not bucket:
+        raise CliError(f"{uri!r} names no bucket")
+    return bucket, prefix.strip("/")
+
+
+def s3_client() -> Any:
+    """A boto3 S3 client; AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_S3 point it elsewhere (tests)."""
+    import boto3
+
+    # A session of its own: boto3's default session keeps the first credentials it resolved
+    # for the life of the process, whatever the environment says later.
+    return boto3.session.Session().client("s3")
+
+
+def fetch_object(uri: str, directory: Path) -> Path:
+    """Download one S3 object into `directory`; its local path."""
+    bucket, key = split_s3_uri(uri)
+    local = directory / Path(key).name
+    s3_client().download_file(bucket, key, str(local))
+    return local

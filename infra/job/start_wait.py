@@ -1,0 +1,199 @@
+"""Wait until every worker of a PyTorchJob trains, or fail fast with the reason.
+
+The loop behind `pulumi up`'s start watch (`infra.launch.start_watch`, a dynamic resource)
+and `fsdp-eks start`: it polls the job, its pods and (while a pod is Pending) their Warning
+events through the Kubernetes API and asks `infra.job.start_rule.assess` what they mean.
+Pure (no pulumi), so the command-line tool runs the very same wait.
+
+The caller needs read access to PyTorchJobs, Pods and Events in the job's namespace (without
+the last, mount failures are only reported at the time limit), and patch on PyTorchJobs, to
+suspend a job that cannot start so that its GPU nodes are released.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from infra.job.kube_api import KubernetesApi, KubernetesApiError, KubernetesCredentialError
+from infra.job.start_rule import (
+    DEFAULT_START_TIMEOUT_S,
+    JOB_NAME_LABEL,
+    STABLE_RUNNING_S,
+    JobStartError,
+    StartHistory,
+    assess,
+)
+from infra.job.suspension import job_path, job_urn, set_suspended
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_POLL_SECONDS = 15.0
+"""Pods change state over tens of seconds; faster polling only loads the API server."""
+
+TRANSIENT_HTTP = frozenset({429, 500, 502, 503, 504})
+MAX_TRANSIENT_ERRORS = 8
+
+
+def wait_limit_seconds(start_timeout_s: float) -> float:
+    """The longest `up` waits: the last worker may start at the end of the start budget and
+    must then run `STABLE_RUNNING_S`. `start_rule.assess` fails most stuck jobs much sooner."""
+    return start_timeout_s + STABLE_RUNNING_S
+
+
+@dataclass(frozen=True)
+class WatchedJob:
+    namespace: str
+    name: str
+    workers: int
+    backoff_limit: int = 3
+    start_timeout_s: float = DEFAULT_START_TIMEOUT_S
+    stack: str | None = None
+    """The stack the job belongs to, for the commands the messages suggest (None: unknown,
+    as in the Pulumi program's dynamic provider; the messages say `<stack>`)."""
+
+    @property
+    def stack_or_placeholder(self) -> str:
+        return self.stack or "<stack>"
+
+
+def release_gpus(api: KubernetesApi, job: WatchedJob) -> str:
+    """All or nothing: a job that cannot start all its workers must not hold the nodes it got.
+
+    Suspending the PyTorchJob makes the operator delete its pods and services (training-
+    operator v1.9.0 `pkg/controller.v1/common/job.go`: `IsJobSuspended` -> `CleanUpResources`
+    -> `DeletePodsAndServices`, every pod of an unfinished job), so the autoscaler scales the
+    GPU nodes back to zero. Suspended exactly as `fsdp-eks stop` does it
+    (`infra.job.suspension.set_suspended`), so `fsdp-eks start` resumes it whatever the next
+    `pulumi up` does. Returns the sentence to add to the error.
+    """
+    stack = job.stack_or_placeholder
+    try:
+        set_suspended(api, job.namespace, job.name, True)
+    except KubernetesApiError as err:
+        return (
+            f"; could not suspend the job to release its GPU nodes ({err}): `fsdp-eks stop "
+            f"{stack}` or delete its pods, or the nodes it holds keep billing"
+        )
+    return (
+        "; the job was suspended so its pods and GPU nodes are released (to try again as it "
+        f"is: `fsdp-eks start {stack}`)"
+    )
+
+
+def _pending(pods: list[dict[str, Any]]) -> bool:
+    return any(p.get("status", {}).get("phase") == "Pending" for p in pods)
+
+
+def wait_for_start(
+    api: KubernetesApi,
+    job: WatchedJob,
+    *,
+    limit_s: float | None = None,
+    poll_s: float = DEFAULT_POLL_SECONDS,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    on_progress: Callable[[str], None] | None = None,
+) -> str:
+    """Poll until every worker runs (returns the progress line) or raise `JobStartError`;
+    `limit_s` defaults to the job's start budget plus a stable minute. Each new progress
+    line goes to `on_progress` (default: this module's logger)."""
+    report = on_progress or (lambda line: logger.info("%s", line))
+    if limit_s is None:
+        limit_s = wait_limit_seconds(job.start_timeout_s)
+    path = job_path(job.namespace, job.name)
+    pods_path = f"/api/v1/namespaces/{job.namespace}/pods"
+    events_path = f"/api/v1/namespaces/{job.namespace}/events"
+    selector = {"labelSelector": f"{JOB_NAME_LABEL}={job.name}"}
+    # Event field selectors: pkg/registry/core/event/strategy.go `ToSelectableFields`.
+    warnings = {"fieldSelector": "involvedObject.kind=Pod,type=Warning"}
+    read_events = True
+    history = StartHistory()
+    deadline = clock() + limit_s
+    transient = 0
+    last_progress = ""
+    follow = f"kubectl -n {job.namespace} describe pytorchjob {job.name}"
+    urn = job_urn(job.stack) if job.stack else "<the PyTorchJob's URN>"
+    while True:
+        try:
+            document = api.get(path)
+            pods = api.get(pods_path, selector).get("items") or []
+            events: list[dict[str, Any]] = []
+            if read_events and _pending(pods):
+                try:
+                    events = api.get(events_path, warnings).get("items") or []
+                except KubernetesApiError as err:
+                    if err.status is None or err.status in TRANSIENT_HTTP:
+                        raise
+                    read_events = False
+                    logger.info(
+                        "cannot read Events (HTTP %s): mount failures show at the limit",
+                        err.status,
+                    )
+            transient = 0
+        except KubernetesCredentialError as err:
+            raise JobStartError(str(err)) from None
+        except KubernetesApiError as err:
+            if err.status in (401, 403):
+                raise JobStartError(
+                    f"the Kubernetes API refused to show PyTorchJob {job.namespace}/{job.name} "
+                    f"(HTTP {err.status}): the identity the kubeconfig signs as needs read "
+                    "access to pytorchjobs and pods in that namespace (an EKS access entry); "
+                    f"{err}"
+                ) from None
+            if err.status == 404:
+                raise JobStartError(
+                    f"PyTorchJob {job.namespace}/{job.name} disappeared while waiting for "
+                    "it to start (deleted by someone, or its CRD was removed)"
+                ) from None
+            if err.status is None and transient >= MAX_TRANSIENT_ERRORS:
+                raise JobStartError(
+                    f"the Kubernetes API server stopped answering while waiting for "
+                    f"PyTorchJob {job.name}: {err}"
+                ) from None
+            if err.status is not None and (
+                err.status not in TRANSIENT_HTTP or transient >= MAX_TRANSIENT_ERRORS
+            ):
+                raise JobStartError(f"watching PyTorchJob {job.name}: {err}") from None
+            transient += 1
+        else:
+            now = datetime.now(UTC)
+            history.observe(pods, now)
+            verdict = assess(
+                document,
+                pods,
+                workers=job.workers,
+                now=now,
+                backoff_limit=job.backoff_limit,
+                start_timeout_s=job.start_timeout_s,
+                events=events,
+                history=history,
+                stack=job.stack,
+            )
+            if verdict.failure is not None and verdict.progress == "stopped":
+                raise JobStartError(verdict.failure)
+            if verdict.failure is not None:
+                holds_nodes = verdict.progress in ("cannot start", "restarting")
+                released = release_gpus(api, job) if holds_nodes else ""
+                # A later `up` does not relaunch an unchanged job: it would report this again.
+                raise JobStartError(
+                    f"{verdict.failure}{released} (details: `{follow}`; to relaunch the same "
+                    f"job, `pulumi up --replace {urn}`)"
+                )
+            if verdict.done:
+                report(verdict.progress)
+                return verdict.progress
+            if verdict.progress != last_progress:
+                report(verdict.progress)
+                last_progress = verdict.progress
+        if clock() >= deadline:
+            raise JobStartError(
+                f"PyTorchJob {job.name}: not every worker started within "
+                f"{limit_s / 60:.0f} min ({last_progress or 'no status'})"
+                f"{release_gpus(api, job)}; see `{follow}`"
+            )
+        sleep(poll_s)

@@ -1,0 +1,345 @@
+"""`fsdp-eks stop` and `fsdp-eks start`: the run suspended with the platform and checkpoints
+kept, and resumed from its latest checkpoint, consistently with Pulumi's state.
+
+Both read the job first and act on what they find; the change itself is
+`infra.job.suspension.set_suspended` (why exactly that way is said there). Stopping waits
+until the operator reports the job `Suspended` and its pods are gone (each pod gets SIGTERM
+and its grace period, in which the trainer saves a checkpoint), bounded by that grace period
+plus a margin. Starting waits for pods still terminating from a stop (the resumed pods take
+the same names, `<job>-worker-N`), resumes, then waits for every worker exactly as
+`pulumi up` does (`infra.job.start_wait.wait_for_start`, with its all-or-nothing release).
+
+What the next `pulumi up` does to a stopped run (`STOPPED_AND_PULUMI`): the program never
+renders `suspend` and pulumi-kubernetes diffs its inputs against the live object pruned to
+the inputs' shape (`provider/pkg/provider/provider.go` `Diff`, `pruneLiveState`), so an
+unchanged job is a no-op with or without `--refresh`; any change of the job's spec replaces it
+(`replace_on_changes=["spec"]` in `infra.launch.training_job`), and the new job runs.
+
+Nothing here prints: results and errors carry the sentences, the command-line tool shows them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from infra.job.kube_api import KubernetesApi, KubernetesApiError, KubernetesCredentialError
+from infra.job.start_rule import DEFAULT_START_TIMEOUT_S, JOB_NAME_LABEL
+from infra.job.start_wait import (
+    DEFAULT_POLL_SECONDS,
+    MAX_TRANSIENT_ERRORS,
+    TRANSIENT_HTTP,
+    WatchedJob,
+    wait_for_start,
+)
+from infra.job.suspension import (
+    finished,
+    is_suspended,
+    job_path,
+    job_urn,
+    set_suspended,
+    suspend_owners,
+    true_condition,
+)
+
+DEFAULT_GRACE_S = 30
+"""A pod's `terminationGracePeriodSeconds` when its spec leaves it out (k8s.io/api
+`core/v1/types.go` `DefaultTerminationGracePeriodSeconds`)."""
+
+STOP_MARGIN_S = 120.0
+"""Beyond the pods' grace period: the operator's reconcile after the change, the kubelet
+noticing the deletion, and the API server removing the pods once their containers exited."""
+
+STOP_POLL_S = 5.0
+"""Pods go within seconds to a grace period (minutes): poll often enough to say so early."""
+
+STOPPED_AND_PULUMI = (
+    "A `pulumi up` that leaves the job unchanged (with or without --refresh) leaves it "
+    "stopped; one that changes it (a new image, other trainer flags or node count) replaces "
+    "the job, which starts at once and resumes from the latest checkpoint if the trainer "
+    "flags are unchanged."
+)
+
+
+class JobControlError(RuntimeError):
+    """The job cannot be stopped or started as asked; the message says why, for the user."""
+
+
+class JobNotFoundError(JobControlError):
+    """No PyTorchJob of that name in that namespace."""
+
+
+class JobFinishedError(JobControlError):
+    """The job succeeded or failed: the operator ignores `suspend` on a finished job."""
+
+
+class PodsRemainError(JobControlError):
+    """The job's pods did not go within the bound (the change itself was made)."""
+
+
+@dataclass(frozen=True)
+class StopResult:
+    namespace: str
+    name: str
+    already_stopped: bool
+    """The job was suspended before this stop (it is held by `fsdp-eks` now either way)."""
+    waited_s: float
+    """How long the pods took to go."""
+    message: str
+    """What happened and what the next `pulumi up` / `fsdp-eks start` do, for the user."""
+
+
+@dataclass(frozen=True)
+class StartResult:
+    namespace: str
+    name: str
+    was_running: bool
+    """The job was not stopped: nothing was changed, only its workers were waited for."""
+    progress: str
+    """The start wait's last line (`N/N workers running ...`); empty when not waited for."""
+    message: str
+
+
+def grace_seconds(job: Mapping[str, Any]) -> int:
+    """The worker pods' `terminationGracePeriodSeconds`, as the job's template sets it."""
+    template = (((job.get("spec") or {}).get("pytorchReplicaSpecs") or {}).get("Worker") or {}).get(
+        "template"
+    ) or {}
+    value = (template.get("spec") or {}).get("terminationGracePeriodSeconds")
+    return DEFAULT_GRACE_S if value is None else int(value)
+
+
+def stop_timeout_seconds(job: Mapping[str, Any]) -> float:
+    """How long a stop may take: the pods' grace period (the trainer's checkpoint) plus
+    `STOP_MARGIN_S`."""
+    return grace_seconds(job) + STOP_MARGIN_S
+
+
+def _read_job(api: KubernetesApi, namespace: str, name: str, stack: str | None) -> dict[str, Any]:
+    try:
+        return api.get(job_path(namespace, name))
+    except KubernetesApiError as err:
+        if err.status != 404:
+            raise
+    refresh = f"pulumi up --refresh -s {stack}" if stack else "pulumi up --refresh"
+    raise JobNotFoundError(
+        f"PyTorchJob {namespace}/{name} not found on the cluster (deleted outside Pulumi, or "
+        f"the stack is not deployed): `{refresh}` recreates it"
+    )
+
+
+def _refuse_finished(job: Mapping[str, Any], verb: str, stack: str | None) -> None:
+    outcome = finished(job)
+    if outcome is None:
+        return
+    meta = job.get("metadata") or {}
+    urn = job_urn(stack) if stack else "<the PyTorchJob's URN>"
+    stack_flag = f" -s {stack}" if stack else ""
+    raise JobFinishedError(
+        f"PyTorchJob {meta.get('namespace')}/{meta.get('name')} has finished ({outcome}): "
+        f"there is nothing to {verb}; `pulumi up --replace '{urn}'{stack_flag}` relaunches it "
+        "from its latest checkpoint"
+    )
+
+
+class _Poller:
+    """Reads the job and its pods, riding out a few transient API errors."""
+
+    def __init__(self, api: KubernetesApi, namespace: str, name: str) -> None:
+        self.api = api
+        self.path = job_path(namespace, name)
+        self.pods_path = f"/api/v1/namespaces/{namespace}/pods"
+        self.selector = {"labelSelector": f"{JOB_NAME_LABEL}={name}"}
+        self.transient = 0
+
+    def read(self) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+        """(job, pods), or None after a transient error (raises after too many)."""
+        try:
+            job = self.api.get(self.path)
+            pods = list(self.api.get(self.pods_path, self.selector).get("items") or [])
+        except KubernetesCredentialError:
+            raise
+        except KubernetesApiError as err:
+            transient = err.status is None or err.status in TRANSIENT_HTTP
+            if not transient or self.transient >= MAX_TRANSIENT_ERRORS:
+                raise
+            self.transient += 1
+            return None
+        self.transient = 0
+        return job, pods
+
+
+def _pods_line(pods: list[dict[str, Any]]) -> str:
+    terminating = sum(1 for p in pods if (p.get("metadata") or {}).get("deletionTimestamp"))
+    line = f"{len(pods)} pod(s) of the job left"
+    if terminating:
+        line += f", {terminating} terminating (SIGTERM: the trainer saves a checkpoint)"
+    return line
+
+
+def stop_job(
+    api: KubernetesApi,
+    namespace: str,
+    name: str,
+    *,
+    stack: str | None = None,
+    timeout_s: float | None = None,
+    poll_s: float = STOP_POLL_S,
+    on_progress: Callable[[str], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> StopResult:
+    """Suspend the job and wait until the operator reports it `Suspended` and its pods are
+    gone; `timeout_s` defaults to `stop_timeout_seconds` of the job.
+
+    Raises `JobNotFoundError`, `JobFinishedError`, `PodsRemainError` (the job is suspended,
+    but pods remain at the limit) or `KubernetesApiError` (refused, or no answer).
+    """
+    report = on_progress or (lambda _line: None)
+    job = _read_job(api, namespace, name, stack)
+    _refuse_finished(job, "stop", stack)
+    already = is_suspended(job)
+    before = suspend_owners(job)
+    # Also when already suspended: the apply makes fsdp-eks an owner of `true`, which an
+    # owner Pulumi takes over (kubectl's) alone would not keep (infra.job.suspension).
+    set_suspended(api, namespace, name, True)
+    limit = stop_timeout_seconds(job) if timeout_s is None else timeout_s
+    started = clock()
+    deadline = started + limit
+    poller = _Poller(api, namespace, name)
+    last = ""
+    while True:
+        state = poller.read()
+        if state is not None:
+            job, pods = state
+            suspended = true_condition(job, "Suspended") is not None
+            if suspended and not pods:
+                break
+            line = _pods_line(pods) if pods else "waiting for the operator to mark it Suspended"
+            if line != last:
+                report(line)
+                last = line
+        if clock() >= deadline:
+            raise PodsRemainError(
+                f"PyTorchJob {namespace}/{name} is suspended, but {limit:.0f} s later: "
+                f"{last or 'the API server did not answer'}; the operator (is it running?) or "
+                f"the kubelet has not finished: see `kubectl -n {namespace} get pods -l "
+                f"{JOB_NAME_LABEL}={name}`"
+            )
+        sleep(poll_s)
+    waited = clock() - started
+    resume = f"fsdp-eks start {stack}" if stack else "fsdp-eks start <stack>"
+    if already:
+        held = f" (held by {', '.join(before)})" if before else ""
+        head = (
+            f"PyTorchJob {namespace}/{name} was already stopped{held}; it is held by fsdp-eks now."
+        )
+    else:
+        head = (
+            f"Stopped PyTorchJob {namespace}/{name} in {waited:.0f} s: its pods are gone, so "
+            "the autoscaler removes its GPU nodes; the platform and checkpoints stay."
+        )
+    message = f"{head}\n`{resume}` resumes it from its latest checkpoint.\n{STOPPED_AND_PULUMI}"
+    return StopResult(namespace, name, already, waited, message)
+
+
+def _wait_for_pods_to_go(
+    poller: _Poller,
+    limit_s: float,
+    *,
+    poll_s: float,
+    report: Callable[[str], None],
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+) -> None:
+    deadline = clock() + limit_s
+    last = ""
+    while True:
+        state = poller.read()
+        if state is not None and not state[1]:
+            return
+        if state is not None:
+            line = _pods_line(state[1]) + ": waiting for them to go before resuming"
+            if line != last:
+                report(line)
+                last = line
+        if clock() >= deadline:
+            raise PodsRemainError(
+                f"{limit_s:.0f} s later: {last or 'the API server did not answer'}; the "
+                "resumed pods take the same names, so start again once they are gone"
+            )
+        sleep(poll_s)
+
+
+def start_job(
+    api: KubernetesApi,
+    namespace: str,
+    name: str,
+    *,
+    stack: str | None = None,
+    start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
+    wait: bool = True,
+    limit_s: float | None = None,
+    terminating_timeout_s: float | None = None,
+    poll_s: float = STOP_POLL_S,
+    watch_poll_s: float = DEFAULT_POLL_SECONDS,
+    on_progress: Callable[[str], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> StartResult:
+    """Resume a stopped job and (with `wait`) wait until every worker trains, as `pulumi up`
+    does: `start_timeout_s` is the stack's start budget (the run plan's
+    `timeouts.start_budget_seconds`), `limit_s` the whole wait (default: that budget plus a
+    stable minute). Pods still terminating are waited for first, up to
+    `terminating_timeout_s` (default: `stop_timeout_seconds` of the job).
+
+    Raises `JobNotFoundError`, `JobFinishedError`, `PodsRemainError`, `KubernetesApiError`,
+    and `infra.job.start_rule.JobStartError` when the workers cannot start (the job is then
+    suspended again so that it holds no GPU node: the message says so).
+    """
+    report = on_progress or (lambda _line: None)
+    job = _read_job(api, namespace, name, stack)
+    _refuse_finished(job, "start", stack)
+    spec = job.get("spec") or {}
+    worker = (spec.get("pytorchReplicaSpecs") or {}).get("Worker") or {}
+    watched = WatchedJob(
+        namespace,
+        name,
+        workers=int(worker.get("replicas", 1)),
+        backoff_limit=int((spec.get("runPolicy") or {}).get("backoffLimit", 3)),
+        start_timeout_s=start_timeout_s,
+        stack=stack,
+    )
+    was_running = not is_suspended(job)
+    if not was_running:
+        poller = _Poller(api, namespace, name)
+        limit = (
+            stop_timeout_seconds(job) if terminating_timeout_s is None else terminating_timeout_s
+        )
+        _wait_for_pods_to_go(poller, limit, poll_s=poll_s, report=report, clock=clock, sleep=sleep)
+        set_suspended(api, namespace, name, False)
+        report(f"resumed PyTorchJob {namespace}/{name}: waiting for its workers")
+    progress = ""
+    if wait:
+        progress = wait_for_start(
+            api,
+            watched,
+            limit_s=limit_s,
+            poll_s=watch_poll_s,
+            clock=clock,
+            sleep=sleep,
+            on_progress=report,
+        )
+    if was_running:
+        message = f"PyTorchJob {namespace}/{name} was not stopped; nothing was changed."
+    else:
+        message = (
+            f"Started PyTorchJob {namespace}/{name}: it resumes from its latest checkpoint. "
+            "job.maxRunHours (the job's deadline) counts afresh from this start, so "
+            "cost.maxUsdPerRun bounds each start, not the whole run."
+        )
+    if progress:
+        message += f"\n{progress}"
+    return StartResult(namespace, name, was_running, progress, message)

@@ -1,0 +1,84 @@
+"""`fsdp-eks stop` / `fsdp-eks start`: a run stopped and started again, the platform kept.
+
+Stopping suspends the PyTorchJob (`spec.runPolicy.suspend`, a forced server-side apply by the
+field manager `fsdp-eks`: `infra.job.suspension`): training-operator v1.9 deletes its pods,
+each gets SIGTERM and its grace period, in which the trainer saves a checkpoint, and the
+Cluster Autoscaler removes the GPU nodes once they are idle. Starting clears it: the operator
+recreates the pods, which resume from the latest checkpoint, and this waits as `pulumi up`
+does until every worker trains. The program never renders `suspend`, so a `pulumi up` that
+leaves the job unchanged leaves a stopped run stopped (docs/operations.md, "Stopping and
+starting a run").
+"""
+
+from __future__ import annotations
+
+import click
+
+from scripts.cli.support.stacks import stack_arguments
+from scripts.cli.support.target import RunTarget, run_options
+
+
+def _progress(line: str) -> None:
+    click.echo(f"  {line}", err=True)
+
+
+@click.command()
+@stack_arguments()
+@run_options
+@click.option("--timeout", type=click.FloatRange(min=1), help="Seconds to wait for the pods to "
+              "go (default: their grace period plus two minutes).")  # fmt: skip
+def stop(target: RunTarget, timeout: float | None) -> int:
+    """Stop a run: its pods save a checkpoint and go, the GPU nodes are released; the
+    cluster, the storage and the checkpoints stay.
+
+    \b
+        fsdp-eks stop llama31-8b-p5
+        fsdp-eks start llama31-8b-p5      # later: resumes from the latest checkpoint
+
+    A `pulumi up` that leaves the job unchanged leaves it stopped; one that changes the job
+    replaces it, and the new job starts at once.
+    """
+    from infra.job.stop_start import stop_job
+
+    result = stop_job(
+        target.api(),
+        target.namespace,
+        target.require_job(),
+        stack=target.stack,
+        timeout_s=timeout,
+        on_progress=_progress,
+    )
+    click.echo(result.message)
+    return 0
+
+
+@click.command()
+@stack_arguments()
+@run_options
+@click.option("--no-wait", is_flag=True, help="Resume it and return; do not wait for workers.")
+def start(target: RunTarget, no_wait: bool) -> int:
+    """Start a stopped run again: its pods come back and resume from the latest checkpoint;
+    waits, as `pulumi up` does, until every worker trains (or stops it again if they cannot
+    all start within the stack's start budget).
+
+    \b
+        fsdp-eks start llama31-8b-p5
+    """
+    from infra.job.stop_start import DEFAULT_START_TIMEOUT_S, start_job
+
+    budget = DEFAULT_START_TIMEOUT_S  # a run named by --job: job.startTimeoutMinutes default
+    if target.stack is not None:
+        from infra.job.stack_checks import plan_stack_file
+
+        budget = plan_stack_file(target.stack).timeouts.start_budget_seconds
+    result = start_job(
+        target.api(),
+        target.namespace,
+        target.require_job(),
+        stack=target.stack,
+        start_timeout_s=budget,
+        wait=not no_wait,
+        on_progress=_progress,
+    )
+    click.echo(result.message)
+    return 0

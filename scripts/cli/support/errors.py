@@ -1,0 +1,90 @@
+"""A user's mistake is one line and exit status 2; anything else says how to see more.
+
+Errors are told apart by their type, not by their class name: the exception types of the
+libraries a command used are looked up in `sys.modules`, so a command that never imported
+botocore never pays for importing it here.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import IO, Any
+
+import click
+
+EXIT_MISTAKE = 2
+"""Exit status of a refused command: a bad flag, stack, config or missing tool."""
+
+DEPENDENCY_GROUPS = {
+    "pulumi": "infra",
+    "pulumi_aws": "infra",
+    "pulumi_eks": "infra",
+    "pulumi_kubernetes": "infra",
+    "boto3": "infra",
+    "botocore": "infra",
+    "torch": "trainer",
+    "transformers": "trainer",
+    "datasets": "trainer",
+    "matplotlib": "local",
+}
+"""Where a missing import comes from (pyproject.toml dependency groups): `dev.py local` installs
+the trainer without Pulumi, `pulumi install` the infra group without torch."""
+
+
+class CliError(click.ClickException):
+    """A mistake the user can fix: one line on stderr, prefixed with the command, exit 2."""
+
+    exit_code = EXIT_MISTAKE
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        context = click.get_current_context(silent=True)
+        prefix = context.command_path if context is not None else "fsdp-eks"
+        click.echo(f"{prefix}: {self.format_message()}", file=file or sys.stderr)
+
+
+class ToolMissingError(CliError):
+    """A program a command runs is not installed."""
+
+
+class ToolFailedError(CliError):
+    """A program a command ran failed; the message is its last line of error output."""
+
+
+def _is(error: BaseException, module: str, *names: str) -> bool:
+    """Whether `error` is one of `module`'s exception types (only if `module` was imported)."""
+    loaded = sys.modules.get(module)
+    types = tuple(getattr(loaded, name) for name in names if hasattr(loaded, name))
+    return bool(types) and isinstance(error, types)
+
+
+def explain(error: BaseException) -> str | None:
+    """The one line for an error a user can fix; None for a bug."""
+    if _is(error, "infra.config.errors", "StackConfigError"):
+        return str(error)
+    if _is(error, "infra.config.names", "UnknownStackError"):
+        return str(error)
+    if _is(error, "botocore.exceptions", "NoCredentialsError", "PartialCredentialsError"):
+        return (
+            "no AWS credentials: run `aws configure` or `aws sso login`, or set AWS_PROFILE "
+            "to a profile that has them"
+        )
+    if _is(error, "botocore.exceptions", "ClientError"):
+        details: Any = getattr(error, "response", {}).get("Error", {})
+        return f"AWS refused: {details.get('Code', '?')}: {details.get('Message', error)}"
+    if _is(error, "botocore.exceptions", "BotoCoreError"):
+        return f"AWS could not be reached: {error}"
+    if _is(error, "infra.job.kube_api", "KubernetesApiError"):
+        return str(error)
+    if _is(error, "infra.job.stop_start", "JobControlError"):
+        return str(error)
+    if _is(error, "infra.job.start_rule", "JobStartError"):
+        return str(error)
+    if isinstance(error, ModuleNotFoundError) and error.name:
+        package = error.name.split(".")[0]
+        group = DEPENDENCY_GROUPS.get(package)
+        if group is not None:
+            return (
+                f"this command needs {package} (the `{group}` dependency group), which this "
+                "environment lacks: run `python3 scripts/dev.py setup` (installs every group)"
+            )
+    return None

@@ -1,0 +1,135 @@
+"""The offline plan's result, kept until anything it reads changes.
+
+Planning a stack means importing the Pulumi SDK and the AWS and Kubernetes providers' Python
+packages (about 1.7 s of imports on a 2-core machine) and evaluating the program under the
+mock runtime; reading the answer back from here takes a few hundredths of a second. The key is
+a hash of everything the plan's output follows from, so a hit is the output an evaluation would
+print now, not an old one:
+
+- the stack file, and the path it is shown under;
+- every file of the program and what it reads: `infra/` (guardrails included), `trainer/`
+  (flags are parsed by its parser, presets sized by it), `docker/` (the image hash is in the run
+  id), `scripts/cli/` (how the plan is printed), `Pulumi.yaml`, `pyproject.toml`, `uv.lock`;
+- the interpreter and the exact set of installed distributions (names and versions, from the
+  `*.dist-info` folders of the running environment), so an upgraded provider evaluates again;
+- the options that change the output (`--verbose`), and the UTC day (a capacity block's end is
+  compared with today).
+
+`FSDP_EKS_CACHE` names the cache folder (default `$XDG_CACHE_HOME/fsdp-eks`, else
+`~/.cache/fsdp-eks`); `off` turns it off, as `fsdp-eks plan --no-cache` does once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import sysconfig
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from scripts.cli.support.tools import ROOT
+
+SOURCES = ("infra", "trainer", "docker", "scripts/cli")
+"""Folders whose every file the plan may follow from."""
+FILES = ("Pulumi.yaml", "pyproject.toml", "uv.lock")
+SKIPPED_PARTS = {"__pycache__", ".mypy_cache", ".ruff_cache"}
+KEPT_ENTRIES = 200
+"""Plans kept; older ones are removed when a new one is written."""
+FORMAT = 1
+"""Bumped when what an entry holds changes."""
+
+
+@dataclass(frozen=True)
+class CachedPlan:
+    """What one plan printed and how it ended."""
+
+    stdout: str
+    stderr: str
+    status: int
+
+
+def cache_dir() -> Path | None:
+    """Where plans are kept, or None when the cache is off."""
+    setting = os.environ.get("FSDP_EKS_CACHE", "")
+    if setting.lower() == "off":
+        return None
+    if setting:
+        return Path(setting) / "plan"
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "fsdp-eks" / "plan"
+
+
+def _source_files() -> list[Path]:
+    files = [ROOT / name for name in FILES if (ROOT / name).is_file()]
+    for folder in SOURCES:
+        for path in (ROOT / folder).rglob("*"):
+            if path.is_file() and not SKIPPED_PARTS.intersection(path.parts):
+                files.append(path)
+    return sorted(files)
+
+
+def _installed() -> list[str]:
+    """`name-version.dist-info` of every distribution the running interpreter can import."""
+    folders = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    found: list[str] = []
+    for folder in sorted(folders):
+        try:
+            found += [p.name for p in Path(folder).iterdir() if p.name.endswith(".dist-info")]
+        except OSError:
+            continue
+    return sorted(found)
+
+
+def plan_key(stack_file: Path, shown_as: str, *, verbose: bool) -> str:
+    """The hash a plan of `stack_file` is kept under; any change to its inputs changes it."""
+    digest = hashlib.sha256()
+
+    def add(label: str, data: bytes) -> None:
+        digest.update(f"{label}\0{len(data)}\0".encode())
+        digest.update(data)
+
+    add("format", str(FORMAT).encode())
+    add("stack", stack_file.read_bytes())
+    add("shown-as", shown_as.encode())
+    add("options", json.dumps({"verbose": verbose}).encode())
+    add("day", datetime.now(UTC).date().isoformat().encode())
+    add("python", f"{sys.executable}\0{sys.version}".encode())
+    add("installed", "\n".join(_installed()).encode())
+    for path in _source_files():
+        add(path.relative_to(ROOT).as_posix(), path.read_bytes())
+    return digest.hexdigest()
+
+
+def load(key: str) -> CachedPlan | None:
+    folder = cache_dir()
+    if folder is None:
+        return None
+    try:
+        data = json.loads((folder / f"{key}.json").read_text(encoding="utf-8"))
+        return CachedPlan(str(data["stdout"]), str(data["stderr"]), int(data["status"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # absent or unreadable: evaluate
+
+
+def store(key: str, plan: CachedPlan) -> None:
+    """Keep a plan (written by rename, so a reader never sees half of one); a cache that cannot
+    be written is skipped, never an error."""
+    folder = cache_dir()
+    if folder is None:
+        return
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        partial = folder / f".{key}.{os.getpid()}.tmp"
+        partial.write_text(
+            json.dumps({"stdout": plan.stdout, "stderr": plan.stderr, "status": plan.status}),
+            encoding="utf-8",
+        )
+        partial.replace(folder / f"{key}.json")
+        entries = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+        for old in entries[KEPT_ENTRIES:]:
+            old.unlink(missing_ok=True)
+    except OSError:
+        return

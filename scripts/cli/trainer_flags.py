@@ -1,0 +1,56 @@
+"""`fsdp-eks trainer-flags`: the trainer's flags, as `python -m trainer --help` lists them, from
+any environment of the project (the parser is torch-free: `trainer.config`)."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command(context_settings={"ignore_unknown_options": False})
+@click.argument("names", nargs=-1, metavar="[FLAG]...")
+def trainer_flags(names: tuple[str, ...]) -> int:
+    """The trainer's flags: what `training.extraArgs` may set (without the leading dashes),
+    each with its help, type and default.
+
+    \b
+        fsdp-eks trainer-flags                 # all of them, by section
+        fsdp-eks trainer-flags loss_chunk_tokens watchdog_factor
+
+    Flags the stack renders from its own keys are marked: set those keys instead.
+    """
+    import argparse
+
+    from infra.config.job import RENDERED_TRAINER_FLAGS
+    from scripts.cli.support.errors import CliError
+    from trainer.config import build_parser, flag_names
+
+    parser = build_parser()
+    wanted = {name.lstrip("-") for name in names}
+    unknown = sorted(wanted - flag_names())
+    if unknown:
+        import difflib
+
+        hints = [
+            f"{name} (did you mean {match[0]}?)" if (match := difflib.get_close_matches(
+                name, sorted(flag_names()), n=1)) else name
+            for name in unknown
+        ]  # fmt: skip
+        raise CliError(f"not a trainer flag: {', '.join(hints)}")
+    if not wanted:
+        click.echo(parser.format_help())
+        click.echo(
+            "Rendered from stack keys (not for training.extraArgs): "
+            + ", ".join(sorted(RENDERED_TRAINER_FLAGS))
+        )
+        return 0
+    actions = {
+        action.dest: action
+        for action in parser._actions
+        if not isinstance(action, argparse._HelpAction)
+    }
+    for name in dict.fromkeys(name.lstrip("-") for name in names):  # as asked, once each
+        action = actions[name]
+        rendered = " (rendered from a stack key)" if action.dest in RENDERED_TRAINER_FLAGS else ""
+        choices = f" {{{','.join(map(str, action.choices))}}}" if action.choices else ""
+        click.echo(f"--{action.dest}{choices}{rendered}\n    {action.help}")
+    return 0

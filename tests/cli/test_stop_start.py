@@ -1,0 +1,121 @@
+"""`fsdp-eks stop` / `start` as typed, against a cluster on loopback that keeps the PyTorchJob
+in the field-management model (`tests.infra.kube_fake`, `tests.infra.ssa_model`) and plays the
+training operator; then the modelled `pulumi up` of the same job, to hold what the commands
+say the next `up` does."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+from tests.cli.conftest import assert_one_line_mistake, run_cli, set_answers
+from tests.infra.kube_fake import ClusterApiServer, kubeconfig, serving
+from tests.infra.ssa_model import Pulumi, job_inputs
+from tests.s3_server import moto_s3_endpoint, s3_environment
+
+
+@pytest.fixture
+def cluster(fake_cli: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ClusterApiServer]:
+    """The dev stack deployed: its outputs name the job, and its cluster is the loopback one
+    (the DescribeCluster path to it is tested below, on moto)."""
+    with serving(ClusterApiServer(namespace="training", name="exp")) as server:
+        set_answers(
+            fake_cli, outputs={"jobName": "exp", "namespace": "training", "clusterName": "lab"}
+        )
+        monkeypatch.setattr(
+            "scripts.cli.support.kube.stack_cluster_access",
+            lambda stack, name: (kubeconfig(server.url), None),
+        )
+        yield server
+
+
+def deploy(cluster: ClusterApiServer) -> Pulumi:
+    pulumi = Pulumi(cluster.store)
+    pulumi.up(job_inputs())
+    with cluster.lock:
+        cluster.reconcile()
+    return pulumi
+
+
+def test_stop_then_an_unchanged_pulumi_up_leaves_the_run_stopped(cluster: ClusterApiServer) -> None:
+    pulumi = deploy(cluster)
+    stopped = run_cli("stop", "dev")
+    assert stopped.code == 0, stopped
+    assert cluster.suspended() and not cluster.live_pods()
+    assert "Stopped PyTorchJob training/exp" in stopped.out
+    assert "`fsdp-eks start dev` resumes it" in stopped.out
+    assert "A `pulumi up` that leaves the job unchanged" in stopped.out
+    # What the message promises, on the modelled engine: unchanged inputs, with and without
+    # a refresh, leave it stopped.
+    assert pulumi.up(job_inputs()) == "same" and cluster.suspended()
+    pulumi.refresh()
+    assert pulumi.up(job_inputs()) == "same" and cluster.suspended()
+
+
+def test_start_resumes_a_stopped_run(cluster: ClusterApiServer) -> None:
+    deploy(cluster)
+    assert run_cli("stop", "dev").code == 0
+    started = run_cli("start", "dev", "--no-wait")
+    assert started.code == 0, started
+    assert not cluster.suspended()
+    with cluster.lock:
+        cluster.reconcile()
+    assert cluster.live_pods()
+
+
+def test_a_finished_job_is_one_line_naming_the_relaunch(cluster: ClusterApiServer) -> None:
+    deploy(cluster)
+    job = cluster.job()
+    status: dict[str, Any] = dict(job.get("status") or {})
+    condition = {"type": "Succeeded", "status": "True", "reason": "Done", "message": "m"}
+    status["conditions"] = [*(status.get("conditions") or []), condition]
+    cluster.store.update_status(cluster.name, status, "training-operator")
+    assert_one_line_mistake(run_cli("stop", "dev"), "pulumi up --replace")
+    assert_one_line_mistake(run_cli("start", "dev", "--no-wait"), "pulumi up --replace")
+
+
+def test_a_missing_job_is_one_line(cluster: ClusterApiServer) -> None:
+    assert_one_line_mistake(run_cli("stop", "dev"), "pulumi up --refresh")
+
+
+def test_the_commands_sign_as_pulumi_up_does(
+    fake_cli: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The kubeconfig stop/start (and every command that reaches the cluster) use is the
+    program's: DescribeCluster in the stack file's region (moto's EKS here), `aws eks
+    get-token` with the stack's admin role when the caller is not that role already."""
+    import yaml
+
+    from scripts.cli.support.kube import stack_cluster_access
+
+    shipped = yaml.safe_load(
+        (Path(__file__).resolve().parents[2] / "stacks" / "Pulumi.dev.yaml").read_text()
+    )
+    shipped["config"]["aws:region"] = "eu-west-1"
+    cluster_section = shipped["config"].setdefault("fsdp-eks:cluster", {})
+    cluster_section["adminRoleArn"] = "arn:aws:iam::123456789012:role/ml-admins"
+    stack = tmp_path / "Pulumi.shared.yaml"
+    stack.write_text(yaml.safe_dump(shipped))
+    with moto_s3_endpoint() as endpoint:
+        for key, value in s3_environment(endpoint).items():
+            monkeypatch.setenv(key, value)
+        monkeypatch.delenv("AWS_PROFILE", raising=False)
+        eks = boto3.session.Session(region_name="eu-west-1").client("eks")
+        created = eks.create_cluster(
+            name="lab",
+            roleArn="arn:aws:iam::123456789012:role/eks",
+            resourcesVpcConfig={"subnetIds": ["subnet-1", "subnet-2"]},
+        )["cluster"]
+        document, _ = stack_cluster_access(str(stack), "lab")
+    (cluster,) = document["clusters"]
+    assert cluster["cluster"]["server"] == created["endpoint"]
+    (user,) = document["users"]
+    args = user["user"]["exec"]["args"]
+    assert args[:4] == ["eks", "get-token", "--cluster-name", "lab"]
+    assert args[args.index("--region") + 1] == "eu-west-1"  # the stack file's aws:region
+    # moto's caller is not the admin role: get-token assumes it, as the program's provider does.
+    assert args[args.index("--role-arn") + 1] == "arn:aws:iam::123456789012:role/ml-admins"

@@ -1,0 +1,487 @@
+"""Kubernetes API servers on loopback, reached the way the provider reaches EKS.
+
+Both speak HTTP to `infra.job.kube_api.KubernetesApi` through a kubeconfig whose user is an
+`exec` credential plugin (`kubeconfig()`), so every token a test sees came from running that
+plugin exactly as client-go would (ExecCredential JSON on stdout, `status.token`). Nothing is
+faked inside the code under test.
+
+* `ScriptedApiServer` serves PyTorchJob / Pod documents in turn, one state per poll: the
+  start watch's cases, where each poll must show a chosen state.
+* `ClusterApiServer` keeps the PyTorchJob in the field-management model
+  (`tests.infra.ssa_model.ApiServer`), so `pulumi up` (modelled) and `fsdp-eks stop` /
+  `start` (real, over HTTP) act on one object. It answers as the API server does:
+  `metadata.managedFields` in the FieldsV1 shape, 409 apply conflicts and 404s as `Status`
+  documents, 422 for an apply without `fieldManager` or a `force` on another patch type
+  (apimachinery v0.36.1 `validation.go` `ValidatePatchOptions`), the User-Agent prefix as the
+  manager of a patch that names none (apiserver `handlers/create.go` `managerOrUserAgent`),
+  403 in RBAC's words (apiserver `responsewriters/errors.go` `forbiddenMessage`). A small
+  operator plays training-operator v1.9.0 on every read of the job (`common/job.go`
+  `ReconcileJobs`): suspended, it deletes the pods gracefully (a `deletionTimestamp`, gone a
+  few reads later as the kubelet finishes) and sets `Running=False`, `Suspended=True`;
+  resumed, it sets `Suspended=False` and a new `startTime` and creates new pods (new uids).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+import threading
+import urllib.parse
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, TypeVar
+
+import yaml
+
+from tests.infra import ssa_model
+
+TOKEN = "k8s-aws-v1.test-token"
+APPLY_PATCH = "application/apply-patch+yaml"
+MERGE_PATCH = "application/merge-patch+json"
+JOB_NAME_LABEL = "training.kubeflow.org/job-name"
+REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
+OPERATOR_MANAGER = "manager"
+"""The operator's status writes: its binary is `/manager` (v1.9.0 `build/images/
+training-operator/Dockerfile`), and a client without a fieldManager is recorded under its
+User-Agent's first word, the binary's name."""
+
+
+def stamp(seconds_ago: float = 0) -> str:
+    return (datetime.now(UTC) - timedelta(seconds=seconds_ago)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def kubeconfig(server: str, *, exit_code: int = 0) -> str:
+    """The shape `infra.job.kubeconfig.exec_kubeconfig` writes, with a plugin that prints a
+    token (and exits `exit_code`)."""
+    credential = {
+        "apiVersion": "client.authentication.k8s.io/v1beta1",
+        "kind": "ExecCredential",
+        "status": {"token": TOKEN},
+    }
+    script = f"import sys; print({json.dumps(json.dumps(credential))}); sys.exit({exit_code})"
+    return json.dumps(
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "c", "cluster": {"server": server}}],
+            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "aws"}}],
+            "current-context": "c",
+            "users": [
+                {
+                    "name": "aws",
+                    "user": {
+                        "exec": {
+                            "apiVersion": "client.authentication.k8s.io/v1beta1",
+                            "command": sys.executable,
+                            "args": ["-c", script],
+                        }
+                    },
+                }
+            ],
+        }
+    )
+
+
+@dataclass(frozen=True)
+class Request:
+    method: str
+    path: str
+    query: dict[str, str]
+    content_type: str | None
+    user_agent: str | None
+    authorization: str | None
+    body: Any = None
+
+
+class LoopbackApiServer(ThreadingHTTPServer):
+    """An HTTP server on 127.0.0.1 that records every request."""
+
+    def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(("127.0.0.1", 0), handler)
+        self.requests: list[Request] = []
+        self.lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    @property
+    def patches(self) -> list[Request]:
+        return [r for r in self.requests if r.method == "PATCH"]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: LoopbackApiServer
+
+    def _request(self) -> Request:
+        parsed = urllib.parse.urlsplit(self.path)
+        query = {k: v[0] for k, v in urllib.parse.parse_qs(parsed.query).items()}
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        content_type = self.headers.get("Content-Type")
+        body: Any = None
+        if raw:
+            body = yaml.safe_load(raw) if content_type == APPLY_PATCH else json.loads(raw)
+        request = Request(
+            self.command,
+            parsed.path,
+            query,
+            content_type,
+            self.headers.get("User-Agent"),
+            self.headers.get("Authorization"),
+            body,
+        )
+        with self.server.lock:
+            self.server.requests.append(request)
+        return request
+
+    def _send(self, code: int, body: dict[str, Any]) -> None:
+        payload = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *_args: Any) -> None:
+        pass
+
+
+Served = TypeVar("Served", bound=LoopbackApiServer)
+
+
+@contextmanager
+def serving(server: Served) -> Iterator[Served]:
+    """`server` answering on a thread; shut down (within its 20 ms poll) on leaving."""
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02})
+    thread.daemon = True
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def status(code: int, reason: str, message: str, **details: Any) -> dict[str, Any]:
+    """A `metav1.Status` failure as the API server writes it."""
+    body: dict[str, Any] = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+    if details:
+        body["details"] = details
+    return body
+
+
+# --- scripted: one state per poll ------------------------------------------------------------
+
+
+class ScriptedApiServer(LoopbackApiServer):
+    """Serves `states` in turn (one per poll of the job: (HTTP code, job, pods)); PATCHes are
+    recorded and answered with the job of the current state."""
+
+    def __init__(
+        self, states: list[tuple[int, dict[str, Any], list[dict[str, Any]]]], job_path: str
+    ) -> None:
+        super().__init__(_ScriptedHandler)
+        self.states = states
+        self.job_path = job_path
+        self.namespace = job_path.split("/")[5]
+        self.polls = 0
+        self.events: list[dict[str, Any]] | None = None
+        """Warning events to serve; None answers 403, as for a deployer without that right."""
+
+
+class _ScriptedHandler(_Handler):
+    server: ScriptedApiServer
+
+    def do_GET(self) -> None:
+        request = self._request()
+        server = self.server
+        index = min(server.polls, len(server.states) - 1)
+        code, job, pods = server.states[index]
+        pods_path = f"/api/v1/namespaces/{server.namespace}/pods"
+        events_path = f"/api/v1/namespaces/{server.namespace}/events"
+        if request.path == server.job_path:
+            body: dict[str, Any] = job
+            if code != 200:  # an error answer ends this poll: the next one sees the next state
+                server.polls += 1
+        elif request.path == pods_path:
+            body = {"kind": "PodList", "items": pods}
+            server.polls += 1
+        elif request.path == events_path and server.events is not None:
+            body = {"kind": "EventList", "items": server.events}
+        elif request.path == events_path:
+            code, body = 403, status(403, "Forbidden", "events is forbidden")
+        else:
+            code, body = 404, status(404, "NotFound", "the server could not find it")
+        self._send(code, body)
+
+    def do_PATCH(self) -> None:
+        self._request()
+        index = min(self.server.polls, len(self.server.states) - 1)
+        self._send(200, self.server.states[index][1])
+
+
+# --- a cluster: the job in the field-management model, and an operator -----------------------
+
+
+@dataclass
+class Operator:
+    """training-operator v1.9.0's reaction to a job, one step per read of the job."""
+
+    running: bool = True
+    """False: no operator acts (not installed, or stalled)."""
+    grace_reads: int = 1
+    """Reads of the job a terminating pod survives (its grace period, in polls)."""
+    pod_age_s: float = 120.0
+    """How long ago a new pod's trainer started, as the pod reports it: beyond the start
+    rule's stable minute, so a resumed job is seen as started on the next read."""
+    pods_removable: bool = True
+    """False: terminating pods never go (a kubelet that does not finish them)."""
+    uids: int = 0
+    terminating_reads: dict[str, int] = field(default_factory=dict)
+
+
+def _set_condition(
+    conditions: list[dict[str, Any]], kind: str, value: str, reason: str, message: str
+) -> list[dict[str, Any]]:
+    """v1.9.0 `pkg/util/status.go` `setCondition`: one condition per type, the newest last."""
+    current = next((c for c in conditions if c["type"] == kind), None)
+    if current is not None and current["status"] == value and current["reason"] == reason:
+        return conditions
+    rest = [c for c in conditions if c["type"] != kind]
+    now = stamp()
+    return [
+        *rest,
+        {"type": kind, "status": value, "reason": reason, "message": message,
+         "lastUpdateTime": now, "lastTransitionTime": now},
+    ]  # fmt: skip
+
+
+def _is_true(conditions: list[dict[str, Any]], kind: str) -> bool:
+    return any(c["type"] == kind and c["status"] == "True" for c in conditions)
+
+
+class ClusterApiServer(LoopbackApiServer):
+    """One namespace holding one PyTorchJob (in the field-management model) and its pods."""
+
+    def __init__(self, namespace: str = "training", name: str = "exp") -> None:
+        super().__init__(_ClusterHandler)
+        self.namespace = namespace
+        self.name = name
+        self.store = ssa_model.ApiServer()
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.operator = Operator()
+        self.events: list[dict[str, Any]] = []
+        self.forbidden: set[tuple[str, str]] = set()
+        """(verb, resource) pairs RBAC refuses, e.g. ("patch", "pytorchjobs")."""
+        self.user = "arn:aws:sts::123456789012:assumed-role/ml-admins/ci"
+
+    @property
+    def job_path(self) -> str:
+        return f"/apis/kubeflow.org/v1/namespaces/{self.namespace}/pytorchjobs/{self.name}"
+
+    @property
+    def pods_path(self) -> str:
+        return f"/api/v1/namespaces/{self.namespace}/pods"
+
+    def job(self) -> dict[str, Any]:
+        return self.store.get(self.name)
+
+    def suspended(self) -> bool:
+        return ssa_model.suspended(self.store)
+
+    def live_pods(self) -> list[dict[str, Any]]:
+        return [copy.deepcopy(p) for _, p in sorted(self.pods.items())]
+
+    # -- the operator and the kubelet
+
+    def reconcile(self) -> None:
+        """One pass of the operator, then of the kubelets of terminating pods."""
+        self._kubelet()
+        job = self.store.obj
+        if job is None or not self.operator.running:
+            return
+        status = copy.deepcopy(job.get("status") or {})
+        conditions: list[dict[str, Any]] = status.get("conditions") or []
+        if _is_true(conditions, "Succeeded") or _is_true(conditions, "Failed"):
+            return
+        replicas = int(job["spec"]["pytorchReplicaSpecs"]["Worker"].get("replicas", 1))
+        what = f"PyTorchJob {self.name}"
+        if not conditions:
+            conditions = _set_condition(
+                conditions, "Created", "True", "PyTorchJobCreated", f"{what} is created."
+            )
+        if ssa_model.get_path(job, ssa_model.SUSPEND):
+            for pod in self.pods.values():
+                pod["metadata"].setdefault("deletionTimestamp", stamp())
+            if _is_true(conditions, "Running"):
+                conditions = _set_condition(
+                    conditions, "Running", "False", "PyTorchJobSuspended", f"{what} is suspended."
+                )
+            if not _is_true(conditions, "Suspended"):
+                conditions = _set_condition(
+                    conditions, "Suspended", "True", "PyTorchJobSuspended", f"{what} is suspended."
+                )
+            status["replicaStatuses"] = {"Worker": {"active": 0}}
+        else:
+            if _is_true(conditions, "Suspended"):
+                conditions = _set_condition(
+                    conditions, "Suspended", "False", "PyTorchJobResumed", f"{what} is resumed."
+                )
+                status["startTime"] = stamp()
+            status.setdefault("startTime", stamp())
+            for index in range(replicas):
+                name = f"{self.name}-worker-{index}"
+                if name not in self.pods:
+                    self.pods[name] = self._new_pod(name)
+            running = [p for p in self.pods.values() if not p["metadata"].get("deletionTimestamp")]
+            if len(running) >= replicas:
+                conditions = _set_condition(
+                    conditions, "Running", "True", "PyTorchJobRunning", f"{what} is running."
+                )
+            status["replicaStatuses"] = {"Worker": {"active": len(running)}}
+        status["conditions"] = conditions
+        if status != (job.get("status") or {}):
+            self.store.update_status(self.name, status, OPERATOR_MANAGER)
+
+    def _kubelet(self) -> None:
+        if self.store.obj is None:  # the garbage collector removes a deleted job's pods
+            self.pods.clear()
+        for name, pod in list(self.pods.items()):
+            if not pod["metadata"].get("deletionTimestamp") or not self.operator.pods_removable:
+                continue
+            reads = self.operator.terminating_reads.get(pod["metadata"]["uid"], 0) + 1
+            self.operator.terminating_reads[pod["metadata"]["uid"]] = reads
+            if reads > self.operator.grace_reads:
+                del self.pods[name]
+
+    def _new_pod(self, name: str) -> dict[str, Any]:
+        self.operator.uids += 1
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": self.namespace,
+                "uid": f"pod-uid-{self.operator.uids}",
+                "creationTimestamp": stamp(self.operator.pod_age_s),
+                "labels": {JOB_NAME_LABEL: self.name, REPLICA_TYPE_LABEL: "worker"},
+            },
+            "spec": {"terminationGracePeriodSeconds": 330},
+            "status": {
+                "phase": "Running",
+                "containerStatuses": [
+                    {
+                        "name": "pytorch",
+                        "ready": True,
+                        "restartCount": 0,
+                        "state": {"running": {"startedAt": stamp(self.operator.pod_age_s)}},
+                    }
+                ],
+            },
+        }
+
+
+class _ClusterHandler(_Handler):
+    server: ClusterApiServer
+
+    def _refused(self, request: Request, verb: str, resource: str, group: str) -> bool:
+        if request.authorization != f"Bearer {TOKEN}":
+            self._send(401, status(401, "Unauthorized", "Unauthorized"))
+            return True
+        if (verb, resource) not in self.server.forbidden:
+            return False
+        server = self.server
+        name = server.name if resource == "pytorchjobs" else ""
+        qualified = f"{resource}.{group}" if group else resource
+        target = f'{qualified} "{name}"' if name else qualified
+        message = (
+            f'{target} is forbidden: User "{server.user}" cannot {verb} resource "{resource}" '
+            f'in API group "{group}" in the namespace "{server.namespace}"'
+        )
+        self._send(403, status(403, "Forbidden", message, group=group, kind=resource, name=name))
+        return True
+
+    def do_GET(self) -> None:
+        request = self._request()
+        server = self.server
+        with server.lock:
+            if request.path == server.job_path:
+                if self._refused(request, "get", "pytorchjobs", "kubeflow.org"):
+                    return
+                server.reconcile()
+                if server.store.obj is None:
+                    message = f'pytorchjobs.kubeflow.org "{server.name}" not found'
+                    self._send(404, status(404, "NotFound", message, name=server.name))
+                    return
+                self._send(200, server.job())
+            elif request.path == server.pods_path:
+                if self._refused(request, "list", "pods", ""):
+                    return
+                selector = request.query.get("labelSelector", "")
+                key, _, value = selector.partition("=")
+                items = [p for p in server.live_pods() if p["metadata"]["labels"].get(key) == value]
+                self._send(200, {"kind": "PodList", "apiVersion": "v1", "items": items})
+            elif request.path == f"/api/v1/namespaces/{server.namespace}/events":
+                if self._refused(request, "list", "events", ""):
+                    return
+                self._send(200, {"kind": "EventList", "items": server.events})
+            else:
+                self._send(404, status(404, "NotFound", "the server could not find it"))
+
+    def do_PATCH(self) -> None:
+        request = self._request()
+        server = self.server
+        with server.lock:
+            if request.path != server.job_path:
+                self._send(404, status(404, "NotFound", "the server could not find it"))
+                return
+            if self._refused(request, "patch", "pytorchjobs", "kubeflow.org"):
+                return
+            manager = request.query.get("fieldManager", "")
+            invalid = 'PatchOptions.meta.k8s.io "" is invalid: '
+            body = request.body
+            try:
+                if request.content_type == APPLY_PATCH:
+                    if not manager:
+                        message = invalid + "fieldManager: Required value: "
+                        message += "is required for apply patch"
+                        self._send(422, status(422, "Invalid", message))
+                        return
+                    if server.store.obj is None:
+                        # Apply creates a missing object; a suspend-only body is no job
+                        # (the CRD requires spec.pytorchReplicaSpecs).
+                        message = (
+                            f'PyTorchJob.kubeflow.org "{server.name}" is invalid: '
+                            "spec.pytorchReplicaSpecs: Required value"
+                        )
+                        self._send(422, status(422, "Invalid", message))
+                        return
+                    force = request.query.get("force") == "true"
+                    self._send(200, server.store.apply(server.name, body, manager, force=force))
+                elif request.content_type == MERGE_PATCH:
+                    if "force" in request.query:
+                        message = invalid + "force: Forbidden: "
+                        message += "may not be specified for non-apply patch"
+                        self._send(422, status(422, "Invalid", message))
+                        return
+                    manager = manager or (request.user_agent or "").split("/")[0]
+                    self._send(200, server.store.merge_patch(server.name, body, manager))
+                else:
+                    message = "the body of the request was in an unknown format: "
+                    message += str(request.content_type)
+                    self._send(415, status(415, "UnsupportedMediaType", message))
+            except ssa_model.ApiError as err:
+                self._send(err.code, err.status())

@@ -1,0 +1,125 @@
+"""fp8 numerics and checkpoints end to end: `torchrun --nproc_per_node=2 -m trainer` on the CPU
+with gloo and torchao's emulation (`--fp8_emulate`: the float8-rounded operands multiplied in
+fp32, so the numbers are those of FP8 training and the speed is not).
+
+Tolerance: every logged loss of the fp8 run within 1% of the bf16 run's, from the same seed,
+weights and batches. e4m3 keeps 3 mantissa bits, so each cast rounds an operand by up to 2^-4
+relative; over a dot product of K terms these errors mostly cancel, and what remains shifts the
+loss by ~0.02% at step 1 here and drifts to at most ~0.5% (rowwise) and ~0.7% (tensorwise, one
+scale per tensor) by step 20 of this tiny run (measured; lr 3e-3). 1% is the bound the GPU
+benchmark holds the 3B model to after 200 steps (the issue's target), and ten times the
+first-step error, so a conversion that broke a layer (a wrong scale, a dropped gradient) fails
+it while fp8's rounding passes.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors import safe_open
+from transformers import AutoModelForCausalLM
+
+from tests.trainer.torchrun_util import RunResult, run_trainer, tiny_args
+from trainer.tiny_assets import TinyAssets
+
+pytestmark = pytest.mark.slow
+
+STEPS = 12
+TOLERANCE = 0.01
+
+
+def _run(assets: TinyAssets, root: Path, name: str, **extra: Any) -> RunResult:
+    run_dir = root / name
+    # A constant learning rate: a segment run to an earlier --max_steps follows the same
+    # schedule as the whole run.
+    values = {"max_steps": STEPS, "bf16": 1, "warmup": 0, "lr_decay_style": "constant", **extra}
+    args = tiny_args(assets, **values)
+    result = run_trainer(args, metrics_file=run_dir / "metrics.jsonl", timeout=300)
+    assert result.returncode == 0, result.output[-4000:]
+    return result
+
+
+def _export_layout(directory: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    layout = {}
+    for file in sorted(directory.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as handle:
+            for key in handle.keys():  # noqa: SIM118 - a safe_open handle is not a mapping
+                tensor = handle.get_tensor(key)
+                layout[key] = (str(tensor.dtype), tuple(tensor.shape))
+    return layout
+
+
+@pytest.fixture(scope="module")
+def bf16_run(tiny_assets: TinyAssets, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    root = tmp_path_factory.mktemp("bf16")
+    result = _run(
+        tiny_assets,
+        root,
+        "run",
+        checkpoint_dir=root / "ckpt",
+        checkpoint_freq=STEPS // 2,
+        export_dir=root / "export",
+    )
+    return root, result
+
+
+def test_fp8_rowwise_trains_within_one_percent_of_bf16(
+    tiny_assets: TinyAssets, tmp_path: Path, bf16_run: Any
+) -> None:
+    _, bf16 = bf16_run
+    fp8 = _run(tiny_assets, tmp_path, "fp8", precision="fp8", fp8_emulate=1)
+    reference, losses = bf16.losses(), fp8.losses()
+    assert sorted(losses) == sorted(reference) == list(range(1, STEPS + 1))
+    worst = max(abs(losses[s] - reference[s]) / reference[s] for s in reference)
+    assert worst < TOLERANCE, (worst, losses, reference)
+    # The float8 layers did run: fp8 rounding moves the very first loss, bf16's does not.
+    assert losses[1] != reference[1]
+    assert losses[STEPS] < losses[1] - 1.0  # and it learns as bf16 does
+    assert "precision fp8 rowwise, bf16 all-gather, emulated (testing)" in fp8.output
+    assert "float8: 28 linear layers converted" in fp8.output  # 7 projections x 4 layers
+
+
+def test_a_bf16_checkpoint_resumes_in_fp8_and_back_and_exports_as_bf16_would(
+    tiny_assets: TinyAssets, tmp_path: Path, bf16_run: Any
+) -> None:
+    """bf16 to step 6; tensorwise fp8 (weights all-gathered in float8 over the 2 ranks) from
+    there to 9; bf16 again from fp8's checkpoint to 12. Each start loads the other precision's
+    checkpoint; the export is the same plain Hugging Face checkpoint a bf16 run writes."""
+    bf16_root, bf16 = bf16_run
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(bf16_root / "ckpt" / f"step-{STEPS // 2}", ckpt / f"step-{STEPS // 2}")
+    common: dict[str, Any] = {
+        "checkpoint_dir": ckpt,
+        "resume_from_checkpoint": ckpt,
+        "checkpoint_freq": 3,
+    }
+    fp8 = _run(
+        tiny_assets,
+        tmp_path,
+        "fp8",
+        precision="fp8",
+        fp8_emulate=1,
+        fp8_recipe="tensorwise",
+        max_steps=9,
+        **common,
+    )
+    assert f"resumed from {ckpt / 'step-6'} at step 6" in fp8.output
+    assert "fp8 tensorwise, float8 all-gather, emulated (testing)" in fp8.output
+    back = _run(tiny_assets, tmp_path, "back", export_dir=tmp_path / "export", **common)
+    assert f"resumed from {ckpt / 'step-9'} at step 9" in back.output
+    reference = bf16.losses()
+    resumed = {**fp8.losses(), **back.losses()}
+    assert sorted(resumed) == list(range(STEPS // 2 + 1, STEPS + 1))
+    for step, loss in resumed.items():
+        assert abs(loss - reference[step]) / reference[step] < TOLERANCE, (step, resumed)
+
+    exported, plain = tmp_path / "export", bf16_root / "export"
+    assert _export_layout(exported) == _export_layout(plain)
+    assert {dtype for dtype, _ in _export_layout(exported).values()} == {"torch.bfloat16"}
+    model = AutoModelForCausalLM.from_pretrained(exported)
+    assert "quantization_config" not in model.config.to_dict()
+    assert all(type(m) is torch.nn.Linear for m in model.modules() if "Linear" in type(m).__name__)
