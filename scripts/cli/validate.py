@@ -504,8 +504,9 @@ def validate(
     results: list[CheckResult] = []
     created: list[dict[str, Any]] = []
     try:
-        kubectl.apply(policies)  # before any check pod exists
-        created += policies
+        if {"nvidia-smi", "nccl"} - set(skip):  # before any check pod exists
+            kubectl.apply(policies, field_manager=FIELD_MANAGER)
+            created += policies
         if "nodes" not in skip:
             log.info("checking %d %s node(s)", expected.node_count, expected.instance_type)
             results.append(run_node_check(kubectl, expected))
