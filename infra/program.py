@@ -136,7 +136,7 @@ def main() -> None:
                 tags=tags,
             ),
         )
-        leased.append(autoscaler.release)
+        leased.extend(autoscaler.ready)
     # Who holds the GPU nodes while no job runs: this stack, or the existing cluster's operators.
     gpu_lease = (
         pulumi.Output.from_input(lease_line(stack))
@@ -229,4 +229,6 @@ def main() -> None:
     )
     pulumi.export("gpuLease", gpu_lease)
     pulumi.export("estimatedUsdPerHour", estimate.usd_per_hour)
-    pulumi.export("cost", estimate.as_outputs())
+    # Beside the run's cost: what the stack bills every day until `pulumi destroy`.
+    pulumi.export("standingUsdPerDay", plan.standing.usd_per_day)
+    pulumi.export("cost", {**estimate.as_outputs(), "standing": plan.standing.as_outputs()})

@@ -12,6 +12,9 @@ ten times slower. So every rank checks its own node first:
   use the aws-ofi-nccl plugin and nothing else (`NCCL_NET`; the plugin answers to
   "AWS Libfabric" or "OFI", aws/aws-ofi-nccl `nvidia_plugin_name_fixup`), so a missing plugin
   is an error at the first collective instead of a silent fallback to sockets;
+* `memlock`: with EFA, the process may lock enough memory for EFA to register NCCL's buffers
+  (RLIMIT_MEMLOCK above the node's memory, or CAP_IPC_LOCK); otherwise `ibv_reg_mr` fails with
+  ENOMEM inside NCCL's first collective, long after the node was paid for;
 
 then all ranks run a short all-reduce and compare its bus bandwidth (the nccl-tests measure:
 bytes x 2(n-1)/n per second) with a floor for the instance type. With `--preflight enforce`
@@ -22,6 +25,7 @@ a failure is one line naming the node, the rank and the check, and an exit with
 from __future__ import annotations
 
 import os
+import resource
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,6 +97,45 @@ def _check_efa(expect: Expectations) -> str | None:
     return None
 
 
+CAP_IPC_LOCK = 14
+"""Bit of CAP_IPC_LOCK in /proc/<pid>/status `CapEff` (include/uapi/linux/capability.h)."""
+PROC_STATUS = Path("/proc/self/status")
+
+
+def _has_ipc_lock() -> bool:
+    """Whether this process holds CAP_IPC_LOCK, which lets it lock memory past the limit (the
+    trainer's container drops every capability, so on the GPU nodes it does not)."""
+    try:
+        for line in PROC_STATUS.read_text().splitlines():
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) >> CAP_IPC_LOCK & 1)
+    except OSError:
+        pass
+    return False
+
+
+def _check_memlock(expect: Expectations) -> str | None:
+    """EFA registers host memory with the kernel (`ibv_reg_mr` -> `ib_umem_get`,
+    drivers/infiniband/core/umem.c), which refuses once the pinned pages pass the *soft*
+    RLIMIT_MEMLOCK unless the process has CAP_IPC_LOCK. A limit at or above the node's memory
+    never binds; the GPU nodes' NodeConfig sets one (infra/platform/gpu_nodes.py)."""
+    if expect.efa_devices <= 0:
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    if soft == resource.RLIM_INFINITY:
+        return None
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if soft >= physical or _has_ipc_lock():
+        return None
+    return (
+        f"RLIMIT_MEMLOCK is {soft / 2**20:g} MiB, below the node's {physical / 2**30:.0f} GiB: "
+        "EFA cannot register NCCL's buffers (ibv_reg_mr fails with ENOMEM); raise the limit in "
+        "the GPU nodes' containerd base runtime spec (nodeadm NodeConfig "
+        "spec.containerd.baseRuntimeSpec, as infra/platform/gpu_nodes.py NODE_CONFIG does; "
+        "docs/validation.md, 'Locked memory')"
+    )
+
+
 def allreduce_busbw_gbps(device: torch.device, mib: int) -> float:
     """Bus bandwidth of an all-reduce of `mib` MiB over every rank, in GB/s (nccl-tests'
     `busbw`: algorithm bandwidth x 2(n-1)/n). Collective."""
@@ -128,6 +171,7 @@ def run_preflight(
     mine: list[str] = []
     checks = {"gpus": lambda: _check_gpus(expect, device, local_world_size)}
     checks["efa"] = lambda: _check_efa(expect)
+    checks["memlock"] = lambda: _check_memlock(expect)
     for name, check in checks.items():
         problem = check()
         if inject == name and rank == world - 1:

@@ -43,6 +43,14 @@ TaintEffect = Literal["NoSchedule", "NoExecute", "PreferNoSchedule"]
 DEFAULT_LOG_TYPES: tuple[ControlPlaneLogType, ...] = ("api", "audit", "authenticator")
 
 _AZ_PATTERN = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
+_INSTANCE_TYPE = re.compile(
+    r"^(?P<family>[a-z]+-?(?P<generation>\d+)(?P<options>[a-z]*)[a-z0-9-]*)"
+    r"\.(nano|micro|small|medium|large|xlarge|\d+xlarge|metal(-\d+xl)?)$"
+)
+"""EC2's instance type names (EC2 user guide, "Amazon EC2 instance type naming conventions"):
+family letters, generation digits, options (processor, storage, network), an optional `-flex`
+or suffix, then the size: m6i.xlarge, c6gn.16xlarge, m7i-flex.large, p6-b200.48xlarge,
+m7i.metal-24xl."""
 _IAM_ROLE_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]+$")
 _KMS_KEY_ARN = re.compile(r"^arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:(key|alias)/[\w/-]+$")
 _RESERVATION_ID = re.compile(r"^cr-[0-9a-f]{8,17}$")
@@ -167,7 +175,10 @@ class SystemNodesConfig(ConfigSection):
 
     instance_type: str = Field(
         default="m6i.xlarge",
-        description="EC2 instance type of the system (CPU) nodes.",
+        description=(
+            "EC2 instance type of the system (CPU) nodes: an x86_64 type (their AMI is "
+            "AL2023_x86_64_STANDARD)."
+        ),
     )
     desired_size: int = Field(default=2, ge=1, description="Nodes to start with.")
     min_size: int = Field(default=1, ge=1, description="Lower bound of the node group.")
@@ -179,6 +190,29 @@ class SystemNodesConfig(ConfigSection):
         alias="diskSizeGiB",
         description="Root volume size (GiB) of each system node.",
     )
+
+    @field_validator("instance_type")
+    @classmethod
+    def _x86_instance_type(cls, value: str) -> str:
+        """Caught here, a typo costs nothing; left to EKS, CreateNodegroup refuses it after the
+        control plane took its 10 minutes (`pulumi up` also asks EC2 before creating the
+        cluster: infra/platform/cluster.py)."""
+        match = _INSTANCE_TYPE.match(value)
+        if match is None:
+            raise ValueError(
+                f"cluster.systemNodes.instanceType {value!r} is not an EC2 instance type name "
+                "(<family><generation><options>.<size>); allowed: e.g. m6i.xlarge (the "
+                "default), m7i.large, c6i.2xlarge"
+            )
+        # Graviton families carry a `g` among the options after the generation (m7g, c6gn,
+        # t4g, x2gd, im4gn, is4gen), and a1 is the first Graviton.
+        if "g" in match["options"] or match["family"] == "a1":
+            raise ValueError(
+                f"cluster.systemNodes.instanceType {value!r} is a Graviton (arm64) type, but "
+                "the system nodes run the x86_64 AMI (AL2023_x86_64_STANDARD); allowed: an "
+                "x86_64 type, e.g. m6i.xlarge (the default) or m7i.large"
+            )
+        return value
 
     @model_validator(mode="after")
     def _sizes_are_ordered(self) -> SystemNodesConfig:

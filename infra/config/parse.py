@@ -12,6 +12,7 @@ import difflib
 import json
 import re
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
@@ -56,6 +57,15 @@ def dns_name(stack_name: str) -> str:
     return name[:48].rstrip("-") or "training"
 
 
+@dataclass(frozen=True)
+class ValidatedStack:
+    """A stack file's config as the schema reads it, and what breaks the rules between its
+    sections (or names an AZ outside the provider's region)."""
+
+    config: StackConfig
+    problems: tuple[str, ...]
+
+
 def parse_stack_config(
     values: Mapping[str, Any],
     *,
@@ -68,6 +78,25 @@ def parse_stack_config(
     Values may be Python objects or JSON text (as the engine passes them). `secret_keys` are
     the keys that were Pulumi secrets. Raises StackConfigError listing every problem.
     """
+    validated = validate_stack_config(
+        values, stack_name=stack_name, secret_keys=secret_keys, source=source
+    )
+    if validated.problems:
+        raise StackConfigError(list(validated.problems), source=source or f"stack {stack_name!r}")
+    return validated.config
+
+
+def validate_stack_config(
+    values: Mapping[str, Any],
+    *,
+    stack_name: str,
+    secret_keys: Collection[str] = (),
+    source: str | None = None,
+) -> ValidatedStack:
+    """`parse_stack_config` without raising for the rules between sections: they come back
+    with the config, so that a caller that checks the run too (`infra.job.stack_checks`
+    `checked_run_plan`) lists every problem of the stack at once. Raises StackConfigError only
+    when no config can be built (unknown keys, wrong types, a plaintext token)."""
     where = source or f"stack {stack_name!r}"
     problems: list[str] = []
     sections: dict[str, Any] = {}
@@ -133,9 +162,7 @@ def parse_stack_config(
         config = config.model_copy(update={"job": config.job.model_copy(update=filled)})
     problems = cross_section_problems(config)
     problems.extend(region_problems(config, values.get("aws:region")))
-    if problems:
-        raise StackConfigError(problems, source=where)
-    return config
+    return ValidatedStack(config, tuple(problems))
 
 
 def region_problems(config: StackConfig, region: Any) -> list[str]:

@@ -154,6 +154,19 @@ def gated_hub_references(*, init_from: Any, tokenizer: Any, dataset: Any) -> lis
     ]
 
 
+def figures_possible(config: StackConfig) -> bool:
+    """Whether the run's figures (memory, duration, cost) can be computed at all: a GPU count
+    the instance has and a model shape that exists. Every other problem leaves them
+    meaningful, so they are listed beside the rest."""
+    if config.job.gpus_per_node is not None and config.job.gpus_per_node > config.instance.gpus:
+        return False
+    try:
+        config.model_shape()
+    except ValueError:
+        return False
+    return True
+
+
 def cross_section_problems(config: StackConfig) -> list[str]:
     """Problems that only show when sections are read together, one message each."""
     problems: list[str] = []
@@ -262,6 +275,16 @@ def cross_section_problems(config: StackConfig) -> list[str]:
         )
 
     fsx = config.storage.fsx
+    if cluster.mode == "create" and fsx.enabled and fsx.existing_claim_name is not None:
+        # A cluster the stack creates has no claim but the stack's own: the pods would wait
+        # for one until the start budget ran out.
+        problems.append(
+            f"storage.fsx.existingClaimName {fsx.existing_claim_name!r} names a claim, but "
+            "cluster.mode create makes a new cluster, where none exists; allowed: unset it "
+            "(the stack creates the file system and its claim), or cluster.mode existing with "
+            "the cluster that has the claim"
+        )
+
     if (
         cluster.mode == "existing"
         and fsx.creates_file_system

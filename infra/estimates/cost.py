@@ -1,8 +1,12 @@
-"""What a stack's GPU nodes are estimated to cost: per hour, per run, and what is expected.
+"""What a stack is estimated to cost: the run (its GPU nodes per hour, per run, what is
+expected, the worst partial start) and the standing cost of what it keeps until `pulumi
+destroy`.
 
-Prices come from the facts table (`infra.facts.prices`) or the stack's own
+Prices come from the facts tables (`infra.facts.prices`) or the stack's own
 `cost.usdPerInstanceHour`; hours from the deadline (the worst case) and the duration estimate
-(the expected case). Only the GPU nodes are priced; the summary says so.
+(the expected case). The run's figures are the GPU nodes'; the standing figures
+(`standing_cost`) are everything else the stack bills by the hour or the month whether a job
+runs or not.
 """
 
 from __future__ import annotations
@@ -10,7 +14,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from infra.facts.prices import PRICE_REGION, CapacityType, instance_price
+from infra.facts.eks_versions import UPGRADE_SUPPORT_TYPE
+from infra.facts.prices import (
+    FSX_PERSISTENT_2_USD_PER_GB_MONTH,
+    PRICE_REGION,
+    SOURCES,
+    STANDING_PRICES,
+    SYSTEM_NODE_USD_PER_HOUR,
+    CapacityType,
+    PriceUnknownError,
+    StandingPrice,
+    instance_price,
+)
 
 if TYPE_CHECKING:
     from infra.config import StackConfig
@@ -72,6 +87,20 @@ class CostEstimate:
     lease_tail_hours: float | None = None
     """How long the nodes stay after the job when the autoscaler leases them (its idle time
     before scale-down); None: they run until `pulumi destroy`."""
+    start_budget_hours: float = 1.0
+    """`job.startTimeoutMinutes`: how long the workers that did start wait for the others."""
+
+    @property
+    def partial_start_worst_usd(self) -> float | None:
+        """What a start that never completes costs at worst: EC2 grants all nodes but one,
+        they wait the whole start budget for the last (the rendezvous is all or nothing), the
+        job is then suspended (`pulumi up`'s start watch) and they leave after the lease tail.
+        None when the stack does not lease its nodes (kept warm: they bill anyway; an existing
+        cluster's: its operators')."""
+        if not self.nodes_owned or self.lease_tail_hours is None:
+            return None
+        held = max(self.count - 1, 0) * self.usd_per_instance_hour
+        return round(held * (self.start_budget_hours + self.lease_tail_hours), 2)
 
     @property
     def exceeds_ceiling(self) -> bool:
@@ -105,6 +134,15 @@ class CostEstimate:
         else:
             tail = self.lease_tail_hours * 60
             run += f" (GPU nodes 0 -> {self.count} for the job, 0 again ~{tail:.0f} min after it)"
+        worst = self.partial_start_worst_usd
+        if worst is not None and self.lease_tail_hours is not None and self.count > 1:
+            hours = self.start_budget_hours + self.lease_tail_hours
+            granted = self.count - 1
+            run += (
+                f"; a start that never completes ${worst:,.2f} at most ({granted} "
+                f"node{'s' if granted > 1 else ''} granted of {self.count}, held {hours:.2f} h: "
+                "the start budget and the tail)"
+            )
         ceiling = (
             "no ceiling"
             if self.max_usd_per_run is None
@@ -129,6 +167,7 @@ class CostEstimate:
             "expectedHours": self.expected_hours,
             "expectedUsd": self.expected_usd,
             "leased": self.lease_tail_hours is not None,
+            "partialStartWorstUsd": self.partial_start_worst_usd,
             "maxUsdPerRun": self.max_usd_per_run,
             "basis": self.basis,
             "summary": self.summary(),
@@ -146,6 +185,7 @@ def estimate_cost(
     expected_hours: float | None = None,
     lease_tail_hours: float | None = None,
     nodes_owned: bool = True,
+    start_budget_hours: float = 1.0,
 ) -> CostEstimate:
     """The full estimate for one stack's GPU nodes.
 
@@ -173,6 +213,7 @@ def estimate_cost(
         expected_hours=expected_hours,
         lease_tail_hours=lease_tail_hours,
         nodes_owned=nodes_owned,
+        start_budget_hours=start_budget_hours,
         usd_per_run=per_run,
         max_usd_per_run=max_usd_per_run,
         basis=basis,
@@ -200,6 +241,149 @@ def cost_estimate(config: StackConfig, *, expected_hours: float | None) -> CostE
         expected_hours=expected_hours,
         lease_tail_hours=lease_tail_hours(config),
         nodes_owned=config.cluster.mode == "create",
+        start_budget_hours=config.job.start_timeout_seconds / 3600,
         max_usd_per_run=cost.max_usd_per_run,
         usd_per_instance_hour=cost.usd_per_instance_hour,
     )
+
+
+# --- the standing cost ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StandingItem:
+    """One thing the stack bills until `pulumi destroy`."""
+
+    name: str
+    usd_per_hour: float | None
+    """None: no price for it in the tables (the total is then a lower bound)."""
+    basis: str
+    """What the figure is made of, e.g. `2 x m6i.xlarge at $0.192/h`."""
+
+
+@dataclass(frozen=True)
+class StandingCost:
+    """What the stack costs per hour while it exists, run or no run."""
+
+    items: tuple[StandingItem, ...]
+    confirmed: bool
+    """Whether every price used was read from AWS itself (see `infra.facts.prices`)."""
+
+    @property
+    def usd_per_hour(self) -> float:
+        return round(sum(i.usd_per_hour or 0.0 for i in self.items), 4)
+
+    @property
+    def usd_per_day(self) -> float:
+        return round(24 * self.usd_per_hour, 2)
+
+    @property
+    def usd_per_month(self) -> float:
+        return round(24 * 365 / 12 * self.usd_per_hour, 2)
+
+    @property
+    def unpriced(self) -> list[str]:
+        return [i.name for i in self.items if i.usd_per_hour is None]
+
+    def summary(self) -> str:
+        """One line: the daily figure and what it is made of."""
+        if not self.items:
+            return "$0.00/day: the stack creates nothing that bills while no job runs"
+        parts = ", ".join(
+            f"{i.name} ${24 * i.usd_per_hour:,.2f}" if i.usd_per_hour is not None
+            else f"{i.name} unpriced"
+            for i in self.items
+        )  # fmt: skip
+        bound = "at least " if self.unpriced else ""
+        sources = f"list prices, {PRICE_REGION}" + ("" if self.confirmed else " (unconfirmed)")
+        return (
+            f"{bound}${self.usd_per_day:,.2f}/day (~${self.usd_per_month:,.0f}/month) until "
+            f"`pulumi destroy`: {parts}; {sources}; not counted: data through the NAT, "
+            "CloudWatch logs, S3 and ECR storage"
+        )
+
+    def as_outputs(self) -> dict[str, object]:
+        return {
+            "usdPerHour": self.usd_per_hour,
+            "usdPerDay": self.usd_per_day,
+            "usdPerMonth": self.usd_per_month,
+            "items": {i.name: i.usd_per_hour for i in self.items},
+            "unpriced": self.unpriced,
+            "summary": self.summary(),
+        }
+
+
+def _item(name: str, count: float, price: StandingPrice, what: str) -> StandingItem:
+    unit = {"hour": "/h", "GB-month": "/GB-month", "month": "/month"}[price.unit]
+    return StandingItem(
+        name, round(count * price.usd_per_hour, 6), f"{what} at ${price.usd:g}{unit}"
+    )
+
+
+def standing_cost(config: StackConfig) -> StandingCost:
+    """Everything the stack keeps, priced per hour: on a cluster it creates, the control
+    plane (in standard support: `infra.facts.eks_versions`), the system nodes and their root
+    volumes, the NAT gateways of a VPC it creates (one, or one per system AZ) and their public
+    addresses, the secrets key it creates, GPU nodes kept warm; in both modes the FSx file
+    system it creates (capacity x its throughput tier). GPU nodes leased for a run are the
+    run's cost, not standing."""
+    items: list[StandingItem] = []
+    used: list[str] = []
+
+    def add(name: str, count: float, price: StandingPrice, what: str) -> None:
+        items.append(_item(name, count, price, what))
+        used.append(price.source)
+
+    cluster, nodes = config.cluster, config.gpu_nodes
+    if cluster.mode == "create":
+        plane = "eks-control-plane" if UPGRADE_SUPPORT_TYPE == "STANDARD" else (
+            "eks-control-plane-extended"
+        )  # fmt: skip
+        add("EKS control plane", 1, STANDING_PRICES[plane], "1 cluster")
+        system = cluster.system_nodes
+        name = f"system nodes ({system.desired_size} x {system.instance_type})"
+        price = SYSTEM_NODE_USD_PER_HOUR.get(system.instance_type)
+        if price is None:
+            items.append(StandingItem(name, None, f"{system.instance_type}: no list price"))
+        else:
+            add(name, system.desired_size, price, f"{system.desired_size} x")
+        volume_gb = system.desired_size * system.disk_size_gib
+        add("system root volumes", volume_gb, STANDING_PRICES["ebs-gp3"], f"{volume_gb} GB gp3")
+        network = cluster.network
+        if network.creates_vpc:
+            azs = len(network.availability_zones or []) or network.az_count
+            nats = 1 if network.single_nat_gateway else azs
+            add("NAT gateway", nats, STANDING_PRICES["nat-gateway"], f"{nats} x")
+            add("NAT public IPv4", nats, STANDING_PRICES["public-ipv4"], f"{nats} x")
+        if cluster.secrets_kms_key_arn is None:
+            add("secrets KMS key", 1, STANDING_PRICES["kms-key"], "1 key")
+        if nodes.keep_warm:
+            name = f"GPU nodes kept warm ({nodes.count} x {nodes.instance_type})"
+            try:
+                gpu = instance_price(
+                    nodes.instance_type, nodes.capacity.type,
+                    usd_per_instance_hour=config.cost.usd_per_instance_hour,
+                )  # fmt: skip
+            except PriceUnknownError:
+                items.append(StandingItem(name, None, f"{nodes.instance_type}: no price"))
+            else:
+                items.append(
+                    StandingItem(
+                        name,
+                        round(nodes.count * gpu.usd_per_instance_hour, 4),
+                        f"{nodes.count} x ${gpu.usd_per_instance_hour:g}/h ({gpu.basis})",
+                    )
+                )
+                if gpu.source is not None:
+                    used.append(next(k for k, v in SOURCES.items() if v is gpu.source))
+    fsx = config.storage.fsx
+    if fsx.creates_file_system:
+        tier = FSX_PERSISTENT_2_USD_PER_GB_MONTH[fsx.per_unit_storage_throughput]
+        add(
+            f"FSx for Lustre ({fsx.storage_capacity_gib} GiB at "
+            f"{fsx.per_unit_storage_throughput} MB/s/TiB)",
+            fsx.storage_capacity_gib,
+            tier,
+            f"{fsx.storage_capacity_gib} GB",
+        )
+    return StandingCost(items=tuple(items), confirmed=all(SOURCES[key].confirmed for key in used))

@@ -40,9 +40,11 @@ of the trainer's model on fake tensors: `tests/trainer/test_memory_tracer.py`.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from infra.facts.instances import INSTANCE_FACTS
 from trainer.config import TrainConfig
 from trainer.presets import ModelShape
 
@@ -366,8 +368,10 @@ def parallelism(config: StackConfig) -> Parallelism:
     Candidates, fastest first: op-level checkpointing before full (6N + what op recomputes,
     against 8N FLOPs per token), and across nodes hybrid before full sharding (HSDP moves only
     the once-per-step gradient all-reduce over EFA). The first that fits below `NEAR_LIMIT` of
-    the GPU's memory wins; when none does, the most frugal is kept and the memory check
-    refuses the run with its options."""
+    the GPU's memory, and with `training.cpuOffload` in the node's memory too, wins: offloaded,
+    a hybrid group keeps the whole state in every node's memory, where full sharding keeps a
+    node's share. When none does, the most frugal is kept and the memory check refuses the
+    run with its options."""
     training = config.training
     explicit_strategy = training.sharding_strategy != "auto"
     explicit_ac = training.activation_checkpointing != "auto"
@@ -380,8 +384,9 @@ def parallelism(config: StackConfig) -> Parallelism:
     if explicit_strategy and explicit_ac:
         return Parallelism(*candidates[0], reason="as set")
     for strategy, mode in candidates:
-        fit = _fit_of(config, _run_shape(config, strategy, mode))
-        if fit.fits and not fit.near_limit:
+        run = _run_shape(config, strategy, mode)
+        fit = _fit_of(config, run)
+        if fit.fits and not fit.near_limit and _host_fits(config, run):
             return Parallelism(strategy, mode, reason=f"auto: fits in {fit.share:.0%}")
     return Parallelism(*candidates[-1], reason="auto: the most frugal choice, and still too big")
 
@@ -407,12 +412,24 @@ def memory_fit(config: StackConfig) -> MemoryFit:
     return _fit_of(config, run_shape(config))
 
 
+def _host_bytes(config: StackConfig, run: RunShape) -> int:
+    per_gpu = estimate(replace(run, cpu_offload=False))["parameters (fp32 shards)"] * 4
+    return per_gpu * config.gpus_per_node
+
+
 def host_state_bytes(config: StackConfig) -> int:
     """Host memory per node that CPU offload fills: every local GPU's fp32 parameters,
     gradients and AdamW states (16 bytes per sharded parameter element)."""
-    run = replace(run_shape(config), cpu_offload=False)
-    per_gpu = estimate(run)["parameters (fp32 shards)"] * 4
-    return per_gpu * config.gpus_per_node
+    return _host_bytes(config, run_shape(config))
+
+
+def _host_limit(config: StackConfig) -> float:
+    return HOST_SHARE * config.instance.memory_gib * GIB
+
+
+def _host_fits(config: StackConfig, run: RunShape) -> bool:
+    """Without offload nothing of the state is on the host; with it, a node's share must fit."""
+    return not run.cpu_offload or _host_bytes(config, run) <= _host_limit(config)
 
 
 def _total(run: RunShape) -> int:
@@ -428,11 +445,69 @@ def _nodes_that_fit(config: StackConfig, run: RunShape, gpu_bytes: int) -> int |
     return None
 
 
-def remedies(config: StackConfig) -> list[str]:
-    """Changes that lower the estimate, each naming its key and what it would give.
+@dataclass(frozen=True)
+class Remedy:
+    """A change of the stack that lowers the estimate: the keys it sets (as users write them;
+    None: unset the key) and what the run then needs."""
 
-    Each is evaluated on this run alone; only those that lower the estimate are offered.
-    CPU offload is offered only when the node's memory can hold the offloaded state.
+    changes: dict[str, Any]
+    label: str
+    """The change for a person: `training.microBatchSize: 1 (instead of 4)`."""
+    per_gpu_bytes: int
+    fits: bool
+    """Whether the run then fits on its own (GPU and, offloaded, host memory)."""
+
+    def __str__(self) -> str:
+        verdict = "fits" if self.fits else "not enough alone"
+        return f"{self.label} -> ~{self.per_gpu_bytes / GIB:.1f} GiB ({verdict})"
+
+
+def _divisors_above(world: int, current: int) -> list[int]:
+    """HSDP shard sizes larger than `current` that divide the world (trainer.distributed
+    `hsdp_shape` requires it), smallest first; the world itself is full sharding, offered as
+    such."""
+    return [k for k in range(current + 1, world) if world % k == 0]
+
+
+def _shard_size_remedy(
+    config: StackConfig, run: RunShape, fits: Callable[[RunShape], bool]
+) -> Remedy | None:
+    """Explicit hybrid sharding: the smallest larger shard group with which `fits` holds, as
+    `training.hsdpShardSize` (its default, one node's GPUs, as unsetting it)."""
+    training = config.training
+    if training.sharding_strategy != "hybrid":
+        return None
+    current = training.hsdp_shard_size or config.gpus_per_node
+    for size in _divisors_above(config.world_size, current):
+        option = replace(run, shard_size=size)
+        if not fits(option):
+            continue
+        if size == config.gpus_per_node:
+            changes: dict[str, Any] = {"training.hsdpShardSize": None}
+            label = (
+                f"unset training.hsdpShardSize (instead of {current}: its default, one "
+                f"node's {size} GPUs)"
+            )
+        else:
+            changes = {"training.hsdpShardSize": size}
+            label = f"training.hsdpShardSize: {size} (instead of {current})"
+        return Remedy(changes, label, _total(option), True)
+    return None
+
+
+def _full_sharding_changes(config: StackConfig) -> dict[str, Any]:
+    changes: dict[str, Any] = {"training.shardingStrategy": "full"}
+    if config.training.hsdp_shard_size is not None:  # only hybrid takes it
+        changes["training.hsdpShardSize"] = None
+    return changes
+
+
+def remedies(config: StackConfig) -> list[Remedy]:
+    """Changes that lower the GPU estimate, each naming its keys and what it would give.
+
+    Each is evaluated on this run alone; only those that lower the estimate are offered, and
+    each says whether it fits on its own. CPU offload is offered only when the node's memory
+    can hold the offloaded state.
     """
     training = config.training
     strategy = parallelism(config).sharding_strategy
@@ -440,19 +515,31 @@ def remedies(config: StackConfig) -> list[str]:
     not_full_ac = run.checkpointed_layers < run.shape.num_layers or run.ac_keeps_matmuls
     full_ac = replace(run, checkpointed_layers=run.shape.num_layers, ac_keeps_matmuls=False)
     gpu_bytes = config.instance.gpu_memory_gib * GIB
-    options: list[tuple[str, RunShape]] = []
+
+    def fits(option: RunShape) -> bool:
+        return _total(option) <= gpu_bytes and _host_fits(config, option)
+
+    options: list[tuple[dict[str, Any], str, RunShape]] = []
     if strategy in ("hybrid", "no_shard", "shard_grad_op"):
         options.append(
             (
+                _full_sharding_changes(config),
                 f"training.shardingStrategy: full (shards over all {config.world_size} GPUs)",
                 replace(run, shard_size=config.world_size, reshard_after_forward=True),
             )
         )
     if not_full_ac:
-        options.append(("training.activationCheckpointing: full (every layer)", full_ac))
+        options.append(
+            (
+                {"training.activationCheckpointing": "full"},
+                "training.activationCheckpointing: full (every layer)",
+                full_ac,
+            )
+        )
     if training.micro_batch_size > 1:
         options.append(
             (
+                {"training.microBatchSize": 1},
                 f"training.microBatchSize: 1 (instead of {training.micro_batch_size})",
                 replace(run, micro_batch_size=1),
             )
@@ -462,6 +549,7 @@ def remedies(config: StackConfig) -> list[str]:
         if nodes is not None:
             options.append(
                 (
+                    {"gpuNodes.count": nodes},
                     f"gpuNodes.count: {nodes} (instead of {config.gpu_nodes.count})",
                     replace(run, shard_size=nodes * config.gpus_per_node),
                 )
@@ -470,38 +558,102 @@ def remedies(config: StackConfig) -> list[str]:
             # More GPUs alone cannot shrink the activations: offer them with the lean batch.
             lean = replace(full_ac, micro_batch_size=1)
             nodes = _nodes_that_fit(config, lean, gpu_bytes)
-            with_keys = [
-                key
-                for key, needed in (
-                    ("training.microBatchSize: 1", run.micro_batch_size > 1),
-                    ("training.activationCheckpointing: full", not_full_ac),
+            with_keys = {
+                key: value
+                for key, value, needed in (
+                    ("training.microBatchSize", 1, run.micro_batch_size > 1),
+                    ("training.activationCheckpointing", "full", not_full_ac),
                 )
                 if needed
-            ]
+            }
             if nodes is not None and with_keys:
+                described = " and ".join(f"{key}: {value}" for key, value in with_keys.items())
                 options.append(
                     (
-                        f"gpuNodes.count: {nodes} with {' and '.join(with_keys)}",
+                        {"gpuNodes.count": nodes, **with_keys},
+                        f"gpuNodes.count: {nodes} with {described}",
                         replace(lean, shard_size=nodes * config.gpus_per_node),
                     )
                 )
-    host_bytes = config.instance.memory_gib * GIB
-    if not training.cpu_offload and host_state_bytes(config) <= HOST_SHARE * host_bytes:
+    offloaded = replace(run, cpu_offload=True)
+    if not training.cpu_offload and _host_fits(config, offloaded):
         options.append(
             (
+                {"training.cpuOffload": True},
                 "training.cpuOffload: true (parameters, gradients and AdamW states in host "
                 "memory; slower steps)",
-                replace(run, cpu_offload=True),
+                offloaded,
             )
         )
     current = _total(run)
-    lines = []
-    for label, option in options:
-        total = _total(option)
-        if total < current:
-            verdict = "fits" if total <= gpu_bytes else "not enough alone"
-            lines.append(f"{label} -> ~{total / GIB:.1f} GiB ({verdict})")
-    return lines
+    found = [
+        Remedy(changes, label, _total(option), fits(option))
+        for changes, label, option in options
+        if _total(option) < current
+    ]
+    shard = _shard_size_remedy(config, run, fits)
+    if shard is not None:
+        found.insert(0, shard)  # the key that caused the overrun comes first
+    return found
+
+
+def host_remedies(config: StackConfig) -> list[Remedy]:
+    """Changes after which the offloaded state fits the node's memory and the rest the GPU's:
+    each one is checked, none is offered on faith. Full sharding and a larger HSDP group
+    spread the state over more nodes; more nodes help only where the shard group is the whole
+    world (full, shard_grad_op); no offload, when the GPUs hold the state themselves; or an
+    instance type with more memory."""
+    run = run_shape(config)
+    gpu_bytes = config.instance.gpu_memory_gib * GIB
+
+    def fits(option: RunShape) -> bool:
+        return _total(option) <= gpu_bytes and _host_fits(config, option)
+
+    found: list[Remedy] = []
+    strategy = parallelism(config).sharding_strategy
+    shard = _shard_size_remedy(config, run, fits)
+    if shard is not None:
+        found.append(shard)
+    if run.shard_size < config.world_size:
+        option = replace(run, shard_size=config.world_size, reshard_after_forward=True)
+        if fits(option):
+            label = (
+                f"training.shardingStrategy: full (each node holds 1/{config.gpu_nodes.count} "
+                f"of the state: ~{_host_bytes(config, option) / GIB:.0f} GiB)"
+            )
+            found.append(Remedy(_full_sharding_changes(config), label, _total(option), True))
+    if strategy in ("full", "shard_grad_op"):
+        for count in range(config.gpu_nodes.count + 1, 513):
+            option = replace(run, shard_size=count * config.gpus_per_node)
+            if fits(option):
+                label = f"gpuNodes.count: {count} (instead of {config.gpu_nodes.count})"
+                found.append(Remedy({"gpuNodes.count": count}, label, _total(option), True))
+                break
+    on_gpu = replace(run, cpu_offload=False)
+    if fits(on_gpu):
+        label = "training.cpuOffload: false (the GPUs hold the state themselves)"
+        found.append(Remedy({"training.cpuOffload": False}, label, _total(on_gpu), True))
+    larger = _larger_instance(config)
+    if larger is not None:
+        found.append(larger)
+    return found
+
+
+def _larger_instance(config: StackConfig) -> Remedy | None:
+    """The instance type with the least host memory beyond this one's on which the same run
+    (same node count) fits both memories; None when none does."""
+    current = config.instance.memory_gib
+    for name, facts in sorted(INSTANCE_FACTS.items(), key=lambda item: item[1].memory_gib):
+        if facts.memory_gib <= current or facts.gpus < config.gpus_per_node:
+            continue
+        nodes = config.gpu_nodes.model_copy(update={"instance_type": name})
+        candidate = config.model_copy(update={"gpu_nodes": nodes})
+        run = run_shape(candidate)
+        gpu_bytes = facts.gpu_memory_gib * GIB
+        if _total(run) <= gpu_bytes and _host_fits(candidate, run):
+            label = f"gpuNodes.instanceType: {name} ({facts.memory_gib} GiB per node)"
+            return Remedy({"gpuNodes.instanceType": name}, label, _total(run), True)
+    return None
 
 
 def memory_problems(config: StackConfig) -> list[str]:
@@ -510,7 +662,7 @@ def memory_problems(config: StackConfig) -> list[str]:
     problems = []
     fit = memory_fit(config)
     if not fit.fits:
-        options = [*remedies(config), "a GPU with more memory (gpuNodes.instanceType)"]
+        options = [*map(str, remedies(config)), "a GPU with more memory (gpuNodes.instanceType)"]
         hint = "; ".join(options)
         problems.append(
             f"the run needs ~{fit.per_gpu_bytes / GIB:.1f} GiB per GPU but gpuNodes.instanceType "
@@ -519,14 +671,17 @@ def memory_problems(config: StackConfig) -> list[str]:
         )
     if config.training.cpu_offload:
         host = host_state_bytes(config)
-        host_bytes = config.instance.memory_gib * GIB
-        if host > HOST_SHARE * host_bytes:
+        if host > _host_limit(config):
+            options = [remedy.label for remedy in host_remedies(config)]
+            hint = "; ".join(options) or (
+                "none of a larger shard group, more nodes, no offload or another instance type "
+                "fits it: a smaller model (model.preset)"
+            )
             problems.append(
                 f"training.cpuOffload: true puts ~{host / GIB:.0f} GiB of parameters, gradients "
                 f"and AdamW states in the memory of each {config.gpu_nodes.instance_type} node, "
                 f"which has {config.instance.memory_gib} GiB; allowed: up to "
-                f"{HOST_SHARE:.0%} of it: more nodes (gpuNodes.count) or a larger "
-                "gpuNodes.instanceType"
+                f"{HOST_SHARE:.0%} of it; options that fit: {hint}"
             )
     return problems
 

@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from infra.estimates.cost import CostEstimate, cost_estimate
+from infra.estimates.cost import CostEstimate, StandingCost, cost_estimate, standing_cost
 from infra.estimates.duration import (
     DurationEstimate,
     UnknownPeakError,
@@ -35,6 +35,7 @@ from infra.estimates.memory_fit import (
     memory_warnings,
     parallelism,
 )
+from infra.facts.hub_models import HUB_MODELS
 from infra.facts.prices import PriceUnknownError
 
 if TYPE_CHECKING:
@@ -67,6 +68,9 @@ class RunPlan:
     """None when the GPU has no peak FLOP/s or MFU figures (a problem says so)."""
     cost: CostEstimate | None
     """None when the GPU node has no price (a problem says so)."""
+    standing: StandingCost
+    """What the stack bills until `pulumi destroy`, run or no run (control plane, system
+    nodes, NAT, FSx, ...): shown beside the run's cost, never part of its ceiling."""
     problems: tuple[str, ...]
     """Why the run must not start, one line each; empty for a run that may."""
     warnings: tuple[str, ...]
@@ -111,9 +115,13 @@ def plan_run(config: StackConfig) -> RunPlan:
             watchdog_floor_seconds=watchdog_floor_seconds(grace_s),
             start_budget_seconds=config.job.start_timeout_seconds,
         )
-        if not problems:  # a run that cannot start has no duration worth arguing about
-            problems.extend(_deadline_problems(config, duration))
+        # Beside a memory problem too: the duration is the plan's as it stands, and a fix for
+        # both at once (more nodes) is one a person can only choose knowing both.
+        problems.extend(_deadline_problems(config, duration))
         warnings.extend(_deadline_warnings(config, duration))
+    if config.job.max_run_hours is None:
+        warnings.append(_NO_DEADLINE)
+    warnings.extend(_init_from_warnings(config))
     cost: CostEstimate | None = None
     try:
         cost = cost_estimate(config, expected_hours=duration.hours if duration else None)
@@ -127,6 +135,7 @@ def plan_run(config: StackConfig) -> RunPlan:
         memory=fit,
         duration=duration,
         cost=cost,
+        standing=standing_cost(config),
         problems=tuple(problems),
         warnings=tuple(warnings),
         _timeouts=timeouts,
@@ -145,6 +154,28 @@ def _deadline_problems(config: StackConfig, estimate: DurationEstimate) -> list[
         f"{config.training.max_steps} takes {estimate.summary()}; raise job.maxRunHours to at "
         f"least {math.ceil(estimate.hours)} (and cost.maxUsdPerRun with it), {fewer}or add "
         "GPU nodes (gpuNodes.count)"
+    ]
+
+
+_NO_DEADLINE = (
+    "job.maxRunHours is not set: a run whose worker 0 freezes mid-run (its node hung, not "
+    "gone) holds every GPU node until someone deletes its pods, because no rendezvous timeout "
+    "ends a call to a frozen store host (docs/operations.md, 'A worker 0 that hangs mid-run'); "
+    "set a deadline a little beyond the expected duration"
+)
+
+
+def _init_from_warnings(config: StackConfig) -> list[str]:
+    """Weights the plan cannot read (a path on the volume, an id `infra.facts.hub_models` does
+    not know) decide the model the trainer builds, which the estimates cannot see."""
+    init_from, preset = config.model.init_from, config.model.preset
+    known = HUB_MODELS.get(init_from) if init_from is not None else None
+    if init_from is None or (known is not None and known.preset is not None):
+        return []  # none, or a known architecture (another preset's is refused)
+    return [
+        f"model.initFrom {init_from!r} is read only when the pods start: the trainer builds "
+        "the architecture of its config.json, and every estimate (memory, time, cost) assumes "
+        f"model.preset {preset!r}'s; check that the weights are a {preset}"
     ]
 
 

@@ -65,6 +65,25 @@ INSTANCE_FACTS: dict[str, InstanceFacts] = {
 }
 
 
+ACCELERATOR_LABEL_VALUES: dict[str, str] = {
+    "A100": "nvidia-tesla-a100",
+    "A10G": "nvidia-a10g",
+    "L40S": "nvidia-l40s",
+    "H100": "nvidia-h100",
+    "H200": "nvidia-h200",
+    "B200": "nvidia-b200",
+}
+"""The `k8s.amazonaws.com/accelerator` node label's value per GPU model: Cluster Autoscaler's
+own names where it has one (kubernetes/autoscaler cluster-autoscaler-1.35.0
+`cloudprovider/aws/aws_cloud_provider.go` `availableGPUTypes`: nvidia-tesla-a100, nvidia-a10g,
+nvidia-l40s), the same form otherwise (its metrics then say "not-listed"; nothing else reads
+the value)."""
+
+
+def accelerator_label_value(gpu_model: str) -> str:
+    return ACCELERATOR_LABEL_VALUES.get(gpu_model, f"nvidia-{gpu_model.lower()}")
+
+
 ALLREDUCE_BUSBW_FLOOR_GBPS: dict[str, float] = {
     "p4d.24xlarge": 20.0,
     "p4de.24xlarge": 20.0,

@@ -20,8 +20,11 @@ How each capacity type is priced, and why:
   price stands in as a proxy (Capacity Block rates have been below On-Demand ones); put the
   quoted rate in `cost.usdPerInstanceHour` for a real number.
 
-Only the GPU nodes are priced. The EKS control plane ($0.10/hour), system nodes, NAT
-gateway, FSx and storage are not included, and the estimates say so.
+The run's cost is the GPU nodes'. What the stack bills while it exists, run or no run (the
+EKS control plane, the system nodes and their disks, the NAT gateway, the FSx file system, the
+secrets key), is priced separately from the tables at the end (`STANDING_PRICES`,
+`SYSTEM_NODE_USD_PER_HOUR`, `FSX_PERSISTENT_2_USD_PER_GB_MONTH`): the standing cost per day
+until `pulumi destroy` (`infra.estimates.cost.standing_cost`).
 """
 
 from __future__ import annotations
@@ -74,6 +77,61 @@ SOURCES: dict[str, PriceSource] = {
             "G5 prices have been stable since launch (g5.xlarge $1.006 is quoted for June 2026 "
             "by public price guides); G6e figures from public Price List snapshots. One "
             "snapshot lists g6e.12xlarge at $10.6032 instead of $10.49264: confirm that one."
+        ),
+    ),
+    "aws-eks-pricing": PriceSource(
+        title="Amazon EKS pricing (cluster in standard / extended Kubernetes version support)",
+        url="https://aws.amazon.com/eks/pricing/",
+        as_of="2026-11-30",
+        confirmed=False,
+        note=(
+            "$0.10 per cluster-hour in standard support, $0.60 in extended support, as AWS's "
+            "containers blog 'Amazon EKS extended support for Kubernetes versions pricing' "
+            "states; read from secondary copies, not from the page itself."
+        ),
+    ),
+    "aws-vpc-pricing": PriceSource(
+        title="Amazon VPC pricing (NAT gateway, public IPv4 address), US East (N. Virginia)",
+        url="https://aws.amazon.com/vpc/pricing/",
+        as_of="2026-11-30",
+        confirmed=False,
+        note=(
+            "NAT gateway $0.045 per hour plus $0.045 per GB processed (the GB are the run's "
+            "downloads: not standing); every public IPv4 address, the NAT's Elastic IP "
+            "included, $0.005 per hour since February 2024. As quoted by several pricing "
+            "guides; the page itself could not be read from the build environment."
+        ),
+    ),
+    "aws-fsx-lustre-pricing": PriceSource(
+        title="Amazon FSx for Lustre pricing, Persistent-2 SSD, US East (N. Virginia)",
+        url="https://aws.amazon.com/fsx/lustre/pricing/",
+        as_of="2026-11-30",
+        confirmed=False,
+        note=(
+            "Per GB-month of storage capacity by throughput tier (MB/s/TiB): 125 $0.145, 250 "
+            "$0.210, 500 $0.340, 1000 $0.600. The 125 figure is confirmed by c3x.dev's "
+            "estimator ('1.2 TB at 125 MB/s/TiB is ~$174/month'); the ratios match AWS's "
+            "Tokyo table. Confirm with `aws pricing get-products --service-code AmazonFSx`."
+        ),
+    ),
+    "aws-ebs-kms-pricing": PriceSource(
+        title="Amazon EBS pricing (gp3) and AWS KMS pricing (customer managed key)",
+        url="https://aws.amazon.com/ebs/pricing/",
+        as_of="2026-11-30",
+        confirmed=False,
+        note=(
+            "gp3 $0.08 per GB-month (3,000 IOPS and 125 MB/s included); a customer managed "
+            "KMS key $1 per month (aws.amazon.com/kms/pricing). Secondary sources."
+        ),
+    ),
+    "aws-on-demand-general-purpose": PriceSource(
+        title="Amazon EC2 On-Demand Pricing (Linux, US East (N. Virginia)), M5/M6i/M7i/T3",
+        url="https://aws.amazon.com/ec2/pricing/on-demand/",
+        as_of="2026-11-30",
+        confirmed=False,
+        note=(
+            "The general-purpose types a system node group uses, as public Price List "
+            "snapshots list them; unchanged since their launch."
         ),
     ),
 }
@@ -176,3 +234,63 @@ def instance_price(
             f"types: {', '.join(sorted(ON_DEMAND_USD_PER_HOUR))}"
         )
     return HourlyPrice(listed.usd_per_hour, _BASIS[capacity_type], SOURCES[listed.source])
+
+
+# --- what the stack bills while it exists, run or no run -------------------------------------
+
+HOURS_PER_MONTH = 730
+"""AWS's own month for converting monthly prices to hourly ones (365 x 24 / 12)."""
+
+
+@dataclass(frozen=True)
+class StandingPrice:
+    """One price of something the stack keeps until `pulumi destroy`."""
+
+    usd: float
+    unit: Literal["hour", "GB-month", "month"]
+    source: str
+    """Key into SOURCES."""
+
+    @property
+    def usd_per_hour(self) -> float:
+        """Per hour (per GB-hour for a GB-month price)."""
+        return self.usd if self.unit == "hour" else self.usd / HOURS_PER_MONTH
+
+
+STANDING_PRICES: dict[str, StandingPrice] = {
+    "eks-control-plane": StandingPrice(0.10, "hour", "aws-eks-pricing"),
+    "eks-control-plane-extended": StandingPrice(0.60, "hour", "aws-eks-pricing"),
+    "nat-gateway": StandingPrice(0.045, "hour", "aws-vpc-pricing"),
+    "public-ipv4": StandingPrice(0.005, "hour", "aws-vpc-pricing"),
+    "ebs-gp3": StandingPrice(0.08, "GB-month", "aws-ebs-kms-pricing"),
+    "kms-key": StandingPrice(1.0, "month", "aws-ebs-kms-pricing"),
+}
+"""us-east-1 list prices of the standing resources (PRICE_REGION, as for the GPU nodes)."""
+
+FSX_PERSISTENT_2_USD_PER_GB_MONTH: dict[int, StandingPrice] = {
+    125: StandingPrice(0.145, "GB-month", "aws-fsx-lustre-pricing"),
+    250: StandingPrice(0.210, "GB-month", "aws-fsx-lustre-pricing"),
+    500: StandingPrice(0.340, "GB-month", "aws-fsx-lustre-pricing"),
+    1000: StandingPrice(0.600, "GB-month", "aws-fsx-lustre-pricing"),
+}
+"""FSx for Lustre PERSISTENT_2 SSD storage by `storage.fsx.perUnitStorageThroughput`; the
+throughput is part of the storage price (no separate charge)."""
+
+SYSTEM_NODE_USD_PER_HOUR: dict[str, StandingPrice] = {
+    name: StandingPrice(usd, "hour", "aws-on-demand-general-purpose")
+    for name, usd in {
+        "m5.large": 0.096,
+        "m5.xlarge": 0.192,
+        "m5.2xlarge": 0.384,
+        "m6i.large": 0.096,
+        "m6i.xlarge": 0.192,
+        "m6i.2xlarge": 0.384,
+        "m7i.large": 0.1008,
+        "m7i.xlarge": 0.2016,
+        "m7i.2xlarge": 0.4032,
+        "t3.large": 0.0832,
+        "t3.xlarge": 0.1664,
+    }.items()
+}
+"""On-Demand prices of the CPU types a system node group is usually given; another type is
+reported as unpriced (the standing figure is then a lower bound), not refused."""

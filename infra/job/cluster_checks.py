@@ -15,6 +15,13 @@ Run by `scripts/cli/validate.py` after `pulumi up`, before paying for a long run
 
 What the nodes must advertise comes from `infra/facts/instances.py` (`expected_node_resources`), the
 same table the node group and the job's requests are built from.
+
+The checks run on the same nodes, in the same namespace, as the training job, and are held to
+the same hardening: non-root where the check allows it, every capability dropped, no privilege
+escalation, RuntimeDefault seccomp, no service-account token (nothing in them calls the
+Kubernetes API), requests and limits on every container (a namespace with a ResourceQuota
+rejects a pod without them), and NetworkPolicies that admit only the NCCL check's own pods to
+its rendezvous store and NCCL sockets (`validation_network_policies`).
 """
 
 from __future__ import annotations
@@ -30,8 +37,12 @@ from infra.job.manifest import (
     KIND,
     RENDEZVOUS_PORT,
     RENDEZVOUS_PORT_NAME,
+    SECCOMP_PROFILE,
     container_env,
     elastic_policy,
+    network_policy,
+    pod_security_context,
+    trainer_security_context,
 )
 from infra.job.placement import EFA_RESOURCE, GPU_RESOURCE, gpu_placement
 
@@ -55,6 +66,14 @@ fi
 """
 """Prints one `gpu:` line per GPU the pod sees, the number of EFA (uverbs) devices and, with
 a Lustre claim mounted, whether a file can be written and read back on it."""
+
+GPU_CHECK_RESOURCES = {
+    "requests": {"cpu": "100m", "memory": "128Mi"},
+    "limits": {"cpu": "1", "memory": "256Mi"},
+}
+"""CPU and memory of the `gpu-check` container beside its GPU and EFA limits: nvidia-smi and a
+few shell commands. Without them the pod is BestEffort, and a namespace whose ResourceQuota
+covers `requests.cpu`/`limits.memory` refuses it."""
 
 # Deadline for a validation pod: long enough to pull a multi-GB image on a fresh node.
 ACTIVE_DEADLINE_SECONDS = 30 * 60
@@ -122,10 +141,16 @@ def gpu_check_job(
             # The container toolkit mounts nvidia-smi only with the `utility` capability.
             {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"},
         ],
-        "resources": {"requests": dict(limits), "limits": dict(limits)},
+        "resources": {
+            "requests": {**limits, **GPU_CHECK_RESOURCES["requests"]},
+            "limits": {**limits, **GPU_CHECK_RESOURCES["limits"]},
+        },
+        "securityContext": _gpu_check_security_context(as_root=claim_name is not None),
     }
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "securityContext": {"seccompProfile": dict(SECCOMP_PROFILE)},
         "nodeSelector": dict(placement.node_selector),
         "tolerations": list(placement.tolerations),
         # Redundant with the whole-node request, but says what is meant: one pod per node.
@@ -145,10 +170,6 @@ def gpu_check_job(
         mount_path = config.storage.fsx.mount_path
         container["env"].append({"name": "FSX_PATH", "value": mount_path})
         container["volumeMounts"] = [{"name": "shared", "mountPath": mount_path}]
-        # The probe writes at the volume's root, which on a new file system is root's (0755);
-        # the trainer image runs as an unprivileged uid and would report "not writable" on a
-        # healthy mount. The job itself gets its run directories from a root init container.
-        container["securityContext"] = {"runAsUser": 0, "runAsGroup": 0}
         pod_spec["volumes"] = [
             {"name": "shared", "persistentVolumeClaim": {"claimName": claim_name}}
         ]
@@ -170,6 +191,22 @@ def gpu_check_job(
             "template": {"metadata": {"labels": labels}, "spec": pod_spec},
         },
     }
+
+
+def _gpu_check_security_context(*, as_root: bool) -> dict[str, Any]:
+    """The `gpu-check` container: no capability, no escalation, a read-only root (it writes
+    only the probe file on the claim).
+
+    With a claim it runs as root without any capability: the probe writes at the volume's root,
+    which on a new file system is root's (0755), and the owner needs no capability to write
+    its own directory; the trainer image's uid would report "not writable" on a healthy mount
+    (the job itself gets its run directories from a root init container). Without a claim it
+    runs as the trainer's uid, like the job."""
+    context = trainer_security_context()
+    context["readOnlyRootFilesystem"] = True
+    if as_root:
+        context.update(runAsUser=0, runAsGroup=0, runAsNonRoot=False)
+    return context
 
 
 def bench_config_map(config: StackConfig, *, run_id: str, script_text: str) -> dict[str, Any]:
@@ -233,10 +270,15 @@ def nccl_job(
             {"name": "bench", "mountPath": BENCH_MOUNT_PATH, "readOnly": True},
         ],
         "ports": [{"name": RENDEZVOUS_PORT_NAME, "containerPort": RENDEZVOUS_PORT}],
+        "securityContext": trainer_security_context(),
     }
     pod_spec = {
         "nodeSelector": dict(placement.node_selector),
         "tolerations": list(placement.tolerations),
+        # As the trainer runs: torchrun and NCCL need no capability (EFA needs the device
+        # plugin's /dev/infiniband devices and the nodes' memlock limit) and no API token.
+        "securityContext": pod_security_context(),
+        "automountServiceAccountToken": False,
         "containers": [container],
         "volumes": [
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{memory_gib}Gi"}},
@@ -279,6 +321,28 @@ def nccl_job(
     }
 
 
+def validation_network_policies(config: StackConfig, *, run_id: str) -> list[dict[str, Any]]:
+    """Ingress to the check pods: the NCCL check's pods only from each other (its rendezvous
+    store and NCCL's sockets, as for the training job: `network_policy`), the gpu-check pods
+    from nothing (they serve nothing). Applied before the checks, so no check pod is ever
+    reachable from the rest of a shared cluster."""
+    namespace = config.job.namespace
+    nccl = network_policy(f"{run_id}-nccl", namespace)
+    nccl["metadata"]["labels"].update(_labels(run_id, "nccl"))
+    gpu_labels = _labels(run_id, "gpu-check")
+    gpu_check = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": f"{run_id}-gpu-check-no-ingress", "namespace": namespace,
+                     "labels": gpu_labels},
+        "spec": {
+            "podSelector": {"matchLabels": gpu_labels},
+            "policyTypes": ["Ingress"],  # and no ingress rule: nothing may connect
+        },
+    }  # fmt: skip
+    return [nccl, gpu_check]
+
+
 def validation_manifests(
     plan: RunPlan,
     *,
@@ -287,9 +351,11 @@ def validation_manifests(
     bench_script: str,
     claim_name: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Everything the validation run applies, in apply order."""
+    """Everything the validation run applies, in apply order: the two NetworkPolicies first,
+    then the gpu-check Job, the benchmark's ConfigMap and the NCCL PyTorchJob."""
     config = plan.config
     return [
+        *validation_network_policies(config, run_id=run_id),
         gpu_check_job(config, image=image, run_id=run_id, claim_name=claim_name),
         bench_config_map(config, run_id=run_id, script_text=bench_script),
         nccl_job(plan, image=image, run_id=run_id),

@@ -394,8 +394,12 @@ def render_job(
         "terminationGracePeriodSeconds": plan.timeouts.shutdown_grace_seconds + AGENT_EXIT_S,
         # Nothing in the pod calls the Kubernetes API: torchrun finds its peers through the
         # c10d store on worker 0 and the operator passes everything else in environment
-        # variables. A pod given its own service account (for AWS access) keeps the token.
-        "automountServiceAccountToken": service_account_name is not None,
+        # variables. A pod given its own service account for S3 needs no API token either:
+        # EKS Pod Identity's webhook mounts its own projected token (audience
+        # pods.eks.amazonaws.com) and sets AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE, whatever
+        # this field says (aws/amazon-eks-pod-identity-webhook v0.6.17 `pkg/handler/
+        # handler.go` `buildPodPatchConfig`, container-credentials branch).
+        "automountServiceAccountToken": False,
     }
     if service_account_name is not None:
         pod_spec["serviceAccountName"] = service_account_name
@@ -493,6 +497,17 @@ def rendezvous_conf(start_timeout_s: int) -> dict[str, str]:
     every node to join (default 600 s). Each early worker's timeout is a container restart that
     uses up runPolicy.backoffLimit.
 
+    `read_timeout` also times every later store call of the agent, which suggested a shorter one
+    so that a worker 0 that hangs mid-run releases the others sooner. It does not: once a
+    call's timed wait ends, TCPStore's client sends CANCEL_WAIT and waits for the answer with
+    no timeout (torch `csrc/distributed/c10d/TCPStore.cpp` `TCPStore::doWait`), so a frozen
+    worker 0 (its kernel holding the connection) holds the others whatever `read_timeout`
+    says, and a vanished node releases them when the kernel gives up retransmitting (Linux
+    `tcp_retries2`, about 15 minutes), whatever it says too
+    (tests/infra/test_rendezvous.py `test_a_hung_worker_0_holds_the_others_past_any_read_timeout`).
+    A shorter one would only make a worker 0 that starts or restarts late cost the others a
+    restart. What ends a run whose worker 0 froze is the job's deadline (`job.maxRunHours`).
+
     The job carries them as `elasticPolicy.rdzvConf`; training operator v1.9 joins them into
     `PET_RDZV_CONF=key=value,...` (`pkg/controller.v1/pytorch/elastic.go`
     `generateEnvRDZVConf`), which torchrun reads as `--rdzv-conf` (`torch/distributed/run.py`,
@@ -514,9 +529,10 @@ def network_policy(job_name: str, namespace: Any) -> dict[str, Any]:
     ephemeral ports for NCCL's bootstrap and socket fallback: on a shared cluster any pod
     could connect to them. All ports stay open between the job's pods (NCCL's are not fixed);
     egress is untouched (S3, the Hub, FSx). EFA traffic itself does not pass through the pod
-    network. A cluster that does not enforce NetworkPolicy (EKS's VPC CNI does only once
-    `enableNetworkPolicy` is set on the add-on) stores the object and changes nothing, so it
-    is rendered for every stack.
+    network. A cluster the stack creates enforces it (its VPC CNI add-on is configured with
+    `enableNetworkPolicy`: infra/platform/cluster.py); an existing cluster enforces it only if
+    its operators turned that on, and otherwise stores the object and changes nothing, so it
+    is rendered for every stack (tests/infra/test_network_policies.py evaluates the flows).
     """
     selector = {"matchLabels": {JOB_NAME_LABEL: job_name}}
     return {

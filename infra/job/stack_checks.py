@@ -29,9 +29,12 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from infra.config import StackConfigError, parse_stack_config, read_stack_file
+from infra.config import StackConfigError, read_stack_file
 from infra.config.files import display_path
+from infra.config.parse import validate_stack_config
+from infra.config.stack import figures_possible
 from infra.estimates.run_plan import RunPlan, plan_run
+from infra.facts.hub_models import HUB_MODELS
 from infra.job.flags import RunPaths, trainer_argv
 from infra.job.manifest import (
     CONTAINER_NAME,
@@ -44,6 +47,7 @@ from infra.job.manifest import (
     s3_env,
 )
 from trainer.config import DEFAULT_TOKENIZER, parse_args
+from trainer.presets import get_preset
 
 if TYPE_CHECKING:
     from infra.config import StackConfig
@@ -59,35 +63,31 @@ SECRET_VALUE = re.compile(
 """Hugging Face tokens, AWS access key ids, GitHub tokens, OpenAI-style keys."""
 _ARGPARSE_FLAG = re.compile(r"--(\w+)")
 
-KNOWN_TOKENIZER_SIZES = {
-    "hf-internal-testing/llama-tokenizer": 32000,
-    "meta-llama/Llama-2-7b-hf": 32000,
-    "meta-llama/Llama-3.1-8B": 128256,
-    "meta-llama/Llama-3.2-1B": 128256,
-    "meta-llama/Llama-3.2-3B": 128256,
-    "mistralai/Mistral-7B-v0.1": 32000,
-    "mistralai/Mixtral-8x7B-v0.1": 32000,
-}
-"""`len(tokenizer)` of Hub tokenizers the presets are used with (their `tokenizer.json`:
-Llama 3's 128,000 tokens plus 256 reserved special ones; Llama 2's and Mistral's 32,000).
-The trainer checks the real tokenizer at start (`trainer.train`); this catches the known
-ones at plan time."""
+SHAPE_EXTRA_ARGS = (
+    "model_type", "num_local_experts", "num_experts_per_tok", "rope_theta", "tie_word_embeddings",
+)  # fmt: skip
+"""Trainer flags no stack key renders that change the model it builds
+(`trainer.config.ModelConfig.shape`): set through extraArgs, the trainer would build another
+model than every estimate of the plan (`StackConfig.model_shape`)."""
 
 
 def extra_args_problems(plan: RunPlan) -> list[str]:
     """The job's whole trainer argv (paths included), extraArgs merged in, through the
-    trainer's own parser and its own consistency checks (what every worker does at start).
+    trainer's own parser and its own consistency checks (what every worker does at start);
+    then what the parsed flags contradict of the stack: the model (the shape flags above) and
+    the device (`cpu` on the GPU nodes the stack pays for).
 
     argparse reports a bad value by printing to stderr and raising SystemExit(2) (Python's
     `argparse.ArgumentParser.error`); stderr is captured, so nothing is printed and nothing
     exits."""
-    extra = plan.config.training.extra_args
+    config = plan.config
+    extra = config.training.extra_args
     if not extra:
         return []
     stderr = io.StringIO()
     try:
         with contextlib.redirect_stderr(stderr):
-            parse_args(_rendered_argv(plan))
+            parsed = parse_args(_rendered_argv(plan))
     except SystemExit:
         message = stderr.getvalue().strip().splitlines()[-1].split("error: ", 1)[-1]
         named = _ARGPARSE_FLAG.findall(message)
@@ -95,7 +95,30 @@ def extra_args_problems(plan: RunPlan) -> list[str]:
         if flag is None:
             return [f"training.extraArgs: the trainer refuses the job's flags: {message}"]
         return [f"training.extraArgs.{flag} {extra[flag]!r}: the trainer refuses it: {message}"]
-    return []
+    problems = []
+    shaping = [flag for flag in SHAPE_EXTRA_ARGS if flag in extra]
+    if shaping and config.model.init_from is None:
+        built, planned = parsed.model.shape(), config.model_shape()
+        changed = [
+            f"{field.name} {getattr(planned, field.name)!r} -> {getattr(built, field.name)!r}"
+            for field in dataclasses.fields(planned)
+            if field.name != "max_position_embeddings"  # the trainer stretches it to the context
+            and getattr(built, field.name) != getattr(planned, field.name)
+        ]
+        if changed:
+            keys = ", ".join(f"training.extraArgs.{flag}" for flag in shaping)
+            problems.append(
+                f"{keys} would make the trainer build another model than model.preset "
+                f"{config.model.preset!r} that every estimate plans for ({'; '.join(changed)}); "
+                "allowed: model.preset (and the model.* shape keys) to choose the model"
+            )
+    if parsed.parallel.device == "cpu":
+        problems.append(
+            f"training.extraArgs.device 'cpu' would train on the CPUs of the "
+            f"{config.gpu_nodes.instance_type} nodes the stack pays for, their GPUs idle; "
+            "allowed: auto (the default) or cuda"
+        )
+    return problems
 
 
 def extra_env_problems(plan: RunPlan) -> list[str]:
@@ -179,19 +202,71 @@ def namespace_problems(config: StackConfig) -> list[str]:
 
 def vocabulary_problems(config: StackConfig) -> list[str]:
     """A model whose embedding has fewer rows than the tokenizer has tokens fails at start on
-    every worker (`--tokenizer ... has N tokens but the model's vocab_size is M`)."""
-    tokenizer = config.data.tokenizer or config.model.init_from or DEFAULT_TOKENIZER
-    size = KNOWN_TOKENIZER_SIZES.get(tokenizer)
-    if size is None or config.model.init_from is not None:
+    every worker (`--tokenizer ... has N tokens but the model's vocab_size is M`). The model's
+    vocabulary is the stack's, or with `model.initFrom` its weights' (`infra.job.hub_models`);
+    the tokenizer is `data.tokenizer`, else the weights', else the trainer's default."""
+    init_from = config.model.init_from
+    tokenizer = config.data.tokenizer or init_from or DEFAULT_TOKENIZER
+    known = HUB_MODELS.get(tokenizer)
+    if known is None:
         return []
-    vocab = config.model_shape().vocab_size
+    size = known.tokenizer_size
+    if init_from is None:
+        vocab = config.model_shape().vocab_size
+        owner = f"model.vocabSize {vocab} (of preset {config.model.preset!r} or the stack)"
+        allowed = f"a vocabulary of at least {size} (model.vocabSize)"
+    else:
+        weights = HUB_MODELS.get(init_from)
+        if weights is None or weights.preset is None:
+            return []
+        vocab = get_preset(weights.preset).vocab_size
+        owner = f"model.initFrom {init_from!r} has a vocabulary of {vocab}, which"
+        allowed = "the weights' own tokenizer (leave data.tokenizer unset)"
     if vocab >= size:
         return []
     return [
-        f"model.vocabSize {vocab} (of preset {config.model.preset!r} or the stack) is smaller "
-        f"than data.tokenizer {tokenizer!r}, which has {size} tokens; allowed: a vocabulary of "
-        f"at least {size} (model.vocabSize), or a tokenizer of the model's own family"
+        f"{owner} is smaller than data.tokenizer {tokenizer!r}, which has {size} tokens; "
+        f"allowed: {allowed}, or a tokenizer of the model's own family"
     ]
+
+
+SHAPE_KEYS = {
+    "num_layers": "model.numLayers",
+    "hidden_size": "model.hiddenSize",
+    "num_heads": "model.numHeads",
+    "num_key_value_heads": "model.numKeyValueHeads",
+    "intermediate_size": "model.intermediateSize",
+    "vocab_size": "model.vocabSize",
+}
+"""The stack's shape overrides (`ModelConfig`), by field."""
+
+
+def init_from_problems(config: StackConfig) -> list[str]:
+    """Weights decide the model the trainer builds: it reads their `config.json` and ignores
+    every shape flag (`trainer.train`, `--init_from`), while every estimate of the plan is the
+    preset's. Refused: shape overrides beside `model.initFrom`, and weights whose published
+    architecture is another preset's. Weights the plan cannot read (a path on the volume, an
+    unknown id) get a warning in the plan instead (`init_from_warnings`)."""
+    model = config.model
+    if model.init_from is None:
+        return []
+    problems = []
+    overridden = [key for field, key in SHAPE_KEYS.items() if getattr(model, field) is not None]
+    if overridden:
+        problems.append(
+            f"{', '.join(overridden)} with model.initFrom {model.init_from!r}: the trainer takes "
+            "the architecture from the weights' config.json and ignores them, while the plan's "
+            "estimates would use them; allowed: either model.initFrom or the shape keys"
+        )
+    known = HUB_MODELS.get(model.init_from)
+    if known is not None and known.preset is not None and known.preset != model.preset:
+        problems.append(
+            f"model.initFrom {model.init_from!r} is a {known.preset} (its config.json), but "
+            f"model.preset is {model.preset!r}: the trainer would build the weights' model while "
+            "every estimate (memory, time, cost) is the preset's; allowed: model.preset: "
+            f"{known.preset}, or weights of the preset's architecture"
+        )
+    return problems
 
 
 DOCKERFILE = Path(__file__).resolve().parents[2] / "docker" / "Dockerfile"
@@ -430,6 +505,7 @@ def semantic_problems(plan: RunPlan) -> list[str]:
         *addon_problems(config),
         *namespace_problems(config),
         *vocabulary_problems(config),
+        *init_from_problems(config),
     ]
     if plan.has_timeouts:
         problems = [
@@ -442,11 +518,19 @@ def semantic_problems(plan: RunPlan) -> list[str]:
     return problems
 
 
-def check_run(config: StackConfig, *, source: str) -> RunPlan:
+def check_run(
+    config: StackConfig, *, source: str, config_problems: Collection[str] = ()
+) -> RunPlan:
     """`config`'s run plan when nothing stops the run; else StackConfigError listing every
-    problem at once: the plan's (memory, deadline, cost) and this module's."""
+    problem at once: the config's own (`config_problems`, the rules between its sections),
+    the plan's (memory, deadline, cost) and this module's. Only a config whose figures cannot
+    be computed at all (a GPU count the instance lacks, an impossible model shape) stops at
+    its own problems."""
+    problems = list(config_problems)
+    if not figures_possible(config):
+        raise StackConfigError(problems, source=source)
     plan = plan_run(config)
-    problems = [*plan.problems, *semantic_problems(plan)]
+    problems += [*plan.problems, *semantic_problems(plan)]
     if problems:
         raise StackConfigError(problems, source=source)
     return plan
@@ -459,12 +543,17 @@ def checked_run_plan(
     secret_keys: Collection[str] = (),
     source: str | None = None,
 ) -> RunPlan:
-    """Raw stack-config values parsed (`infra.config.parse_stack_config`) and their run checked
-    (`check_run`): what the Pulumi program does before it registers anything."""
-    config = parse_stack_config(
+    """Raw stack-config values parsed (`infra.config.parse.validate_stack_config`) and their
+    run checked (`check_run`), every problem of both listed at once: what the Pulumi program
+    does before it registers anything."""
+    validated = validate_stack_config(
         values, stack_name=stack_name, secret_keys=secret_keys, source=source
     )
-    return check_run(config, source=source or f"stack {stack_name!r}")
+    return check_run(
+        validated.config,
+        source=source or f"stack {stack_name!r}",
+        config_problems=validated.problems,
+    )
 
 
 def plan_stack_file(stack: str | Path, stacks_dir: Path | None = None) -> RunPlan:

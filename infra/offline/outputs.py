@@ -198,6 +198,11 @@ RESOURCE_OUTPUTS: dict[str, OutputRule] = {
         "arn": arn("eks", f"nodegroup/{inputs.get('clusterName', 'cluster')}/{name}"),
         "nodeGroupName": inputs.get("nodeGroupName", name),
         "status": "ACTIVE",
+        # DescribeNodegroup `resources.autoScalingGroups`: EKS names the group's ASG
+        # `eks-<node group>-<uuid>`.
+        "resources": [
+            {"autoscalingGroups": [{"name": f"eks-{name}-{short_hash(name + 'asg', 8)}"}]}
+        ],
     },
     "aws:fsx/lustreFileSystem:LustreFileSystem": lambda name, inputs: {
         "id": f"fs-{short_hash(name)}",
@@ -276,10 +281,16 @@ def _policy_document(args: dict[str, Any]) -> dict[str, Any]:
 def _instance_type(args: dict[str, Any]) -> dict[str, Any]:
     instance_type = args["instanceType"]
     facts = INSTANCE_FACTS.get(instance_type)
-    if facts is None:
-        return {"instanceType": instance_type, "gpuses": [], "efaSupported": False}
+    if facts is None:  # a CPU type (the system nodes')
+        return {
+            "instanceType": instance_type,
+            "gpuses": [],
+            "efaSupported": False,
+            "supportedArchitectures": ["x86_64"],
+        }
     return {
         "instanceType": instance_type,
+        "supportedArchitectures": ["x86_64"],
         "defaultVcpus": facts.vcpus,
         "memorySize": facts.memory_gib * 1024,
         # pulumi-aws names the list `gpuses` (its pluralisation of the `gpus` block).

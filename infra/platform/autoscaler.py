@@ -11,14 +11,24 @@ the managed node group stays and the upstream autoscaler drives it. Facts it res
 kubernetes/autoscaler `cluster-autoscaler/cloudprovider/aws/README.md`:
 
 * A group with no node is known only from its ASG's tags: labels, taints and extended
-  resources (`k8s.io/cluster-autoscaler/node-template/{label,taint,resources}/...`). EKS reads
-  a managed group's labels and taints from `DescribeNodegroup` only while the group has never
-  had a node, and EKS does not copy node-group labels or taints to the ASG; without these
-  tags the autoscaler never scales up for a pod that selects our pool and asks for
-  `vpc.amazonaws.com/efa`, or it brings up nodes it believes lack EFA.
-* Auto-discovery finds the ASGs tagged `k8s.io/cluster-autoscaler/enabled` and
-  `k8s.io/cluster-autoscaler/<cluster>`, which EKS puts on every managed node group's ASG
-  (`owned`). The write actions are granted only on ASGs with that cluster tag.
+  resources (`k8s.io/cluster-autoscaler/node-template/{label,taint,resources}/...`). The
+  autoscaler reads a managed group's labels, taints and resource tags from `DescribeNodegroup`
+  only while the group has never had a node, and EKS does not copy node-group labels or taints
+  to the ASG; without these tags the autoscaler never scales up for a pod that selects our
+  pool and asks for `vpc.amazonaws.com/efa`, or it brings up nodes it believes lack EFA. The
+  ASG tags exist only once the stack has added them, and the autoscaler rescans the ASGs'
+  tags once a minute (`aws_manager.go` `refreshInterval`) and caches DescribeNodegroup for 6
+  minutes (`managed_nodegroup_cache.go`): so the node group carries the resource tags itself
+  from its creation (`infra.platform.gpu_nodes`), and the release and the job wait for the
+  ASG tags (`ClusterAutoscaler.ready`).
+* Auto-discovery finds the ASGs that carry every tag of `--node-group-auto-discovery`
+  (`aws_manager.go` `parseASGAutoDiscoverySpec`, `aws_wrapper.go`
+  `getAutoscalingGroupsByTags`). EKS tags every managed group's ASG for discovery (EKS user
+  guide, "Managed node groups"), the system group's too, so the chart's default tags would
+  let the autoscaler resize the system nodes the stack sizes; the GPU pool's template label
+  tag narrows discovery to the GPU group (`discovery_tags`).
+* Its write actions are granted on the GPU group's ASG by ARN (the README's "Minimal IAM
+  Permissions Policy"), not on a tag whose presence no source confirms.
 
 The autoscaler runs on the system nodes, bound by EKS Pod Identity to its role.
 """
@@ -37,11 +47,11 @@ import pulumi_kubernetes as k8s
 
 from infra.config.cluster import GpuNodesConfig
 from infra.job.placement import (
-    EFA_RESOURCE,
-    GPU_RESOURCE,
     NODE_POOL_LABEL,
+    TEMPLATE_TAG,
     gpu_labels,
     gpu_taints,
+    node_template_resources,
 )
 from infra.platform.iam import pod_identity_role
 
@@ -53,12 +63,11 @@ CHART_VERSION = "9.59.0"
 version (the autoscaler's minor should match the cluster's)."""
 NAMESPACE = "kube-system"
 SERVICE_ACCOUNT = "cluster-autoscaler"
-TEMPLATE_TAG = "k8s.io/cluster-autoscaler/node-template"
 SYSTEM_NODE_SELECTOR = {NODE_POOL_LABEL: "system"}
 """Where the autoscaler runs: the system nodes (`infra.platform.cluster`), never a GPU node it may
 remove."""
-OWNED_TAG = "k8s.io/cluster-autoscaler/{cluster}"
-"""Tagged `owned` by EKS on the ASG of each managed node group of the cluster."""
+GPU_POOL_TAG = f"{TEMPLATE_TAG}/label/{NODE_POOL_LABEL}"
+"""The GPU ASG's node-template tag for the pool label (`node_template_tags`): on no other ASG."""
 
 READ_ACTIONS = (
     "autoscaling:DescribeAutoScalingGroups",
@@ -82,10 +91,8 @@ WRITE_ACTIONS = (
 def node_template_tags(config: GpuNodesConfig, efa_interfaces: int | None = None) -> dict[str, str]:
     """ASG tags that describe a GPU node before one exists: its extended resources (what the
     job's pods request), labels (what they select) and taints (what they tolerate)."""
-    tags = {f"{TEMPLATE_TAG}/resources/{GPU_RESOURCE}": str(config.facts.gpus)}
     efa = config.efa_interface_count if efa_interfaces is None else efa_interfaces
-    if config.efa_enabled and efa:
-        tags[f"{TEMPLATE_TAG}/resources/{EFA_RESOURCE}"] = str(efa)
+    tags = node_template_resources(config, efa)
     for key, value in gpu_labels(config).items():
         tags[f"{TEMPLATE_TAG}/label/{key}"] = value
     for taint in gpu_taints(config):
@@ -93,36 +100,53 @@ def node_template_tags(config: GpuNodesConfig, efa_interfaces: int | None = None
     return tags
 
 
-def permissions(cluster_name: str) -> dict[str, Any]:
-    """The autoscaler's IAM policy: reads anywhere, scaling only this cluster's groups."""
+def asg_arn(partition: str, region: str, account: str, asg_name: str) -> str:
+    """An Auto Scaling group's ARN by name, its id left open (the README's minimal policy)."""
+    return (
+        f"arn:{partition}:autoscaling:{region}:{account}:autoScalingGroup:*:"
+        f"autoScalingGroupName/{asg_name}"
+    )
+
+
+def permissions(gpu_asg_arn: str) -> dict[str, Any]:
+    """The autoscaler's IAM policy: reads anywhere (Describe calls take no resource), scaling
+    only the GPU group's ASG."""
     return {
         "Version": "2012-10-17",
         "Statement": [
             {"Sid": "Discover", "Effect": "Allow", "Action": list(READ_ACTIONS), "Resource": "*"},
             {
-                "Sid": "ScaleThisClustersGroups",
+                "Sid": "ScaleTheGpuGroup",
                 "Effect": "Allow",
                 "Action": list(WRITE_ACTIONS),
-                "Resource": "*",
-                "Condition": {
-                    "StringEquals": {
-                        f"aws:ResourceTag/{OWNED_TAG.format(cluster=cluster_name)}": "owned"
-                    }
-                },
+                "Resource": gpu_asg_arn,
             },
         ],
     }
+
+
+def discovery_tags(cluster_name: str) -> list[str]:
+    """`--node-group-auto-discovery=asg:tag=...`: the chart's two default tags, which EKS puts
+    on every managed group's ASG, and the GPU pool's template tag, which only the GPU ASG
+    carries: the autoscaler finds the GPU group and leaves the system group to the stack."""
+    return [
+        "k8s.io/cluster-autoscaler/enabled",
+        f"k8s.io/cluster-autoscaler/{cluster_name}",
+        f"{GPU_POOL_TAG}=gpu",
+    ]
 
 
 def chart_values(
     cluster_name: str, region: str, system_selector: Mapping[str, str], scale_down_minutes: int
 ) -> dict[str, Any]:
     """Values of the pinned chart (keys of its `values.yaml`); `extraArgs` are flags of
-    Cluster Autoscaler 1.35.0 (`cluster-autoscaler/config/flags/flags.go`)."""
+    Cluster Autoscaler 1.35.0 (`cluster-autoscaler/config/flags/flags.go`). The chart joins
+    `autoDiscovery.tags` into `--node-group-auto-discovery=asg:tag=<tags>` (chart 9.59.0
+    `templates/deployment.yaml`)."""
     return {
         "cloudProvider": "aws",
         "awsRegion": region,
-        "autoDiscovery": {"clusterName": cluster_name},
+        "autoDiscovery": {"clusterName": cluster_name, "tags": discovery_tags(cluster_name)},
         "rbac": {"serviceAccount": {"create": True, "name": SERVICE_ACCOUNT}},
         "nodeSelector": dict(system_selector),
         "extraArgs": {
@@ -159,19 +183,31 @@ class ClusterAutoscaler(pulumi.ComponentResource):
     """The autoscaler's role, its Pod Identity binding, the Helm release, and the GPU ASG's
     node-template tags."""
 
+    release: k8s.helm.v3.Release
+    template_tags: dict[str, aws.autoscaling.Tag]
+    ready: list[pulumi.Resource]
+    """What the job waits for: the release and every node-template tag, so that the
+    autoscaler's first look at the GPU group sees the node the pods need."""
+
     def __init__(
         self, name: str, args: ClusterAutoscalerArgs, opts: pulumi.ResourceOptions | None = None
     ) -> None:
         super().__init__("fsdp-eks:autoscaler:ClusterAutoscaler", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        cluster = pulumi.Output.from_input(args.cluster_name)
+        invoke = pulumi.InvokeOutputOptions(parent=self)
+        gpu_asg = pulumi.Output.all(
+            aws.get_partition_output(opts=invoke).partition,
+            args.region,
+            aws.get_caller_identity_output(opts=invoke).account_id,
+            args.gpu_asg_name,
+        ).apply(lambda v: asg_arn(*(str(part) for part in v)))
         identity = pod_identity_role(
             name,
             cluster_name=args.cluster_name,
             namespace=NAMESPACE,
             service_account=SERVICE_ACCOUNT,
-            policy=cluster.apply(lambda c: json.dumps(permissions(c))),
-            description="Cluster Autoscaler (Pod Identity): scale this cluster's node groups",
+            policy=gpu_asg.apply(lambda arn: json.dumps(permissions(arn))),
+            description="Cluster Autoscaler (Pod Identity): scale the GPU node group",
             parent=self,
             cluster_ready=args.cluster_ready,
             tags=args.tags,
@@ -204,11 +240,17 @@ class ClusterAutoscaler(pulumi.ComponentResource):
             repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=CHART_REPO),
             namespace=NAMESPACE,
             values=values,
-            # Pod Identity injects credentials only into pods created after the association.
+            # Pod Identity injects credentials only into pods created after the association;
+            # its first scan of the ASGs must find the node template complete.
             opts=pulumi.ResourceOptions(
                 parent=self,
                 provider=args.k8s_provider,
-                depends_on=[identity.association, *args.cluster_ready],
+                depends_on=[
+                    identity.association,
+                    *args.cluster_ready,
+                    *self.template_tags.values(),
+                ],
             ),
         )
+        self.ready = [self.release, *self.template_tags.values()]
         self.register_outputs({})

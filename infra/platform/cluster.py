@@ -38,11 +38,17 @@ import pulumi_aws as aws
 import pulumi_eks as eks
 import pulumi_kubernetes as k8s
 
+from infra.config import StackConfigError
 from infra.config.cluster import ClusterConfig, GpuNodesConfig
 from infra.facts.eks_versions import UPGRADE_SUPPORT_TYPE
 from infra.job.kubeconfig import kubernetes_access, same_iam_principal
 from infra.job.placement import NODE_POOL_LABEL
-from infra.platform.gpu_nodes import GpuNodeGroup, GpuNodeGroupArgs
+from infra.platform.gpu_nodes import (
+    GpuNodeGroup,
+    GpuNodeGroupArgs,
+    node_metadata_options,
+    root_volume,
+)
 from infra.platform.iam import aws_managed_policy_arn, node_role, service_trust_policy
 from infra.platform.kube_access import cluster_kubeconfig, deployer_principal_arn
 from infra.platform.network import Network
@@ -52,6 +58,36 @@ POD_IDENTITY_AGENT = "eks-pod-identity-agent"
 CLUSTER_ADMIN_POLICY = "AmazonEKSClusterAdminPolicy"
 """Well-known label every node carries: selects the GPU nodes in both modes (an existing
 cluster's nodes do not carry this stack's own labels)."""
+
+
+def confirm_system_instance_type(instance_type: str, parent: pulumi.Resource) -> None:
+    """EC2's word on the system nodes' type, before anything of the cluster is registered.
+
+    The config model refuses what is not an x86_64 type name; a name EC2 does not have (or an
+    arm64 one the pattern let through) would otherwise reach CreateNodegroup only after the
+    control plane was created, 10 minutes into `pulumi up`. A synchronous invoke: it answers
+    (or fails) before the next line registers the control plane's key and role."""
+    key = "cluster.systemNodes.instanceType"
+    try:
+        found = aws.ec2.get_instance_type(
+            instance_type=instance_type, opts=pulumi.InvokeOptions(parent=parent)
+        )
+    except Exception as error:  # the SDK raises a plain Exception for a failed invoke
+        raise StackConfigError(
+            [
+                f"{key} {instance_type!r}: EC2 does not describe it in this region ({error}); "
+                "allowed: an x86_64 type EC2 offers here, e.g. m6i.xlarge (the default)"
+            ]
+        ) from None
+    architectures = list(found.supported_architectures or [])
+    if "x86_64" not in architectures:
+        raise StackConfigError(
+            [
+                f"{key} {instance_type!r} runs {', '.join(architectures) or 'no known'} "
+                "architecture, but the system nodes' AMI is AL2023_x86_64_STANDARD; allowed: "
+                "an x86_64 type, e.g. m6i.xlarge (the default)"
+            ]
+        )
 
 
 def default_cluster_name(project: str, stack: str) -> str:
@@ -124,6 +160,7 @@ class Cluster(pulumi.ComponentResource):
             raise ValueError(
                 "cluster.mode 'create' needs the Network component (ClusterArgs.network)"
             )
+        confirm_system_instance_type(config.system_nodes.instance_type, parent=self)
         tags = dict(args.tags)
         child = pulumi.ResourceOptions(parent=self)
         cluster_name = config.name or default_cluster_name(pulumi.get_project(), pulumi.get_stack())
@@ -219,6 +256,12 @@ class Cluster(pulumi.ComponentResource):
             encryption_config_key_arn=key_arn,
             enabled_cluster_log_types=list(config.log_types),
             create_oidc_provider=True,
+            # The VPC CNI enforces NetworkPolicy only when its add-on says so (chart
+            # aws/amazon-vpc-cni-k8s v1.23.0 `enableNetworkPolicy: "false"`), and pulumi-eks
+            # writes the key into the add-on's configuration only when given (v4.3.0
+            # `nodejs/eks/addons/cni-addon.ts` `mergeConfigurationValues`): without it the
+            # job's and the operator's policies are stored and change nothing.
+            vpc_cni_options=eks.VpcCniOptionsArgs(enable_network_policy=True),
             service_role=service_role,
             skip_default_node_group=True,
             # Managed node groups use the EKS-created cluster SG; no extra groups to leak.
@@ -246,6 +289,29 @@ class Cluster(pulumi.ComponentResource):
 
         system = config.system_nodes
         system_role = node_role(f"{name}-system-nodes", parent=self, tags=tags)
+        # Our own launch template: pulumi-eks's, made for `enable_imd_sv2`, sets IMDS hop limit
+        # 2 (v4.3.0 `nodejs/eks/nodes/nodegroup.ts` `createMNGCustomLaunchTemplate`), and so
+        # does the one EKS makes without any: every pod on a system node could then read the
+        # node role's credentials. Nothing there needs IMDS from the pod network: the
+        # autoscaler has its region from the chart (`awsRegion`), the FSx CSI controller falls
+        # back to the Kubernetes API (aws-fsx-csi-driver v1.9.0 `pkg/cloud/metadata.go`
+        # `NewMetadataService`), the CNI, kube-proxy and the Pod Identity agent run on the host
+        # network. No image_id: EKS adds its own bootstrap to the nodes' user data.
+        system_template = aws.ec2.LaunchTemplate(
+            f"{name}-system-lt",
+            description=f"System nodes ({system.instance_type}) for EKS",
+            update_default_version=True,
+            metadata_options=node_metadata_options(),
+            block_device_mappings=[root_volume(system.disk_size_gib)],
+            tag_specifications=[
+                aws.ec2.LaunchTemplateTagSpecificationArgs(
+                    resource_type="instance",
+                    tags={**tags, NODE_POOL_LABEL: "system", "Name": f"{name}-system"},
+                )
+            ],
+            tags=tags,
+            opts=child,
+        )
         system_nodes = eks.ManagedNodeGroup(
             f"{name}-system",
             cluster=cluster,
@@ -258,8 +324,11 @@ class Cluster(pulumi.ComponentResource):
                 min_size=system.min_size,
                 max_size=system.max_size,
             ),
-            disk_size=system.disk_size_gib,
-            enable_imd_sv2=True,
+            # IMDS and the root volume are the launch template's (pulumi-eks refuses
+            # `enable_imd_sv2` beside a launch template, EKS `disk_size` beside one).
+            launch_template=aws.eks.NodeGroupLaunchTemplateArgs(
+                id=system_template.id, version=system_template.latest_version.apply(str)
+            ),
             labels={NODE_POOL_LABEL: "system"},
             tags=tags,
             opts=pulumi.ResourceOptions(parent=self, depends_on=system_role.ready),

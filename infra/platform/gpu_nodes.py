@@ -10,7 +10,9 @@ capacity need and pulumi-eks's `ManagedNodeGroup(enable_efa_support=True)` canno
 * the capacity reservation target (ODCR) or capacity-block market type, which pulumi-eks does
   not expose; a cluster placement group only when no reservation fixes the placement already;
 * IMDSv2 required with hop limit 1 (pods cannot reach the node role's credentials), a gp3
-  root volume large enough for the trainer image and caches.
+  root volume large enough for the trainer image and caches;
+* user data that lifts the containers' locked-memory limit (`NODE_CONFIG`), without which EFA
+  cannot register NCCL's buffers.
 
 Instances without EFA get the same node group without EFA interfaces (EKS then attaches the
 cluster SG itself). The node group's AMI type is `AL2023_x86_64_NVIDIA` (driver, EFA host
@@ -25,6 +27,8 @@ interfaces are built from the confirmed count, so a wrong table fails `pulumi up
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,14 +37,15 @@ import pulumi
 import pulumi_aws as aws
 
 from infra.config.cluster import GpuNodesConfig, TaintConfig
-from infra.job.placement import gpu_labels, gpu_taints
+from infra.job.placement import gpu_labels, gpu_taints, node_template_resources
 
 GPU_AMI_TYPE = "AL2023_x86_64_NVIDIA"
 ROOT_DEVICE = "/dev/xvda"
 """Root device of the AL2023 EKS AMIs."""
 IMDS_HOP_LIMIT = 1
 """IMDSv2 answers only processes on the node itself (host network), not pods: with 2, any pod
-could read the node role's credentials. Nothing on these nodes needs IMDS from a pod network:
+could read the node role's credentials. Set on the GPU and the system nodes' launch templates
+(`node_metadata_options`). Nothing on the GPU nodes needs IMDS from a pod network:
 the trainer calls no AWS API (checkpoints go to FSx or the pod's own volume), the FSx CSI
 driver's credentials come from EKS Pod Identity (its agent is a host-network DaemonSet on
 169.254.170.23), the FSx CSI node plugin falls back to the
@@ -48,6 +53,83 @@ Kubernetes API for its instance data when IMDS is unreachable (aws-fsx-csi-drive
 `pkg/cloud/metadata.go` `NewMetadataService`), the EFA device plugin runs on the host network
 (eks-charts `aws-efa-k8s-device-plugin` daemonset, `hostNetwork: true`) and the NVIDIA one
 talks only to the driver. terraform-aws-eks made 1 its default in v21 (docs/UPGRADE-21.0.md)."""
+
+RLIMIT_NOFILE_DEFAULT = {"type": "RLIMIT_NOFILE", "soft": 65536, "hard": 1048576}
+"""The AL2023 AMI's only default rlimit (awslabs/amazon-eks-ami v20260724
+`nodeadm/internal/containerd/base-runtime-spec.json`), restated because a NodeConfig's list
+replaces the default's whole (see NODE_CONFIG)."""
+MEMLOCK_BYTES = 10**18
+"""RLIMIT_MEMLOCK of every container on the GPU nodes: far above any node's memory, so it never
+binds (locked pages still count against the pod's memory limit). Not RLIM_INFINITY (2**64-1):
+nodeadm merges the spec through `map[string]interface{}` (`internal/util/merge.go` `Merge`,
+json.Unmarshal), so every number passes through a Go float64, and 2**64-1 comes out as
+18446744073709552000, which overflows the OCI spec's uint64 and stops containerd's CRI plugin
+from loading the file: the node would never become Ready. 10**18 is exact in a float64 and Go
+writes it back digit for digit."""
+
+NODE_CONFIG: dict[str, Any] = {
+    "apiVersion": "node.eks.aws/v1alpha1",
+    "kind": "NodeConfig",
+    "spec": {
+        "containerd": {
+            "baseRuntimeSpec": {
+                "process": {
+                    "rlimits": [
+                        RLIMIT_NOFILE_DEFAULT,
+                        {"type": "RLIMIT_MEMLOCK", "soft": MEMLOCK_BYTES, "hard": MEMLOCK_BYTES},
+                    ]
+                }
+            }
+        }
+    },
+}
+"""What nodeadm adds to the containers' base OCI spec on the GPU nodes.
+
+The trainer runs unprivileged with every capability dropped, so EFA's memory registration
+(`ibv_reg_mr` -> the kernel's `ib_umem_get`, drivers/infiniband/core/umem.c) is bounded by
+RLIMIT_MEMLOCK: `new_pinned > lock_limit && !capable(CAP_IPC_LOCK)` is ENOMEM. The AMI's base
+spec sets only RLIMIT_NOFILE, so containers inherit containerd's memlock, which neither
+containerd's unit nor the AMI's drop-in (`containerd.service.d/00-runtime-slice.conf`) raises:
+the kernel default of 8 MiB, too little for libfabric's EFA packet pools. Raising the limit is
+the least privilege: CAP_IPC_LOCK would bypass it instead, and the CRI puts an added capability
+only in the bounding, effective and permitted sets, which a non-root process loses at exec.
+
+nodeadm (`nodeadm/api/v1alpha1/nodeconfig_types.go` `ContainerdOptions.BaseRuntimeSpec`,
+since v20240615) merges this partial spec into its default one
+(`internal/containerd/base_runtime_spec.go` `writeBaseRuntimeSpec`, mergo with override: maps
+key by key, lists whole: e2e case `containerd-base-runtime-spec`), writes
+/etc/containerd/base-runtime-spec.json, and containerd's default runtime (`nvidia` on the
+NVIDIA AMI) bases every container on it (`internal/containerd/config2.template.toml`
+`base_runtime_spec`). `trainer.preflight` checks the limit on every node before step 1."""
+
+USER_DATA_BOUNDARY = "FSDPEKS"
+
+
+def gpu_node_user_data() -> str:
+    """The GPU launch template's user data (base64): a MIME multi-part document with one
+    `application/node.eks.aws` part, NODE_CONFIG.
+
+    No `spec.cluster`: with an EKS AMI and no `image_id` in the launch template, EKS adds its
+    own NodeConfig part (endpoint, CA, CIDR) and nodeadm merges every part in order
+    (`internal/configprovider/mime.go` `ParseMultipart`, nodeadm/doc/examples.md); the part's
+    content type is how nodeadm finds it."""
+    document = "\n".join(
+        [
+            "MIME-Version: 1.0",
+            f'Content-Type: multipart/mixed; boundary="{USER_DATA_BOUNDARY}"',
+            "",
+            f"--{USER_DATA_BOUNDARY}",
+            "Content-Type: application/node.eks.aws",
+            "",
+            # nodeadm decodes a part as JSON or YAML (`internal/api/bridge/decode.go`).
+            json.dumps(NODE_CONFIG, indent=2),
+            "",
+            f"--{USER_DATA_BOUNDARY}--",
+            "",
+        ]
+    )
+    return base64.b64encode(document.encode()).decode()
+
 
 _ReservationTarget = (
     aws.ec2.LaunchTemplateCapacityReservationSpecificationCapacityReservationTargetArgs
@@ -64,6 +146,27 @@ _TAINT_EFFECTS = {
     "NoExecute": "NO_EXECUTE",
     "PreferNoSchedule": "PREFER_NO_SCHEDULE",
 }
+
+
+def node_metadata_options() -> aws.ec2.LaunchTemplateMetadataOptionsArgs:
+    """IMDSv2 only, for the node's own processes (IMDS_HOP_LIMIT)."""
+    return aws.ec2.LaunchTemplateMetadataOptionsArgs(
+        http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=IMDS_HOP_LIMIT
+    )
+
+
+def root_volume(size_gib: int, **ebs: Any) -> aws.ec2.LaunchTemplateBlockDeviceMappingArgs:
+    """An encrypted gp3 root volume of the AL2023 EKS AMIs, deleted with its node."""
+    return aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
+        device_name=ROOT_DEVICE,
+        ebs=aws.ec2.LaunchTemplateBlockDeviceMappingEbsArgs(
+            volume_size=size_gib,
+            volume_type="gp3",
+            encrypted="true",
+            delete_on_termination="true",
+            **ebs,
+        ),
+    )
 
 
 def efa_network_interfaces(
@@ -214,10 +317,16 @@ class GpuNodeGroup(pulumi.ComponentResource):
                 )
                 for t in self.taints
             ],
-            tags={
-                **tags,
-                "fsdp-eks/efa-interfaces": self.efa_interface_count.apply(str),
-            },
+            # The node-template resource tags here too: the autoscaler reads them through
+            # DescribeNodegroup (infra.platform.autoscaler), and these exist from the group's
+            # creation, before the ASG's own tags are added.
+            tags=self.efa_interface_count.apply(
+                lambda efa: {
+                    **tags,
+                    "fsdp-eks/efa-interfaces": str(efa),
+                    **node_template_resources(config, int(efa)),
+                }
+            ),
             # Reserved capacity has no room for a second group while the first still holds it.
             opts=pulumi.ResourceOptions(
                 parent=self,
@@ -303,26 +412,11 @@ class GpuNodeGroup(pulumi.ComponentResource):
             f"{name}-lt",
             description=f"GPU nodes ({config.instance_type}) for EKS",
             update_default_version=True,
-            metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
-                http_endpoint="enabled",
-                http_tokens="required",
-                http_put_response_hop_limit=IMDS_HOP_LIMIT,
-            ),
-            block_device_mappings=[
-                aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
-                    device_name=ROOT_DEVICE,
-                    ebs=aws.ec2.LaunchTemplateBlockDeviceMappingEbsArgs(
-                        volume_size=config.root_volume_gib,
-                        volume_type="gp3",
-                        # image pulls of a ~20 GB trainer image are throughput-bound
-                        throughput=500,
-                        iops=6000,
-                        encrypted="true",
-                        delete_on_termination="true",
-                    ),
-                )
-            ],
+            metadata_options=node_metadata_options(),
+            # image pulls of a ~20 GB trainer image are throughput-bound
+            block_device_mappings=[root_volume(config.root_volume_gib, throughput=500, iops=6000)],
             network_interfaces=network_interfaces,
+            user_data=gpu_node_user_data(),
             placement=placement,
             capacity_reservation_specification=reservation,
             instance_market_options=market,

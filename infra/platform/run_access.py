@@ -97,8 +97,8 @@ class CheckpointAccess(pulumi.ComponentResource):
         account = k8s.core.v1.ServiceAccount(
             f"{name}-service-account",
             metadata={"name": self.service_account_name, "namespace": args.namespace},
-            # The pods mount their own token (the job sets automountServiceAccountToken); the
-            # account itself grants nothing inside Kubernetes.
+            # The account grants nothing inside Kubernetes and its pods mount no API token: EKS
+            # Pod Identity gives them a projected token of its own audience (infra/job/manifest.py).
             opts=pulumi.ResourceOptions(parent=self, provider=args.k8s_provider),
         )
         identity = pod_identity_role(

@@ -113,13 +113,16 @@ def down(stack: str, yes: bool) -> int:
     name = name_of(stack)
     pulumi = require_tool("pulumi")
     config = load_stack_file(stack)
+    outputs = stack_outputs(name)
     summary = summarize(
-        stack_export(name), stack_outputs(name), bucket_named=config.storage.bucket.name is not None
+        stack_export(name), outputs, bucket_named=config.storage.bucket.name is not None
     )
     if summary.resources == 0:
         click.echo(f"stack {name} has nothing deployed; nothing to destroy")
         return 0
-    for line in describe(name, summary, standing_per_day(stack)):
+    standing = outputs.get("standingUsdPerDay")
+    per_day = float(standing) if isinstance(standing, int | float) else standing_per_day(stack)
+    for line in describe(name, summary, per_day):
         click.echo(line)
     if not yes and not click.confirm(f"Destroy stack {name}?", err=True):
         click.echo("nothing destroyed", err=True)
@@ -130,12 +133,13 @@ def down(stack: str, yes: bool) -> int:
 
 
 def standing_per_day(stack: str) -> float | None:
-    """The platform's cost per day while it stands, from the stack's run plan (None: unknown)."""
+    """The platform's cost per day while it stands, from the stack file's run plan, for a
+    stack deployed before its outputs carried `standingUsdPerDay` (None: the file no longer
+    plans, e.g. edited since)."""
+    from infra.config import StackConfigError
     from infra.job.stack_checks import plan_stack_file
 
     try:
-        plan = plan_stack_file(stack)
-    except Exception:
+        return plan_stack_file(stack).standing.usd_per_day
+    except StackConfigError:
         return None
-    standing = getattr(plan, "standing", None)
-    return getattr(standing, "usd_per_day", None) if standing is not None else None

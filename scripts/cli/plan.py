@@ -245,6 +245,7 @@ def summary_lines(plan: RunPlan, evaluation: Evaluation | None = None) -> list[s
         f"Time:   {plan.duration.summary()}; deadline "
         + (f"{config.job.max_run_hours:g} h" if config.job.max_run_hours else "none"),
         f"Cost:   {plan.cost.summary()}",
+        f"Standing: {plan.standing.summary()}",
     ]
 
 

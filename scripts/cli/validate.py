@@ -489,7 +489,7 @@ def validate(
     else:
         image = resolve_image(config, name, image, dict(target.outputs))
     claim = config.storage.claim_name(name)
-    gpu_job, bench, nccl = validation_manifests(
+    *policies, gpu_job, bench, nccl = validation_manifests(
         plan,
         image=image,
         run_id=run_id,
@@ -497,13 +497,16 @@ def validate(
         claim_name=claim,
     )
     if render_only or target is None:
-        click.echo(to_yaml([gpu_job, bench, nccl]))
+        click.echo(to_yaml([*policies, gpu_job, bench, nccl]))
         return 0
 
     kubectl = target.kubectl(namespaced=False)
     results: list[CheckResult] = []
     created: list[dict[str, Any]] = []
     try:
+        if {"nvidia-smi", "nccl"} - set(skip):  # before any check pod exists
+            kubectl.apply(policies, field_manager=FIELD_MANAGER)
+            created += policies
         if "nodes" not in skip:
             log.info("checking %d %s node(s)", expected.node_count, expected.instance_type)
             results.append(run_node_check(kubectl, expected))

@@ -118,7 +118,7 @@ def test_down_says_what_is_kept_asks_and_destroys(fake_cli: Path) -> None:
         fake_cli,
         state=STATE,
         outputs={"bucketName": "storage-bucket-e2033bd", "jobName": "dev",
-                 "estimatedUsdPerHour": 1.006},
+                 "estimatedUsdPerHour": 1.006, "standingUsdPerDay": 6.07},
     )  # fmt: skip
     declined = run_cli("down", "dev", stdin="n\n")
     assert declined.code == 1 and "nothing destroyed" in declined.err
@@ -127,7 +127,7 @@ def test_down_says_what_is_kept_asks_and_destroys(fake_cli: Path) -> None:
     assert lines[0] == "pulumi destroy -s dev deletes 3 resources."
     assert "Kept in the account (retained: storage.dataPolicy retain):" in declined.out
     assert "aws:s3/bucket:Bucket storage-bucket (storage-bucket-e2033bd)" in declined.out
-    assert "GPU nodes at $1.01/h" in declined.out
+    assert "GPU nodes at $1.01/h while any run; the platform at ~$6.07/day." in declined.out
     # The dev stack does not name its bucket: how to find the kept one again.
     assert "storage.bucket.name: storage-bucket-e2033bd" in declined.out
     done = run_cli("down", "dev", "--yes")

@@ -53,6 +53,10 @@ def test_the_default_plan_is_the_short_summary_a_reviewer_reads() -> None:
     assert "Memory: fits, ~" in summary and "of 80 GiB per GPU" in summary
     assert "Time:   ~11.5 h (range 9.7-16.2 h)" in summary and "deadline 12 h" in summary
     assert "~$2,563.13 expected (~11.5 h), $2,641.92 per run at most (12 h)" in summary
+    assert "a start that never completes $192.64 at most (3 nodes granted of 4" in summary
+    assert "Standing: $29.68/day (~$903/month) until `pulumi destroy`: EKS control plane" in (
+        summary
+    )
     assert guardrails.startswith("  all passed\n")
     assert "apiVersion: kubeflow.org/v1" not in result.out and "└─" not in result.out
     assert len(result.lines) < 22
@@ -89,11 +93,36 @@ def test_plan_of_a_bad_stack_prints_its_problem_and_fails(tmp_path: Path) -> Non
     bad.write_text(
         yaml.safe_dump(
             {"config": {"fsdp-eks:gpuNodes": {"instanceType": "p5.48xlarge", "count": 4},
+                        "fsdp-eks:model": {"preset": "llama2-7b"},
+                        "fsdp-eks:training": {"contextWidth": 8192},
+                        "fsdp-eks:cost": {"maxUsdPerRun": None}}}
+        )
+    )  # fmt: skip
+    result = run_cli("plan", str(bad))
+    assert_one_line_mistake(result, f"{bad}: training.contextWidth 8192 is longer than")
+    assert "PyTorchJob" not in result.out
+
+
+def test_plan_of_a_stack_with_several_problems_lists_them_all(tmp_path: Path) -> None:
+    """A rule between sections does not hide what the run plan finds: here the 200k-token
+    context the model does not have, the memory it would need, and the default ceiling of
+    $100 that four p5s cannot be checked against without a run length."""
+    bad = tmp_path / "Pulumi.bad.yaml"
+    bad.write_text(
+        yaml.safe_dump(
+            {"config": {"fsdp-eks:gpuNodes": {"instanceType": "p5.48xlarge", "count": 4},
                         "fsdp-eks:training": {"contextWidth": 200000}}}
         )
     )  # fmt: skip
     result = run_cli("plan", str(bad))
-    assert_one_line_mistake(result, f"{bad}: training.contextWidth 200000 is longer than")
+    assert result.code == 2, result
+    assert f"{bad} is invalid (3 problems):" in result.err
+    for problem in (
+        "training.contextWidth 200000 is longer than",
+        "the run needs ~",
+        "cost.maxUsdPerRun 100 needs a run length to check against",
+    ):
+        assert f"  - {problem}" in result.err, result.err
     assert "PyTorchJob" not in result.out
 
 

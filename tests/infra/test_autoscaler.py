@@ -3,6 +3,9 @@ tags that must describe a GPU node exactly as the job's pods need it while none 
 
 from __future__ import annotations
 
+import fnmatch
+import json
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -12,11 +15,12 @@ from infra.config import parse_stack_config, read_stack_file
 from infra.estimates.run_plan import plan_run
 from infra.facts.instances import INSTANCE_FACTS
 from infra.job.manifest import EFA_RESOURCE, GPU_RESOURCE, render_job
+from infra.job.placement import TEMPLATE_TAG
 from infra.offline import evaluate
 from infra.platform.autoscaler import (
     CHART_VERSION,
-    TEMPLATE_TAG,
     WRITE_ACTIONS,
+    asg_arn,
     chart_values,
     node_template_tags,
     permissions,
@@ -34,7 +38,7 @@ def config_for(instance_type: str) -> Any:
             "job": {"maxRunHours": 1},
             "training": {"maxSteps": 1},
             "model": {"preset": "llama3.2-1b", "numLayers": 2},
-            "storage": {"fsx": {"existingClaimName": "shared"}},
+            "storage": {"fsx": {"storageCapacityGiB": 4800, "perUnitStorageThroughput": 1000}},
             "cost": {"maxUsdPerRun": None, "usdPerInstanceHour": 50},
         },
         stack_name="lease",
@@ -72,18 +76,188 @@ def test_the_node_template_is_what_the_job_asks_for(instance_type: str) -> None:
             assert tags[f"{TEMPLATE_TAG}/label/{key}"] == value
 
 
-def test_the_autoscaler_may_scale_only_this_clusters_groups() -> None:
-    policy = permissions("lease-cluster")
-    [write] = [s for s in policy["Statement"] if set(s["Action"]) & set(WRITE_ACTIONS)]
-    assert sorted(write["Action"]) == sorted(WRITE_ACTIONS)
-    assert write["Condition"] == {
-        "StringEquals": {"aws:ResourceTag/k8s.io/cluster-autoscaler/lease-cluster": "owned"}
+def iam_allows(
+    policy: dict[str, Any], action: str, resource: str, resource_tags: dict[str, str]
+) -> bool:
+    """An identity policy of Allow statements, as IAM evaluates one (IAM user guide, "Policy
+    evaluation logic"): some statement whose Action and Resource patterns match (`*` any
+    characters) and whose every StringEquals condition on `aws:ResourceTag/<key>` holds."""
+    for statement in policy["Statement"]:
+        actions = (
+            statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+        )
+        resources = (
+            statement["Resource"]
+            if isinstance(statement["Resource"], list)
+            else [statement["Resource"]]
+        )
+        if statement["Effect"] != "Allow":
+            continue
+        if not any(fnmatch.fnmatchcase(action, a) for a in actions):
+            continue
+        if not any(fnmatch.fnmatchcase(resource, r) for r in resources):
+            continue
+        conditions = statement.get("Condition", {}).get("StringEquals", {})
+        if all(
+            resource_tags.get(key.removeprefix("aws:ResourceTag/")) == value
+            for key, value in conditions.items()
+        ):
+            return True
+    return False
+
+
+def asg_tags(result: Any) -> dict[str, str]:
+    return {
+        t.inputs["tag"]["key"]: t.inputs["tag"]["value"]
+        for t in result.of_type("aws:autoscaling/tag:Tag")
     }
+
+
+def eks_asg_tags(cluster: str, node_group: str) -> dict[str, str]:
+    """The tags EKS itself puts on a managed node group's ASG that the autoscaler's source
+    relies on: `eks:cluster-name` and `eks:nodegroup-name` (cluster-autoscaler-1.35.0
+    `cloudprovider/aws/aws_manager.go` `extractLabelsFromAsg` turns them into the labels
+    `buildNodeFromTemplate` reads), and the two discovery tags the EKS user guide documents
+    ("Managed node groups": tagged for auto-discovery) and the chart's defaults name."""
+    return {
+        "eks:cluster-name": cluster,
+        "eks:nodegroup-name": node_group,
+        "k8s.io/cluster-autoscaler/enabled": "true",
+        f"k8s.io/cluster-autoscaler/{cluster}": "owned",
+    }
+
+
+def discovered(spec: str, tags: dict[str, str]) -> bool:
+    """Whether an ASG with `tags` is one `--node-group-auto-discovery=<spec>` finds:
+    `parseASGAutoDiscoverySpec` splits `asg:tag=k1,k2=v2,...` into keys (any value) and
+    key=value pairs, and `getAutoscalingGroupsByTags` filters on all of them (`tag-key`, or
+    `tag:<key>` = value)."""
+    kind, _, param = spec.partition(":")
+    key, _, wanted = param.partition("=")
+    assert (kind, key) == ("asg", "tag")
+    for item in wanted.split(","):
+        name, has_value, value = item.partition("=")
+        if name not in tags or (has_value and tags[name] != value):
+            return False
+    return True
+
+
+def test_the_autoscaler_may_scale_the_gpu_group_and_nothing_else() -> None:
+    """Write access by the GPU ASG's ARN (the CA README's minimal policy), not by an `owned`
+    tag no source shows EKS setting: with only the tags EKS certainly sets, the GPU group
+    scales and the system group does not."""
+    result = run_dev()
+    policy = json.loads(
+        result.one("aws:iam/rolePolicy:RolePolicy", "autoscaler-policy").inputs["policy"]
+    )
+    [gpu_asg] = {
+        t.inputs["autoscalingGroupName"] for t in result.of_type("aws:autoscaling/tag:Tag")
+    }
+    certain = {"eks:cluster-name": "fsdp-eks-dev", "eks:nodegroup-name": "platform-gpu-nodes"}
+    arn = (
+        "arn:aws:autoscaling:us-west-2:123456789012:autoScalingGroup:"
+        f"{uuid.uuid4()}:autoScalingGroupName/"
+    )
+    for action in WRITE_ACTIONS:
+        assert iam_allows(policy, action, arn + gpu_asg, certain)
+        assert not iam_allows(policy, action, arn + "eks-platform-system-0a1b2c", certain)
+    assert iam_allows(policy, "autoscaling:DescribeAutoScalingGroups", "*", {})
     assert all(a != "*" and not a.endswith(":*") for s in policy["Statement"] for a in s["Action"])
+    assert permissions(asg_arn("aws", "r", "1", "g"))["Statement"][1]["Resource"] == (
+        "arn:aws:autoscaling:r:1:autoScalingGroup:*:autoScalingGroupName/g"
+    )
+
+
+def test_the_autoscaler_discovers_the_gpu_group_and_not_the_system_group() -> None:
+    """EKS tags every managed group's ASG for discovery: with the chart's default tags the
+    autoscaler would resize the system nodes too, which the stack sizes itself."""
+    result = run_dev()
+    release = result.one("kubernetes:helm.sh/v3:Release", "autoscaler-release")
+    values = release.inputs["values"]
+    cluster = values["autoDiscovery"]["clusterName"]
+    # The chart's `--node-group-auto-discovery=asg:tag={{ join "," .Values.autoDiscovery.tags }}`
+    # (chart 9.59.0 templates/deployment.yaml).
+    spec = "asg:tag=" + ",".join(values["autoDiscovery"]["tags"])
+    system = eks_asg_tags(cluster, "platform-system")
+    gpu = {**eks_asg_tags(cluster, "platform-gpu-nodes"), **asg_tags(result)}
+    assert discovered(spec, gpu)
+    assert not discovered(spec, system)
+
+
+def template_node(
+    asg: dict[str, str], node_group: dict[str, str], gpus: int
+) -> dict[str, dict[str, str]]:
+    """The node Cluster Autoscaler imagines for a group without nodes (cluster-autoscaler-1.35.0
+    `aws_manager.go` `buildNodeFromTemplate`): the instance type's GPUs, the ASG's resource
+    tags over them, and, for an EKS managed group (the ASG's `eks:` tags give its name), the
+    node group's own resource tags from DescribeNodegroup over those."""
+    prefix = f"{TEMPLATE_TAG}/resources/"
+    capacity = {GPU_RESOURCE: str(gpus)}
+    for tags in (asg, node_group):
+        capacity.update(
+            {k.removeprefix(prefix): v for k, v in tags.items() if k.startswith(prefix)}
+        )
+    return {"capacity": capacity}
+
+
+def test_the_first_look_at_the_gpu_group_already_sees_efa() -> None:
+    """Before the ASG's template tags exist (they are added after the group), the autoscaler
+    reads the group's resources from the node group's own tags, there from its creation."""
+    stack = read_stack_file("llama31-8b-p5", STACKS)
+    result = evaluate(
+        program, config=stack.config, secret_keys=stack.secret_keys, stack=stack.stack_name
+    )
+    group = result.one("aws:eks/nodeGroup:NodeGroup", "platform-gpu-nodes")
+    asg_without_template = eks_asg_tags("c", "platform-gpu-nodes")
+    node = template_node(asg_without_template, group.inputs["tags"], gpus=8)
+    assert node["capacity"] == {GPU_RESOURCE: "8", EFA_RESOURCE: "32"}
+
+
+def test_the_release_and_the_job_wait_for_every_node_template_tag() -> None:
+    result = run_dev()
+    release = result.one("kubernetes:helm.sh/v3:Release", "autoscaler-release")
+    job = result.one("kubernetes:kubeflow.org/v1:PyTorchJob")
+    tags = result.of_type("aws:autoscaling/tag:Tag")
+    assert tags
+    for tag in tags:
+        assert result.depends_on(release, tag), tag.name
+        assert result.depends_on(job, tag), tag.name
+
+
+def ready_for_the_autoscaler(node: dict[str, Any]) -> bool:
+    """cluster-autoscaler-1.35.0 `processors/customresources/gpu_processor.go`
+    `FilterOutNodesWithUnreadyResources`: a ready node carrying the GPU label
+    (`aws_cloud_provider.go` `GPULabel`) but no GPU allocatable yet is counted unready."""
+    has_label = "k8s.amazonaws.com/accelerator" in node["labels"]
+    has_gpus = int(node["allocatable"].get(GPU_RESOURCE, "0")) > 0
+    return not (has_label and not has_gpus)
+
+
+@pytest.mark.parametrize("instance_type", ["g5.xlarge", "g6e.xlarge"])
+def test_a_joining_gpu_node_is_not_taken_for_a_ready_node_without_gpus(instance_type: str) -> None:
+    """Until the NVIDIA device plugin registers, a GPU node has no `nvidia.com/gpu`: with the
+    autoscaler's GPU label it waits as unready instead of counting as capacity without GPUs
+    (for which the autoscaler would add nodes, up to the group's maximum)."""
+    result = run_dev(instanceType=instance_type)
+    labels = result.one("aws:eks/nodeGroup:NodeGroup", "platform-gpu-nodes").inputs["labels"]
+    joining = {"labels": labels, "allocatable": {"cpu": "4", "memory": "16Gi"}}
+    assert not ready_for_the_autoscaler(joining)
+    registered = {**joining, "allocatable": {**joining["allocatable"], GPU_RESOURCE: "1"}}
+    assert ready_for_the_autoscaler(registered)
+    # The template the autoscaler scales from zero with carries it too.
+    assert (
+        asg_tags(result)[f"{TEMPLATE_TAG}/label/k8s.amazonaws.com/accelerator"]
+        == labels["k8s.amazonaws.com/accelerator"]
+    )
 
 
 NESTED_CHART_KEYS = frozenset(
-    {"autoDiscovery.clusterName", "rbac.serviceAccount.create", "rbac.serviceAccount.name"}
+    {
+        "autoDiscovery.clusterName",
+        "autoDiscovery.tags",
+        "rbac.serviceAccount.create",
+        "rbac.serviceAccount.name",
+    }
 )
 """Nested keys the release sets, as in the chart's values.yaml at the commit recorded in
 tests/infra/test_manifest_scanners.py (which checks the top-level keys of every release)."""

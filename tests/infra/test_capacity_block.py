@@ -24,7 +24,7 @@ STACK: dict[str, Any] = {
     },
     "job": {"maxRunHours": 4},
     "training": {"maxSteps": 200},
-    "storage": {"fsx": {"existingClaimName": "shared"}},
+    "storage": {"fsx": {"storageCapacityGiB": 4800, "perUnitStorageThroughput": 1000}},
     "cost": {"maxUsdPerRun": None},
 }
 

@@ -8,7 +8,7 @@ import pulumi
 import pytest
 from pulumi.runtime import settings
 
-from infra.config import read_stack_file
+from infra.config import StackConfigError, read_stack_file
 from infra.config.cluster import ClusterConfig, GpuNodesConfig
 from infra.job.kubeconfig import same_iam_principal
 from infra.offline import Evaluation, FakeCloud, evaluate
@@ -217,8 +217,43 @@ def test_system_node_group_for_add_ons(created: Evaluation) -> None:
     assert system["amiType"] == "AL2023_x86_64_STANDARD"
     assert system["instanceTypes"] == ["m6i.xlarge"]
     assert system["scalingConfig"] == {"desiredSize": 2, "minSize": 1, "maxSize": 4}
-    assert system["enableIMDSv2"] is True
     assert "taints" not in system  # add-ons and operators schedule here without tolerations
+
+
+LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
+PULUMI_EKS_LT_ARGS = ("enableIMDSv2", "userData", "amiId", "enableEfaSupport")
+"""Inputs that make pulumi-eks build a managed group's launch template itself (v4.3.0
+`nodejs/eks/nodes/nodegroup.ts` `customLaunchTemplateArgs`, `requiresCustomLaunchTemplate`)."""
+
+
+def imds_hop_limit(group: dict[str, Any], templates: dict[str, dict[str, Any]]) -> int:
+    """The IMDS hop limit a managed node group's nodes get.
+
+    Its own launch template's, when given; else pulumi-eks's, whose `metadataOptions` set
+    `httpPutResponseHopLimit: 2` (`createMNGCustomLaunchTemplate`); else the one EKS generates
+    from the AL2023 AMI, registered with ImdsSupport v2.0, which EC2 launches with hop limit 2.
+    """
+    template = group.get("launchTemplate")
+    if template is not None:
+        return int(templates[template["id"]]["metadataOptions"]["httpPutResponseHopLimit"])
+    return 2
+
+
+def test_system_nodes_answer_imds_to_their_own_processes_only(created: Evaluation) -> None:
+    """Hop limit 1, as on the GPU nodes: no pod on a system node (the autoscaler, CoreDNS,
+    the operator, anything a user schedules there) can read the node role's credentials."""
+    system = created.one(MNG, "platform-system").inputs
+    # The mock's ids (infra/offline/outputs.py RESOURCE_OUTPUTS).
+    templates = {f"lt-{short_hash(t.name)}": t.inputs for t in created.of_type(LAUNCH_TEMPLATE)}
+    assert imds_hop_limit(system, templates) == 1
+    assert not any(key in system for key in PULUMI_EKS_LT_ARGS)
+    # EKS refuses a node group's disk size beside a launch template: the template has it.
+    assert "diskSize" not in system
+    template = templates[system["launchTemplate"]["id"]]
+    assert template["metadataOptions"]["httpTokens"] == "required"
+    [root] = template["blockDeviceMappings"]
+    assert (root["deviceName"], root["ebs"]["volumeSize"]) == ("/dev/xvda", 50)
+    assert root["ebs"]["encrypted"] == "true"
 
 
 def test_gpu_nodes_in_the_gpu_subnet_after_the_cluster(created: Evaluation) -> None:
@@ -228,7 +263,7 @@ def test_gpu_nodes_in_the_gpu_subnet_after_the_cluster(created: Evaluation) -> N
     assert gpu_subnet.inputs["availabilityZone"] == "us-west-2b"
     assert node_group.inputs["subnetIds"] == [created.stack_outputs["gpuSubnet"]]
     assert created.one(EKS).urn in node_group.dependencies
-    template = created.one("aws:ec2/launchTemplate:LaunchTemplate").inputs
+    template = created.one("aws:ec2/launchTemplate:LaunchTemplate", "platform-gpu-lt").inputs
     for nic in template["networkInterfaces"]:
         assert created.stack_outputs["clusterSg"] in nic["securityGroups"]
     assert created.stack_outputs["efa"] == 32
@@ -479,3 +514,48 @@ def test_creating_a_cluster_without_an_admin_role_is_reported() -> None:
     assert f"arn:aws:iam::{ACCOUNT_ID}:user/deployer" in warned
     warned = "\n".join(build({"name": "train", "adminRoleArn": ADMIN_ROLE}).warnings)
     assert "cluster.adminRoleArn is not set" not in warned
+
+
+GET_INSTANCE_TYPE = "aws:ec2/getInstanceType:getInstanceType"
+
+
+class EC2WithoutTheType(FakeCloud):
+    """EC2 as it answers DescribeInstanceTypes for a type it does not have: the invoke fails
+    (the provider's error comes back as the invoke's failure)."""
+
+    def call(self, args: Any) -> tuple[dict[str, Any], list[Any]]:
+        if args.token == GET_INSTANCE_TYPE and args.args.get("instanceType") == "m6j.xlarge":
+            self.invokes.append((args.token, dict(args.args)))
+            return {}, [("instanceType", "InvalidInstanceType: m6j.xlarge does not exist")]
+        return super().call(args)
+
+
+@pytest.mark.parametrize(
+    ("answer", "message"),
+    [
+        ("unknown", r"'m6j\.xlarge': EC2 does not describe it in this region"),
+        ("arm64", r"'m6j\.xlarge' runs arm64 architecture, but the system nodes' AMI"),
+    ],
+)
+def test_ec2_is_asked_about_the_system_type_before_the_control_plane(
+    answer: str, message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A name that passes the config model's pattern but that EC2 lacks (or an arm64 one) is
+    refused before anything of the cluster is registered, not by CreateNodegroup after the
+    control plane's 10 minutes."""
+    real = INVOKE_RESULTS[GET_INSTANCE_TYPE]
+
+    def arm64(args: dict[str, Any]) -> dict[str, Any]:
+        return {**real(args), "supportedArchitectures": ["arm64"]}
+
+    if answer == "arm64":
+        monkeypatch.setitem(INVOKE_RESULTS, GET_INSTANCE_TYPE, arm64)
+    fake = EC2WithoutTheType() if answer == "unknown" else None
+    try:
+        with pytest.raises(StackConfigError, match=message):
+            build({"name": "train", "systemNodes": {"instanceType": "m6j.xlarge"}}, fake=fake)
+    finally:
+        settings.SETTINGS.outputs.clear()  # the failed run's pending outputs (test_gpu_nodes)
+    monkeypatch.setitem(INVOKE_RESULTS, GET_INSTANCE_TYPE, real)
+    asked = [args for token, args in build({"name": "train"}).invokes if token == GET_INSTANCE_TYPE]
+    assert "m6i.xlarge" in [args["instanceType"] for args in asked]

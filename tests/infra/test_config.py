@@ -25,13 +25,14 @@ from infra.program import main as program
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-# A small valid experiment; each case below changes one thing. Its nodes share a volume (a
-# claim that exists, so no file system is evaluated): several nodes must share one.
+# A small valid experiment; each case below changes one thing. Its nodes share a volume (the
+# FSx file system the stack creates): several nodes must share one.
 BASE: dict[str, Any] = {
     "gpuNodes": {"instanceType": "p5.48xlarge", "count": 4},
     "job": {"maxRunHours": 1},
     "training": {"maxSteps": 50},
-    "storage": {"fsx": {"existingClaimName": "team-lustre"}},
+    # Sized so that a checkpoint is no deadline's business.
+    "storage": {"fsx": {"storageCapacityGiB": 4800, "perUnitStorageThroughput": 1000}},
     "cost": {"maxUsdPerRun": 500},
 }
 
@@ -97,19 +98,21 @@ BAD_CONFIGS: list[tuple[str, dict[str, Any], str]] = [
     ),
     (
         "global batch that the GPUs cannot split",
-        with_(training={"globalBatchSize": 100}),
+        with_(training={**BASE["training"], "globalBatchSize": 100}),
         "training.globalBatchSize 100 is not a multiple of microBatchSize 2 x 32 GPUs "
         "(4 nodes x 8) = 64; allowed: 64, 128, 256",
     ),
     (
         "global batch and accumulation that disagree",
-        with_(training={"globalBatchSize": 128, "gradientAccumulationSteps": 4}),
+        with_(
+            training={**BASE["training"], "globalBatchSize": 128, "gradientAccumulationSteps": 4}
+        ),
         "training.globalBatchSize 128 disagrees with microBatchSize 2 x 32 GPUs x "
         "gradientAccumulationSteps 4 = 256",
     ),
     (
         "sequence longer than the model's context",
-        with_(model={"preset": "llama2-7b"}, training={"contextWidth": 8192}),
+        with_(model={"preset": "llama2-7b"}, training={**BASE["training"], "contextWidth": 8192}),
         "training.contextWidth 8192 is longer than the 4096-token context of model.preset "
         "'llama2-7b'; allowed: up to 4096",
     ),
@@ -196,7 +199,7 @@ BAD_CONFIGS: list[tuple[str, dict[str, Any], str]] = [
     ),
     (
         "hybrid shard size that does not divide the world",
-        with_(training={"shardingStrategy": "hybrid", "hsdpShardSize": 3}),
+        with_(training={**BASE["training"], "shardingStrategy": "hybrid", "hsdpShardSize": 3}),
         "training.hsdpShardSize 3 does not divide the world size 32 (4 nodes x 8 GPUs)",
     ),
     (
@@ -284,6 +287,22 @@ BAD_CONFIGS: list[tuple[str, dict[str, Any], str]] = [
         "shared memory larger than the node can give",
         with_(job={"maxRunHours": 1, "shmSizeGiB": 1500}),
         "job.shmSizeGiB 1500 leaves too little of the 2048 GiB of p5.48xlarge",
+    ),
+    (
+        "a claim named on a cluster the stack creates",
+        with_(storage={"fsx": {"existingClaimName": "team-lustre"}}),
+        "storage.fsx.existingClaimName 'team-lustre' names a claim, but cluster.mode create "
+        "makes a new cluster, where none exists",
+    ),
+    (
+        "a typo in the system nodes' instance type",
+        with_(cluster={"systemNodes": {"instanceType": "m6i.xlage"}}),
+        "cluster.systemNodes.instanceType 'm6i.xlage' is not an EC2 instance type name",
+    ),
+    (
+        "an arm64 system node type for the x86_64 AMI",
+        with_(cluster={"systemNodes": {"instanceType": "m7g.large"}}),
+        "cluster.systemNodes.instanceType 'm7g.large' is a Graviton (arm64) type",
     ),
 ]
 
@@ -454,28 +473,39 @@ def test_program_reads_every_key_the_language_host_passes_in_the_environment(
 def test_namespace_is_created_by_default_only_on_the_stacks_own_cluster(
     cluster: dict[str, Any], job: dict[str, Any], creates: bool
 ) -> None:
-    values = with_(cluster=cluster or None, job={"maxRunHours": 1, **job})
+    shared = cluster.get("mode") == "existing"  # the team's claim there, not a new FSx
+    storage = {"fsx": {"existingClaimName": "team-lustre"}} if shared else BASE["storage"]
+    values = with_(cluster=cluster or None, job={"maxRunHours": 1, **job}, storage=storage)
     config = parse_stack_config(values, stack_name="exp")
     assert config.job.create_namespace is creates
 
 
+EXISTING = {"mode": "existing", "name": "team-cluster"}
+
+
 @pytest.mark.parametrize(
-    ("count", "fsx", "in_s3"),
+    ("count", "fsx", "cluster", "in_s3"),
     [
-        (4, {"enabled": False}, True),  # no FSx, so the run lives in S3
-        (1, {"enabled": False}, True),
-        (4, {}, False),  # a new FSx file system every node mounts
-        (4, {"existingClaimName": "team-lustre"}, False),  # a claim every node mounts
+        (4, {"enabled": False}, None, True),  # no FSx, so the run lives in S3
+        (1, {"enabled": False}, None, True),
+        (4, {}, None, False),  # a new FSx file system every node mounts
+        (4, {"existingClaimName": "team-lustre"}, EXISTING, False),  # a claim every node mounts
     ],
 )
-def test_every_node_sees_the_runs_checkpoints(count: int, fsx: dict[str, Any], in_s3: bool) -> None:
+def test_every_node_sees_the_runs_checkpoints(
+    count: int, fsx: dict[str, Any], cluster: dict[str, Any] | None, in_s3: bool
+) -> None:
     """Checkpoints on node-local volumes would kill a multi-node run at its first save: DCP's
     FileSystemWriter writes each rank's shards where *that rank* writes
     (`torch/distributed/checkpoint/filesystem.py` `_FileSystemWriter.write_data`) and only the
     coordinator writes `.metadata` (`finish`), so no node would hold a whole checkpoint. So a
     run keeps them on FSx, or, without it, under its own prefix of the stack's bucket, which
     every node reaches (trainer.checkpoint_store); never on a pod-local volume."""
-    values = with_(gpuNodes={"instanceType": "p5.48xlarge", "count": count}, storage={"fsx": fsx})
+    values = with_(
+        gpuNodes={"instanceType": "p5.48xlarge", "count": count},
+        storage={"fsx": fsx},
+        cluster=cluster,
+    )
     config = parse_stack_config(values, stack_name="exp")
     paths = run_paths(plan_run(config))
     assert paths.in_s3 is in_s3

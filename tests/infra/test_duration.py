@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from infra.config import StackConfigError, load_stack_file
+from infra.config import StackConfigError, load_stack_file, parse_stack_config
 from infra.config.job import DEFAULT_START_TIMEOUT_MINUTES
 from infra.estimates.duration import (
     MFU_BY_GPU,
@@ -150,3 +150,18 @@ def test_the_top_of_the_range_spends_the_stack_s_start_budget() -> None:
     shipped, patient = estimate_duration(stack), estimate_duration(longer)
     assert patient.hours == pytest.approx(shipped.hours)
     assert patient.high_hours == pytest.approx(shipped.high_hours + 2.0)
+
+
+def test_a_run_without_a_deadline_is_warned_that_a_frozen_worker_0_holds_it() -> None:
+    """No rendezvous timeout ends a call to a frozen store host (tests/infra/test_rendezvous.py
+    `test_a_hung_worker_0_holds_the_others_past_any_read_timeout`): only the deadline does."""
+    values = {
+        "gpuNodes": {"instanceType": "g5.xlarge", "count": 1},
+        "training": {"maxSteps": 1},
+        "cost": {"maxUsdPerRun": None},
+    }
+    unbounded = plan_run(parse_stack_config(values, stack_name="x"))
+    [warning] = [w for w in unbounded.warnings if w.startswith("job.maxRunHours is not set")]
+    assert "worker 0 freezes" in warning
+    bounded = plan_run(parse_stack_config({**values, "job": {"maxRunHours": 1}}, stack_name="x"))
+    assert not [w for w in bounded.warnings if w.startswith("job.maxRunHours")]

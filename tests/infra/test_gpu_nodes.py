@@ -1,9 +1,13 @@
 """The GPU node group: EFA wiring per instance type, one AZ, placement vs reservation, IMDSv2."""
 
+import base64
+import email
+from decimal import Decimal
 from typing import Any
 
 import pulumi
 import pytest
+import yaml
 from pulumi.runtime import settings
 
 from infra.config.cluster import GpuNodesConfig
@@ -12,9 +16,11 @@ from infra.offline import Evaluation, FakeCloud, evaluate
 from infra.offline.outputs import INVOKE_RESULTS
 from infra.platform.gpu_nodes import (
     GPU_AMI_TYPE,
+    MEMLOCK_BYTES,
     GpuNodeGroup,
     GpuNodeGroupArgs,
     efa_network_interfaces,
+    gpu_node_user_data,
 )
 
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
@@ -224,3 +230,102 @@ def test_the_check_asks_aws_about_the_configured_type() -> None:
 def test_interface_builder_rejects_zero() -> None:
     with pytest.raises(ValueError, match="must be >= 1"):
         efa_network_interfaces(0, ["sg-1"])
+
+
+# --- locked memory: what nodeadm makes of the launch template's user data ----------------
+
+AMI_DEFAULT_RLIMITS = [{"type": "RLIMIT_NOFILE", "soft": 65536, "hard": 1048576}]
+"""`process.rlimits` of the AL2023 AMI's default base runtime spec (awslabs/amazon-eks-ami
+v20260724 `nodeadm/internal/containerd/base-runtime-spec.json`): the only list the model below
+merges into."""
+UINT64_MAX = 2**64 - 1
+NODEADM_PART = "application/node.eks.aws"
+
+
+def node_config_parts(user_data_b64: str) -> list[dict[str, Any]]:
+    """The NodeConfig documents nodeadm finds in the user data: every MIME part of content type
+    application/node.eks.aws (`nodeadm/internal/configprovider/mime.go` `ParseMultipart`),
+    decoded as JSON or YAML (`internal/api/bridge/decode.go`)."""
+    message = email.message_from_bytes(base64.b64decode(user_data_b64))
+    assert message.is_multipart(), "nodeadm reads a NodeConfig part only from MIME multi-part"
+    return [
+        yaml.safe_load(str(part.get_payload()))
+        for part in message.walk()
+        if part.get_content_type() == NODEADM_PART
+    ]
+
+
+def _go_float(value: Any) -> Any:
+    """A JSON number after json.Unmarshal into interface{}: a float64."""
+    if isinstance(value, dict):
+        return {key: _go_float(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_go_float(item) for item in value]
+    if isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def _mergo(dst: dict[str, Any], src: dict[str, Any]) -> dict[str, Any]:
+    """mergo.Merge(&dst, src, WithOverride) on two map[string]interface{}: maps merge key by
+    key, anything else (lists included) is replaced by src's (`internal/util/merge.go`)."""
+    merged = dict(dst)
+    for key, value in src.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _mergo(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _go_json_number(value: float) -> int:
+    """What Go's encoding/json writes for a float64 below 1e21 (the shortest digits that
+    round-trip, in 'f' format), read back as the OCI spec's uint64 by containerd, which
+    refuses a number that overflows it (and with it the whole base spec)."""
+    text = format(Decimal(repr(value)).normalize(), "f")
+    number = int(text)
+    assert 0 <= number <= UINT64_MAX, f"{text} overflows uint64: containerd fails to load the spec"
+    return number
+
+
+def effective_rlimits(user_data_b64: str | None) -> dict[str, tuple[int, int]]:
+    """{type: (soft, hard)} of every container on a node with this user data, as nodeadm
+    writes /etc/containerd/base-runtime-spec.json (`internal/containerd/base_runtime_spec.go`
+    `writeBaseRuntimeSpec`: the NodeConfigs merged, then their baseRuntimeSpec merged into the
+    default, both with util.Merge). EKS's own part (cluster endpoint, CA) carries no spec."""
+    eks_part: dict[str, Any] = {"spec": {"cluster": {"name": "train"}}}
+    parts = [eks_part, *(node_config_parts(user_data_b64) if user_data_b64 else [])]
+    node_config: dict[str, Any] = {}
+    for part in parts:
+        node_config = _mergo(node_config, _go_float(part))
+    base = node_config["spec"].get("containerd", {}).get("baseRuntimeSpec")
+    spec: dict[str, Any] = {"process": {"rlimits": AMI_DEFAULT_RLIMITS}}
+    if base:
+        spec = _mergo(_go_float(spec), _go_float(base))
+    return {
+        limit["type"]: (_go_json_number(limit["soft"]), _go_json_number(limit["hard"]))
+        for limit in spec["process"]["rlimits"]
+    }
+
+
+@pytest.mark.parametrize("instance_type", ["p5.48xlarge", "p4d.24xlarge", "g5.xlarge"])
+def test_gpu_nodes_lift_the_locked_memory_limit_and_keep_the_amis_file_limit(
+    instance_type: str,
+) -> None:
+    """Without the user data a container inherits containerd's 8 MiB memlock and EFA cannot
+    register NCCL's buffers; with it, the limit is above the node's memory."""
+    config = GpuNodesConfig.model_validate({"instanceType": instance_type, "count": 1})
+    limits = effective_rlimits(
+        build(instanceType=instance_type, count=1).one(LT).inputs.get("userData")
+    )
+    soft, hard = limits["RLIMIT_MEMLOCK"]
+    assert soft == hard >= config.facts.memory_gib * 2**30
+    assert limits["RLIMIT_NOFILE"] == (65536, 1048576)
+
+
+def test_rlim_infinity_would_not_survive_nodeadms_merge() -> None:
+    """Why MEMLOCK_BYTES is not 2**64-1: through a float64 it comes out above uint64."""
+    with pytest.raises(AssertionError, match="overflows uint64"):
+        _go_json_number(float(UINT64_MAX))
+    assert _go_json_number(float(MEMLOCK_BYTES)) == MEMLOCK_BYTES
+    assert gpu_node_user_data() == build().one(LT).inputs["userData"]

@@ -7,6 +7,9 @@ evaluations `tests/infra/test_stacks.py` already makes, shared through its cache
   of the stack's cluster version with `kubernetes-validate`, including the worker Pod the
   training operator creates from the PyTorchJob's template (the PyTorchJob itself is checked
   against the operator's CRD by test_stacks.py);
+* the same for the cluster checks `fsdp-eks validate` submits for each stack (their
+  NetworkPolicies, the gpu-check Job, the NCCL PyTorchJob's worker Pod: `infra.job.cluster_checks`),
+  which run on the same nodes, in the same namespace, and are held to the same bar;
 * scanned with `checkov` (frameworks kubernetes, dockerfile and github_actions) together with
   docker/Dockerfile and .github/workflows, in one process. A failed check is accepted only
   through ALLOWED below, each entry with the objects it may fail on and why; an entry that no
@@ -36,6 +39,8 @@ import yaml
 from kubernetes_validate.utils import VersionNotSupportedError  # type: ignore[import-untyped]
 
 from infra.config import StackConfig
+from infra.estimates.run_plan import plan_run
+from infra.job.cluster_checks import validation_manifests
 from infra.job.manifest import CONTAINER_NAME
 from infra.offline import Evaluation
 from infra.platform.addons import EFA_CHART, NVIDIA_CHART
@@ -49,6 +54,9 @@ PYTORCHJOB_KIND = "PyTorchJob"
 OPERATOR_LABEL_PREFIX = "training.kubeflow.org/"
 """Labels training operator v1.9 sets on the pods it creates (kubeflow/trainer v1.9.0
 `pkg/apis/kubeflow.org/v1/common_types.go`: job-name, operator-name, replica-type/-index)."""
+CHECK_IMAGE = f"123456789012.dkr.ecr.us-west-2.amazonaws.com/fsdp-eks-trainer@sha256:{'0' * 64}"
+"""The check pods' image as `fsdp-eks validate` resolves it: the stack's digest-pinned image."""
+NCCL_BENCH = REPO_ROOT / "infra/job/payloads/nccl_allreduce.py"
 _SECRET_SIGNATURE = "4dabf18193072939515e22adb298388d"
 """How the Pulumi SDK marks a secret value in serialized inputs (pulumi `rpc.py`)."""
 
@@ -65,20 +73,24 @@ class Allowed:
 ALLOWED: dict[str, Allowed] = {
     # --- the trainer's worker pods: GPU batch work (infra/job/manifest.py) -----------------
     "CKV_K8S_8": Allowed(
-        r"^Pod\..*-worker-0$",
+        r"^(Pod\..*-worker-0|Job\..*-gpu-check)$",
         "No liveness probe: a training step can legitimately take minutes (a checkpoint save, "
         "a first compile) and a restart throws the step away; hangs are caught by the "
-        "trainer's step heartbeat watchdog and NCCL's collective timeout instead.",
+        "trainer's step heartbeat watchdog and NCCL's collective timeout instead. The NCCL "
+        "check's workers (`<run>-nccl-worker-0`) and the gpu-check run to completion under "
+        "activeDeadlineSeconds (infra/job/cluster_checks.py).",
     ),
     "CKV_K8S_9": Allowed(
-        r"^Pod\..*-worker-0$",
+        r"^(Pod\..*-worker-0|Job\..*-gpu-check)$",
         "No readiness probe: workers serve no traffic through a Service a probe would gate; "
-        "peers reach worker 0's store by rendezvous, retrying until it listens.",
+        "peers reach worker 0's store by rendezvous, retrying until it listens. The "
+        "gpu-check serves nothing at all.",
     ),
     "CKV_K8S_11": Allowed(
         r"^Pod\..*-worker-0$",
-        "No CPU limit: the worker is sized to its whole node (infra/job/manifest.py "
-        "container_resources); a CFS quota would only throttle data loading and NCCL proxies.",
+        "No CPU limit: the worker (and the NCCL check's) is sized to its whole node "
+        "(infra/job/manifest.py container_resources); a CFS quota would only throttle data "
+        "loading and NCCL proxies.",
     ),
     "CKV_K8S_25": Allowed(
         r"^Pod\..*-worker-0$",
@@ -91,6 +103,19 @@ ALLOWED: dict[str, Allowed] = {
         "The trainer's root filesystem stays writable for the Triton/Inductor kernel caches "
         "and the HF cache under /tmp (infra/job/manifest.py trainer_security_context).",
     ),
+    # --- the cluster checks (infra/job/cluster_checks.py) ---------------------------------
+    "CKV_K8S_23": Allowed(
+        r"^Job\..*-gpu-check$",
+        "With the stack's FSx claim mounted, the gpu-check's probe writes at the volume's "
+        "root, which on a new file system is root's (0755): it runs as root, with every "
+        "capability dropped (the owner needs none to write its own directory), no privilege "
+        "escalation, a read-only root filesystem and RuntimeDefault seccomp "
+        "(_gpu_check_security_context); without a claim it runs as the trainer's uid.",
+    ),
+    "CKV_K8S_40": Allowed(
+        r"^Job\..*-gpu-check$",
+        "The same root probe as CKV_K8S_23: uid 0 only with the FSx claim mounted.",
+    ),
     # --- the training operator (infra/platform/training_operator.py)
     # --------------------------------
     "CKV_K8S_43": Allowed(
@@ -100,12 +125,9 @@ ALLOWED: dict[str, Allowed] = {
         "`@sha256:` pin, with which this check passes.",
     ),
     "CKV_K8S_38": Allowed(
-        r"^(Deployment\.kubeflow\.training-operator|Pod\.training\.dev-worker-0)$",
+        r"^Deployment\.kubeflow\.training-operator$",
         "The operator is a controller: it calls the Kubernetes API, so its pod needs its "
-        "service-account token. A trainer pod mounts one only when the run lives in S3 (no "
-        "FSx, the dev stack): it is the identity EKS Pod Identity exchanges for the run's "
-        "role, and Pod Identity credentials need the token mounted (infra/platform/run_access.py; "
-        "the account itself is granted nothing in Kubernetes).",
+        "service-account token.",
     ),
     "CKV_K8S_155": Allowed(
         r"^ClusterRole\.default\.training-operator$",
@@ -127,6 +149,9 @@ class StackObjects:
     name: str
     config: StackConfig
     manifests: list[dict[str, Any]]
+    checks: list[dict[str, Any]]
+    """The cluster checks `fsdp-eks validate` submits for the stack, plus the NCCL check's
+    worker Pod."""
 
 
 def _plain(value: Any) -> Any:
@@ -182,12 +207,29 @@ def kubernetes_objects(result: Evaluation) -> list[dict[str, Any]]:
     return objects
 
 
+def cluster_check_objects(name: str, config: StackConfig) -> list[dict[str, Any]]:
+    """What `fsdp-eks validate <stack>` applies (scripts/cli/validate.py), plus the NCCL
+    PyTorchJob's worker Pod."""
+    checks = validation_manifests(
+        plan_run(config),
+        image=CHECK_IMAGE,
+        run_id="validate-0",
+        bench_script=NCCL_BENCH.read_text(),
+        claim_name=config.storage.claim_name(name),
+    )
+    return [*checks, *(worker_pod(m) for m in checks if m["kind"] == PYTORCHJOB_KIND)]
+
+
 @pytest.fixture(scope="module")
 def rendered() -> list[StackObjects]:
     out = []
     for name in STACKS:
         config, result = stack(name)
-        out.append(StackObjects(name, config, kubernetes_objects(result)))
+        out.append(
+            StackObjects(
+                name, config, kubernetes_objects(result), cluster_check_objects(name, config)
+            )
+        )
     return out
 
 
@@ -207,7 +249,7 @@ def test_every_object_is_valid_for_its_cluster_version_in_strict_mode(
     checked = 0
     for objects in rendered:
         version = _schema_version(objects.config)
-        for manifest in objects.manifests:
+        for manifest in [*objects.manifests, *objects.checks]:
             if manifest["kind"] == PYTORCHJOB_KIND:
                 continue  # its CRD schema: test_stacks.py
             try:
@@ -306,6 +348,8 @@ def _write_scan_tree(root: Path, rendered: list[StackObjects]) -> None:
     for objects in rendered:
         documents = [m for m in objects.manifests if m["kind"] != PYTORCHJOB_KIND]
         (manifests / f"{objects.name}.yaml").write_text(yaml.safe_dump_all(documents))
+        checks = [m for m in objects.checks if m["kind"] != PYTORCHJOB_KIND]
+        (manifests / f"{objects.name}-checks.yaml").write_text(yaml.safe_dump_all(checks))
     shutil.copytree(REPO_ROOT / ".github/workflows", root / ".github/workflows")
     (root / "docker").mkdir()
     shutil.copy(REPO_ROOT / "docker/Dockerfile", root / "docker/Dockerfile")
@@ -345,14 +389,19 @@ def test_every_allow_list_entry_still_fires(checkov_findings: list[Finding]) -> 
 def test_checkov_scanned_every_stack_and_the_trainer_pods(
     checkov_findings: list[Finding], rendered: list[StackObjects]
 ) -> None:
-    """The allow-list is scoped to worker Pods: each stack's must be among those scanned."""
-    pods_with_findings = {f.resource for f in checkov_findings if f.resource.startswith("Pod.")}
+    """The allow-list is scoped to worker Pods and the gpu-check Job: each stack's, the
+    training job's and the checks', must be among those scanned."""
+    scanned = {f.resource for f in checkov_findings}
     for objects in rendered:
-        [job] = [m for m in objects.manifests if m["kind"] == PYTORCHJOB_KIND]
-        namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
-        assert f"Pod.{namespace}.{name}-worker-0" in pods_with_findings
-        [pod] = [m for m in objects.manifests if m["kind"] == "Pod"]
-        assert [c["name"] for c in pod["spec"]["containers"]] == [CONTAINER_NAME]
+        for manifests in (objects.manifests, objects.checks):
+            [job] = [m for m in manifests if m["kind"] == PYTORCHJOB_KIND]
+            namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
+            assert f"Pod.{namespace}.{name}-worker-0" in scanned
+            [pod] = [m for m in manifests if m["kind"] == "Pod"]
+            assert [c["name"] for c in pod["spec"]["containers"]] == [CONTAINER_NAME]
+        [gpu_check] = [m for m in objects.checks if m["kind"] == "Job"]
+        namespace, name = gpu_check["metadata"]["namespace"], gpu_check["metadata"]["name"]
+        assert f"Job.{namespace}.{name}" in scanned
 
 
 def test_a_root_container_outside_the_allow_list_is_reported(tmp_path: Path) -> None:

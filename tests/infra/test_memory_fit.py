@@ -15,15 +15,19 @@ from typing import Any
 import pytest
 
 from infra.config import StackConfigError, load_stack_file
+from infra.config.parse import validate_stack_config
 from infra.estimates.memory_fit import (
     GIB,
     NEAR_LIMIT,
     RunShape,
     estimate,
+    host_remedies,
     host_state_bytes,
     memory_fit,
+    memory_problems,
     memory_warnings,
     parallelism,
+    remedies,
     shard_size,
 )
 from infra.estimates.run_plan import plan_run
@@ -32,6 +36,9 @@ from infra.job.stack_checks import checked_run_plan
 from trainer.presets import approx_num_parameters, get_preset
 
 STACKS = sorted((Path(__file__).resolve().parents[2] / "stacks").glob("Pulumi.*.yaml"))
+
+FAST_FSX = {"fsx": {"storageCapacityGiB": 4800, "perUnitStorageThroughput": 1000}}
+"""The stack's own file system, sized so that a checkpoint is no deadline's business."""
 
 ONE_A10G: dict[str, Any] = {
     "gpuNodes": {"instanceType": "g5.xlarge", "count": 1},
@@ -63,7 +70,8 @@ def test_every_shipped_stack_fits_its_gpus(path: Path) -> None:
 
 
 def test_a_70b_model_on_one_a10g_is_refused_with_the_estimate_and_the_options() -> None:
-    problems = refusal(model={"preset": "llama3.1-70b"})
+    # A deadline long enough for its checkpoints: the memory problem alone.
+    problems = refusal(model={"preset": "llama3.1-70b"}, job={"maxRunHours": 8})
     assert len(problems) == 1
     message = problems[0]
     assert message.startswith("the run needs ~1170.9 GiB per GPU but gpuNodes.instanceType ")
@@ -79,7 +87,7 @@ def test_a_70b_model_on_one_a10g_is_refused_with_the_estimate_and_the_options() 
 def test_a_hybrid_run_that_cannot_fit_names_full_sharding_checkpointing_and_the_batch() -> None:
     problems = refusal(
         gpuNodes={"instanceType": "p4d.24xlarge", "count": 2},
-        storage={"fsx": {"existingClaimName": "team-lustre"}},
+        storage=FAST_FSX,
         model={"preset": "llama3.1-70b"},
         training={"shardingStrategy": "hybrid", "activationCheckpointing": False},
     )
@@ -233,7 +241,7 @@ def test_across_nodes_auto_shards_within_a_node_when_a_node_holds_the_state() ->
 def test_a_model_one_node_cannot_hold_is_fully_sharded_across_nodes() -> None:
     config = parse(
         gpuNodes={"instanceType": "p4d.24xlarge", "count": 8},
-        storage={"fsx": {"existingClaimName": "team-lustre"}},
+        storage=FAST_FSX,
         model={"preset": "llama3.1-70b"},
         training={"microBatchSize": 1, "contextWidth": 2048},
         job={"maxRunHours": 2},
@@ -252,3 +260,109 @@ def test_set_keys_are_kept_and_switches_mean_full_or_off(value: Any, mode: str) 
     assert parallelism(config).reason == "as set"
     # The stack's value is the trainer's: one field end to end.
     assert trainer_flags(plan_run(config))["activation_checkpointing"] == mode
+
+
+# --- host memory, and advice that works ---------------------------------------------------
+
+TWO_P4D = {"instanceType": "p4d.24xlarge", "count": 2}
+OFFLOADED_70B: dict[str, Any] = {
+    "gpuNodes": TWO_P4D,
+    "storage": FAST_FSX,
+    "model": {"preset": "llama3.1-70b"},
+    "training": {"cpuOffload": True, "microBatchSize": 1},
+}
+"""llama3.1-70b offloaded on two p4d: 16 bytes x 70.6B = 1,051 GiB of state, where a p4d's
+1,152 GiB leave 864 GiB (75%) for it. Within a node (hybrid) every node holds all of it; fully
+sharded over both nodes, each holds half."""
+
+
+def values_with(changes: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    """`base` stack sections with a remedy's changes applied: dotted stack keys as users
+    write them, None to unset one."""
+    values = {key: dict(section) for key, section in base.items()}
+    for dotted, value in changes.items():
+        section, key = dotted.split(".")
+        values.setdefault(section, {})
+        if value is None:
+            values[section].pop(key, None)
+        else:
+            values[section][key] = value
+    return values
+
+
+def sections(**overrides: Any) -> dict[str, Any]:
+    """ONE_A10G's sections with `overrides` replacing whole sections, `training` merged."""
+    training = {**ONE_A10G["training"], **overrides.pop("training", {})}
+    return {**ONE_A10G, **overrides, "training": training}
+
+
+def memory_problems_of(values: dict[str, Any]) -> list[str]:
+    return memory_problems(validate_stack_config(values, stack_name="memory").config)
+
+
+def test_auto_sharding_weighs_host_memory_when_offloading() -> None:
+    """Within a node the offloaded state would not fit a p4d's memory; over both it does: auto
+    chooses full sharding instead of refusing the run."""
+    config = parse(**sections(**OFFLOADED_70B))
+    assert parallelism(config).sharding_strategy == "full"
+    assert host_state_bytes(config) / GIB == pytest.approx(1051.3 / 2, rel=0.01)
+    assert memory_problems(config) == []
+
+
+def test_an_offload_that_overflows_a_node_names_only_options_that_fit() -> None:
+    """Set to hybrid, the run is refused, and "more nodes" is not offered: under hybrid a node
+    holds the whole state whatever their number. Every option offered, applied to the stack,
+    leaves no memory problem."""
+    training = {**OFFLOADED_70B["training"], "shardingStrategy": "hybrid"}
+    hybrid = sections(**{**OFFLOADED_70B, "training": training})
+    config = validate_stack_config(hybrid, stack_name="memory").config
+    [problem] = memory_problems(config)
+    assert problem.startswith("training.cpuOffload: true puts ~1051 GiB")
+    assert "gpuNodes.count" not in problem
+    offered = host_remedies(config)
+    assert [remedy.changes for remedy in offered][:1] == [{"training.shardingStrategy": "full"}]
+    for remedy in offered:
+        assert remedy.label in problem
+        assert memory_problems_of(values_with(remedy.changes, hybrid)) == [], remedy.label
+
+
+def test_an_overrun_caused_by_a_small_shard_group_names_its_key() -> None:
+    """hsdpShardSize 2 shards llama3.1-8b's state over 2 A100s, 74 GiB each: the key that
+    caused it is the first way out, and every way out that says it fits does."""
+    small = sections(
+        gpuNodes=TWO_P4D,
+        storage=FAST_FSX,
+        model={"preset": "llama3.1-8b"},
+        training={"shardingStrategy": "hybrid", "hsdpShardSize": 2, "microBatchSize": 1},
+    )
+    config = validate_stack_config(small, stack_name="memory").config
+    [problem] = memory_problems(config)
+    found = remedies(config)
+    assert found[0].changes == {"training.hsdpShardSize": None}  # one node's 8 GPUs
+    assert "unset training.hsdpShardSize (instead of 2" in problem
+    assert "training.hsdpShardSize: 4 (instead of 2)" not in problem  # 4 is still too few
+    for remedy in found:
+        applied = memory_problems_of(values_with(remedy.changes, small))
+        assert (applied == []) is remedy.fits, (remedy.label, applied)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"model": {"preset": "llama3.1-70b"}, "job": {"maxRunHours": 8}},
+        {"model": {"preset": "llama3.2-1b"}, "gpuNodes": {"instanceType": "g5.8xlarge",
+         "count": 1}, "training": {"microBatchSize": 4, "extraArgs": {"loss_chunk_tokens": 0}}},
+        {"gpuNodes": TWO_P4D, "storage": FAST_FSX, "model": {"preset": "llama3.1-70b"},
+         "training": {"shardingStrategy": "hybrid", "activationCheckpointing": False}},
+    ],
+)  # fmt: skip
+def test_every_option_that_says_it_fits_does(overrides: dict[str, Any]) -> None:
+    """A hint is a promise: applied to the stack, one that says "fits" leaves no memory
+    problem, and one that says "not enough alone" still leaves one."""
+    values = sections(**overrides)
+    config = validate_stack_config(values, stack_name="memory").config
+    found = remedies(config)
+    assert found
+    for remedy in found:
+        applied = memory_problems_of(values_with(remedy.changes, values))
+        assert (applied == []) is remedy.fits, (remedy.label, applied)

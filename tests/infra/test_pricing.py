@@ -3,20 +3,32 @@
 from __future__ import annotations
 
 from datetime import date
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
+from infra.config import load_stack_file, parse_stack_config
 from infra.config.cost import DEFAULT_MAX_USD_PER_RUN, CostConfig
-from infra.estimates.cost import estimate_cost, estimate_hourly_usd, estimate_run_usd
+from infra.estimates.cost import (
+    StandingCost,
+    estimate_cost,
+    estimate_hourly_usd,
+    estimate_run_usd,
+)
+from infra.estimates.run_plan import plan_run
 from infra.facts.instances import INSTANCE_FACTS
 from infra.facts.prices import (
+    FSX_PERSISTENT_2_USD_PER_GB_MONTH,
     ON_DEMAND_USD_PER_HOUR,
     SOURCES,
+    STANDING_PRICES,
+    SYSTEM_NODE_USD_PER_HOUR,
     CapacityType,
     PriceUnknownError,
     instance_price,
 )
+from tests.infra.test_stacks import stack
 
 
 def test_cost_config_defaults_to_a_low_ceiling_and_table_prices() -> None:
@@ -149,3 +161,107 @@ def test_cost_estimate_checks_the_ceiling_and_explains_itself() -> None:
     assert not no_ceiling.exceeds_ceiling and "no ceiling" in no_ceiling.summary()
     outputs = over.as_outputs()
     assert outputs["usdPerHour"] == over.usd_per_hour and outputs["usdPerRun"] == over.usd_per_run
+
+
+# --- what the stack bills until `pulumi destroy` -----------------------------------------
+
+
+def standing_of(**sections: Any) -> StandingCost:
+    values = {"gpuNodes": {"instanceType": "p5.48xlarge", "count": 4}, **sections}
+    values.setdefault("cost", {"maxUsdPerRun": None})
+    return plan_run(parse_stack_config(values, stack_name="standing")).standing
+
+
+def test_the_p5_stack_shows_its_standing_cost_and_worst_partial_start_in_its_outputs() -> None:
+    """The p5 stack keeps, until `pulumi destroy`: the control plane ($0.10/h), 2 x
+    m6i.xlarge system nodes ($0.192/h) with 50 GB gp3 each, one NAT gateway and its public
+    address, the secrets key and 2,400 GiB of FSx PERSISTENT_2 at 250 MB/s/TiB ($0.21/GB-month);
+    and a start that gets 3 of its 4 p5 nodes holds them through the 1 h start budget and the
+    10 minutes before the autoscaler removes them."""
+    _, result = stack("llama31-8b-p5")
+    outputs = result.stack_outputs
+    hourly = 0.10 + 2 * 0.192 + 100 * 0.08 / 730 + 0.045 + 0.005 + 1 / 730 + 2400 * 0.21 / 730
+    assert outputs["standingUsdPerDay"] == pytest.approx(24 * hourly, abs=0.01) == 29.68
+    standing = outputs["cost"]["standing"]
+    assert standing["usdPerDay"] == 29.68 and standing["unpriced"] == []
+    assert standing["items"]["FSx for Lustre (2400 GiB at 250 MB/s/TiB)"] == pytest.approx(
+        2400 * 0.21 / 730
+    )
+    assert outputs["cost"]["partialStartWorstUsd"] == pytest.approx(3 * 55.04 * (1 + 10 / 60))
+    assert outputs["cost"]["partialStartWorstUsd"] == 192.64
+    assert (
+        "until `pulumi destroy`" in standing["summary"] and "(unconfirmed)" in standing["summary"]
+    )
+
+
+def test_standing_cost_counts_only_what_the_stack_creates() -> None:
+    base = standing_of()
+    names = [item.name for item in base.items]
+    assert names[:3] == [
+        "EKS control plane",
+        "system nodes (2 x m6i.xlarge)",
+        "system root volumes",
+    ]
+    assert "NAT gateway" in names and "secrets KMS key" in names
+    # One NAT per system AZ when asked, none in a VPC the stack does not create.
+    per_az = standing_of(cluster={"network": {"singleNatGateway": False, "azCount": 3}})
+    nat = {i.name: i.usd_per_hour for i in per_az.items}["NAT gateway"]
+    assert nat == pytest.approx(3 * 0.045)
+    existing_vpc = standing_of(
+        cluster={"network": {"vpcId": "vpc-1", "privateSubnetIds": ["subnet-a", "subnet-b"],
+                             "gpuSubnetId": "subnet-g"}},
+    )  # fmt: skip
+    assert not any(i.name.startswith("NAT") for i in existing_vpc.items)
+    # A key the stack is given is not the stack's to pay for.
+    key = "arn:aws:kms:us-west-2:123456789012:key/0a1b2c3d-0a1b-0a1b-0a1b-0a1b2c3d4e5f"
+    own_key = standing_of(cluster={"secretsKmsKeyArn": key})
+    assert "secrets KMS key" not in [i.name for i in own_key.items]
+    # No FSx, no FSx line; a bigger, faster one costs more.
+    assert not any(
+        i.name.startswith("FSx") for i in standing_of(storage={"fsx": {"enabled": False}}).items
+    )
+    fast = standing_of(
+        storage={"fsx": {"storageCapacityGiB": 4800, "perUnitStorageThroughput": 1000}}
+    )
+    [fsx] = [i for i in fast.items if i.name.startswith("FSx")]
+    assert fsx.usd_per_hour == pytest.approx(4800 * 0.60 / 730)
+
+
+def test_gpu_nodes_kept_warm_are_standing_and_no_partial_start_adds_to_them() -> None:
+    values = {"gpuNodes": {"instanceType": "g5.xlarge", "count": 2, "keepWarm": True},
+              "cost": {"maxUsdPerRun": None}}  # fmt: skip
+    plan = plan_run(parse_stack_config(values, stack_name="warm"))
+    warm = {i.name: i.usd_per_hour for i in plan.standing.items}
+    assert warm["GPU nodes kept warm (2 x g5.xlarge)"] == pytest.approx(2 * 1.006)
+    assert plan.cost is not None and plan.cost.partial_start_worst_usd is None
+    leased_values = {**values, "gpuNodes": {"instanceType": "g5.xlarge", "count": 2}}
+    leased = plan_run(parse_stack_config(leased_values, stack_name="leased"))
+    assert not any(name.startswith("GPU nodes") for name in (i.name for i in leased.standing.items))
+    assert leased.cost is not None and leased.cost.partial_start_worst_usd == pytest.approx(
+        1.006 * (1 + 10 / 60), abs=0.01
+    )
+
+
+def test_an_existing_cluster_stands_only_for_the_file_system_it_creates() -> None:
+    plan = plan_run(load_stack_file("team-cluster"))
+    assert plan.standing.items == () and plan.standing.usd_per_day == 0
+    assert plan.cost is not None and plan.cost.partial_start_worst_usd is None
+
+
+def test_an_unpriced_system_type_is_reported_not_refused() -> None:
+    standing = standing_of(cluster={"systemNodes": {"instanceType": "c7i.large"}})
+    assert standing.unpriced == ["system nodes (2 x c7i.large)"]
+    assert standing.summary().startswith("at least $")
+
+
+def test_every_standing_price_names_its_source() -> None:
+    prices = [
+        *STANDING_PRICES.values(),
+        *FSX_PERSISTENT_2_USD_PER_GB_MONTH.values(),
+        *SYSTEM_NODE_USD_PER_HOUR.values(),
+    ]
+    for price in prices:
+        source = SOURCES[price.source]
+        assert source.url.startswith("https://aws.amazon.com/") and date.fromisoformat(source.as_of)
+        assert source.confirmed is False  # none was read from AWS itself
+    assert set(FSX_PERSISTENT_2_USD_PER_GB_MONTH) == {125, 250, 500, 1000}

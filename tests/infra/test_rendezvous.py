@@ -1,4 +1,5 @@
-"""The job's c10d rendezvous tolerates a late worker 0, on paper and under a real torchrun.
+"""The job's c10d rendezvous tolerates a late worker 0, on paper and under a real torchrun, and
+what its `read_timeout` does not bound: a worker 0 that hangs mid-run.
 
 The rule (torch `elastic/rendezvous/c10d_rendezvous_backend.py` `_create_tcp_store`): an
 agent that does not host the store connects to it as a `TCPStore` client whose timeout is the
@@ -12,6 +13,7 @@ agents of workers 1..N-1 are those clients: the operator points PET_RDZV_ENDPOIN
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -120,7 +122,15 @@ def _agent(
         stdout=(tmp_path / f"{role}.log").open("w"),
         stderr=subprocess.STDOUT,
         text=True,
+        start_new_session=True,  # its worker goes with it (`_stop`)
     )
+
+
+def _stop(process: subprocess.Popen[str]) -> None:
+    """Kill an agent this test started, and its worker (the agent's own process group)."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
 
 
 def _two_agents_host_late(tmp_path: Path, read_timeout: int) -> tuple[int, str, str]:
@@ -164,3 +174,48 @@ def test_a_long_read_timeout_waits_for_a_late_worker_0(tmp_path: Path) -> None:
     assert early_rc == 0, early_out + host_out
     ranks = {line.split()[2] for line in (early_out + host_out).splitlines() if "joined" in line}
     assert ranks == {"0", "1"}
+
+
+HUNG_READ_TIMEOUT_S = 2
+HELD_AT_LEAST_S = 20.0
+"""Ten times the read timeout: long past any bound the read timeout could set."""
+TRAINING_WORKER = WORKER + "\nimport time; time.sleep(600)  # training\n"
+
+
+def test_a_hung_worker_0_holds_the_others_past_any_read_timeout(tmp_path: Path) -> None:
+    """Why the job's `read_timeout` stays at the start budget (infra/job/manifest.py
+    `rendezvous_conf`, docs/operations.md): once training runs, each agent polls worker 0's
+    store (torch `elastic/agent/server/api.py` `_invoke_run` -> `num_nodes_waiting` ->
+    `C10dRendezvousBackend.get_state`, a `TCPStore.get`). When worker 0's agent is stopped, not
+    dead, its kernel still holds the connection: the get's timed wait ends at `read_timeout`,
+    then TCPStore's client sends CANCEL_WAIT and waits for the answer without a timeout
+    (`torch/csrc/distributed/c10d/TCPStore.cpp` `TCPStore::doWait`). So a shorter read timeout
+    would not release the others; it would only stop them tolerating a late worker 0 (the
+    test above)."""
+    port = free_port()
+    (tmp_path / "agent.py").write_text(AGENT)
+    (tmp_path / "worker.py").write_text(TRAINING_WORKER)
+    host = _agent(tmp_path, "host", port, read_timeout=HUNG_READ_TIMEOUT_S, is_host=True, delay=0)
+    other = _agent(
+        tmp_path, "other", port, read_timeout=HUNG_READ_TIMEOUT_S, is_host=False, delay=0.5
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not all((tmp_path / f"{role}.ready").exists() for role in ("host", "other")):
+            assert host.poll() is None and other.poll() is None, "an agent died importing torch"
+            assert time.monotonic() < deadline, "torch took over 120 s to import"
+            time.sleep(0.05)
+        (tmp_path / "go").touch()
+        while "joined" not in (tmp_path / "other.log").read_text():
+            assert other.poll() is None, (tmp_path / "other.log").read_text()
+            assert time.monotonic() < deadline + 120, "the agents never started their workers"
+            time.sleep(0.1)
+        os.kill(host.pid, signal.SIGSTOP)  # a frozen node: the kernel keeps its sockets
+        time.sleep(HELD_AT_LEAST_S)
+        still_held = other.poll() is None
+    finally:
+        if host.poll() is None:
+            os.kill(host.pid, signal.SIGCONT)
+        for process in (host, other):
+            _stop(process)
+    assert still_held, (tmp_path / "other.log").read_text()

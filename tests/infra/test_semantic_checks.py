@@ -10,7 +10,7 @@ import pytest
 
 from infra.config import StackConfigError, load_stack_file, parse_stack_config
 from infra.estimates.run_plan import plan_run
-from infra.job.stack_checks import check_run, semantic_problems
+from infra.job.stack_checks import check_run, checked_run_plan, semantic_problems
 from infra.offline import evaluate
 from infra.program import main as program
 
@@ -22,9 +22,13 @@ BASE: dict[str, Any] = {
     "gpuNodes": {"instanceType": "p5.48xlarge", "count": 2},
     "job": {"maxRunHours": 1},
     "training": {"maxSteps": 20},
-    "storage": {"fsx": {"existingClaimName": "shared"}},
+    # The stack's own file system, sized so that a checkpoint is no deadline's business.
+    "storage": {"fsx": {"storageCapacityGiB": 4800, "perUnitStorageThroughput": 1000}},
     "cost": {"maxUsdPerRun": 1000},
 }
+EXISTING = {"mode": "existing", "name": "team"}
+"""A shared cluster, where the job mounts the team's claim."""
+TEAM_CLAIM = {"fsx": {"existingClaimName": "shared"}}
 
 
 def problems(**sections: Any) -> list[str]:
@@ -98,8 +102,12 @@ def test_a_created_cluster_gets_every_add_on_the_job_needs() -> None:
     [problem] = problems(addons={"trainingOperator": {"install": False}})
     assert problem.startswith("addons.trainingOperator.install (nothing would run the PyTorchJob)")
     assert len(problems(addons={"efaDevicePlugin": {"install": False}})) == 1
-    existing = {"mode": "existing", "name": "team"}
-    assert problems(cluster=existing, addons={"trainingOperator": {"install": False}}) == []
+    assert (
+        problems(
+            cluster=EXISTING, storage=TEAM_CLAIM, addons={"trainingOperator": {"install": False}}
+        )
+        == []
+    )
 
 
 @pytest.mark.parametrize("namespace", ["kube-system", "kubeflow"])
@@ -192,15 +200,120 @@ def test_an_input_on_a_pod_local_volume_is_empty_when_the_pod_starts() -> None:
     ],
 )
 def test_no_mount_hides_the_images_code_libraries_or_caches(mount: str, hidden: str) -> None:
-    [problem] = problems(storage={"fsx": {"existingClaimName": "shared", "mountPath": mount}})
+    [problem] = problems(storage={"fsx": {"mountPath": mount}})
     assert problem.startswith(f"storage.fsx.mountPath {mount!r} would hide ")
     assert hidden in problem and "allowed: a directory of its own" in problem
-    fine = {"fsx": {"existingClaimName": "shared", "mountPath": "/mnt/fsx"}}
+    fine = {"fsx": {"mountPath": "/mnt/fsx"}}
     assert problems(storage=fine, data={"dataset": "/mnt/fsx/c4"}) == []
 
 
 def test_the_default_namespace_is_refused_only_when_the_stack_would_create_it() -> None:
     [problem] = problems(job={"namespace": "default"})
     assert problem.startswith("job.namespace 'default' with job.createNamespace true")
-    existing = {"mode": "existing", "name": "team"}
-    assert problems(cluster=existing, job={"namespace": "default"}) == []
+    assert problems(cluster=EXISTING, storage=TEAM_CLAIM, job={"namespace": "default"}) == []
+
+
+# --- what extraArgs, initFrom and the tokenizer may not contradict -------------------------
+
+
+def test_extra_args_may_not_change_the_model_the_plan_estimates() -> None:
+    """`--model_type` and the MoE/rope flags change what the trainer builds
+    (trainer.config `ModelConfig.shape`); the memory, time and cost are the preset's."""
+    [problem] = problems(training={"extraArgs": {"model_type": "mixtral"}})
+    assert problem.startswith("training.extraArgs.model_type would make the trainer build")
+    assert "model_type 'llama' -> 'mixtral'" in problem and "num_local_experts 0 -> 8" in problem
+    assert "allowed: model.preset" in problem
+    [tied] = problems(training={"extraArgs": {"tie_word_embeddings": True}})
+    assert tied.startswith("training.extraArgs.tie_word_embeddings would make the trainer")
+    assert "tie_word_embeddings False -> True" in tied
+    # The preset's own value changes nothing.
+    assert problems(training={"extraArgs": {"rope_theta": 500000.0}}) == []
+
+
+def test_extra_args_may_not_move_the_run_off_the_gpus_it_pays_for() -> None:
+    [problem] = problems(training={"extraArgs": {"device": "cpu"}})
+    assert problem.startswith("training.extraArgs.device 'cpu' would train on the CPUs of the")
+    assert problems(training={"extraArgs": {"device": "cuda"}}) == []
+
+
+GATED = {"hfToken": "hf_placeholder"}
+
+
+def gated_problems(**sections: Any) -> list[str]:
+    """`problems` for a stack that names gated Hub repositories (with its token)."""
+    values = {**BASE, **GATED, **{k: {**BASE.get(k, {}), **v} for k, v in sections.items()}}
+    config = parse_stack_config(values, stack_name="exp", secret_keys=["hfToken"])
+    return semantic_problems(plan_run(config))
+
+
+def test_weights_of_another_architecture_than_the_preset_are_refused() -> None:
+    [problem] = gated_problems(
+        model={"preset": "llama3.2-1b", "initFrom": "meta-llama/Llama-3.1-8B-Instruct"}
+    )
+    assert problem.startswith(
+        "model.initFrom 'meta-llama/Llama-3.1-8B-Instruct' is a llama3.1-8b (its config.json), "
+        "but model.preset is 'llama3.2-1b'"
+    )
+    assert (
+        gated_problems(
+            model={"preset": "llama3.1-8b", "initFrom": "meta-llama/Llama-3.1-8B-Instruct"}
+        )
+        == []
+    )
+
+
+def test_shape_keys_beside_weights_are_refused() -> None:
+    """The trainer ignores every shape flag with `--init_from` (trainer.train)."""
+    [problem] = gated_problems(
+        model={"preset": "llama3.1-8b", "initFrom": "meta-llama/Llama-3.1-8B", "numLayers": 4}
+    )
+    assert problem.startswith("model.numLayers with model.initFrom 'meta-llama/Llama-3.1-8B'")
+
+
+@pytest.mark.parametrize(
+    ("model", "tokenizer", "start", "size"),
+    [
+        # Mistral 7B v0.3 extended the vocabulary to 32,768; the mistral-7b preset is v0.1's.
+        ({"preset": "mistral-7b"}, "mistralai/Mistral-7B-Instruct-v0.3", "model.vocabSize 32000",
+         32768),
+        # An Instruct variant has its base's tokenizer.
+        ({"preset": "llama2-7b"}, "meta-llama/Llama-3.2-3B-Instruct", "model.vocabSize 32000",
+         128256),
+        # With weights, their vocabulary counts, not the preset's.
+        ({"preset": "llama2-7b", "initFrom": "meta-llama/Llama-2-7b-hf"}, "meta-llama/Llama-3.2-1B",
+         "model.initFrom 'meta-llama/Llama-2-7b-hf' has a vocabulary of 32000", 128256),
+    ],
+)  # fmt: skip
+def test_a_tokenizer_with_more_ids_than_the_model_is_refused(
+    model: dict[str, Any], tokenizer: str, start: str, size: int
+) -> None:
+    [problem] = gated_problems(model=model, data={"tokenizer": tokenizer})
+    assert problem.startswith(start), problem
+    assert f"which has {size} tokens" in problem
+
+
+def test_every_problem_of_a_stack_is_listed_at_once() -> None:
+    """A rule between sections, a deadline the run outlasts, a memory overrun, a namespace of
+    the system's and a device the stack does not pay for: five problems, one error."""
+    values = {
+        **BASE,
+        "job": {"maxRunHours": 1, "namespace": "kube-system", "shmSizeGiB": 1500},
+        "model": {"preset": "llama3.1-70b"},
+        "training": {
+            "maxSteps": 5000,
+            "microBatchSize": 8,
+            "shardingStrategy": "hybrid",
+            "extraArgs": {"device": "cpu"},
+        },
+    }
+    with pytest.raises(StackConfigError) as raised:
+        checked_run_plan(values, stack_name="exp")
+    listed = raised.value.problems
+    for start in (
+        "job.shmSizeGiB 1500 leaves too little",
+        "the run needs ~",
+        "job.maxRunHours 1 is shorter than the run",
+        "job.namespace 'kube-system' is Kubernetes' own",
+        "training.extraArgs.device 'cpu'",
+    ):
+        assert any(problem.startswith(start) for problem in listed), (start, listed)

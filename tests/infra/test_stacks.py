@@ -362,7 +362,8 @@ def test_every_node_of_every_stack_sees_the_runs_checkpoints(name: str) -> None:
     assert result.stack_outputs["checkpointPath"] == f"s3://{bucket}/{prefix}"
     account = result.one("kubernetes:core/v1:ServiceAccount", "run-access-service-account")
     assert pod["serviceAccountName"] == account.inputs["metadata"]["name"]
-    assert pod["automountServiceAccountToken"] is True  # Pod Identity reads the projected token
+    # Pod Identity's webhook projects its own token: the API token stays unmounted.
+    assert pod["automountServiceAccountToken"] is False
     association = result.one(
         "aws:eks/podIdentityAssociation:PodIdentityAssociation", "run-access-identity"
     )

@@ -118,7 +118,19 @@ def test_gpu_check_runs_one_whole_node_pod_per_gpu_node():
         <= spec["template"]["metadata"]["labels"].items()
     )
     container = _container(job)
-    assert container["resources"]["limits"] == {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 32}
+    assert container["resources"]["limits"] == {
+        "nvidia.com/gpu": 8,
+        "vpc.amazonaws.com/efa": 32,
+        "cpu": "1",
+        "memory": "256Mi",
+    }
+    # Not BestEffort: a namespace's ResourceQuota on requests.* admits it.
+    assert container["resources"]["requests"] == {
+        "nvidia.com/gpu": 8,
+        "vpc.amazonaws.com/efa": 32,
+        "cpu": "100m",
+        "memory": "128Mi",
+    }
     assert "nvidia-smi" in container["command"][-1]
     assert job["metadata"]["namespace"] == "training"
 
@@ -132,14 +144,21 @@ def test_gpu_check_probes_the_jobs_fsx_claim_where_the_job_mounts_it():
     assert {"name": "FSX_PATH", "value": "/fsx"} in container["env"]
     assert "FSX_PATH" in container["command"][-1]
     # The volume's root is root's on a new file system; the trainer image's uid cannot write it.
-    assert container["securityContext"] == {"runAsUser": 0, "runAsGroup": 0}
+    # Root as its owner needs no capability to write there: every one is dropped.
+    context = container["securityContext"]
+    assert (context["runAsUser"], context["runAsGroup"], context["runAsNonRoot"]) == (0, 0, False)
+    assert context["capabilities"] == {"drop": ["ALL"]}
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["readOnlyRootFilesystem"] is True
     no_claim = gpu_check_job(P5, image="img:1", run_id="validate-1")
     assert "volumes" not in no_claim["spec"]["template"]["spec"]
+    assert _container(no_claim)["securityContext"]["runAsNonRoot"] is True
 
 
 def test_gpu_check_on_an_instance_without_efa_requests_no_efa():
     job = gpu_check_job(stack("g5.xlarge", 1), image="img:1", run_id="validate-1")
-    assert _container(job)["resources"]["limits"] == {"nvidia.com/gpu": 1}
+    assert "vpc.amazonaws.com/efa" not in _container(job)["resources"]["limits"]
+    assert _container(job)["resources"]["limits"]["nvidia.com/gpu"] == 1
 
 
 def test_nccl_job_uses_every_gpu_of_every_node_with_the_trainers_environment():
@@ -218,12 +237,18 @@ def test_all_manifests_have_kubernetes_shapes():
     manifests = validation_manifests(
         plan_run(P5), image="img:1", run_id="validate-1", bench_script="x=1\n"
     )
-    assert [m["kind"] for m in manifests] == ["Job", "ConfigMap", "PyTorchJob"]
+    assert [m["kind"] for m in manifests] == [
+        "NetworkPolicy",
+        "NetworkPolicy",
+        "Job",
+        "ConfigMap",
+        "PyTorchJob",
+    ]
     for manifest in manifests:
         metadata = manifest["metadata"]
         assert metadata["namespace"] == "training"
         assert len(metadata["name"]) <= 63 and metadata["name"].startswith("validate-1-")
-    job, config_map, pytorchjob = manifests
+    _, _, job, config_map, pytorchjob = manifests
     _check_pod_shape(job["spec"]["template"]["spec"])
     _check_pod_shape(pytorchjob["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"])
     assert config_map["data"] == {BENCH_SCRIPT_NAME: "x=1\n"}
@@ -246,12 +271,13 @@ def test_render_only_prints_the_manifests_of_a_stack_file(tmp_path):
     assert result.code == 0, result
     documents = list(yaml.safe_load_all(result.out))
     kinds = [d["kind"] for d in documents if d]
-    assert kinds == ["Job", "ConfigMap", "PyTorchJob"]
-    bench = documents[1]["data"][BENCH_SCRIPT_NAME]
+    assert kinds == ["NetworkPolicy", "NetworkPolicy", "Job", "ConfigMap", "PyTorchJob"]
+    gpu_job, bench_map, nccl = documents[2:]
+    bench = bench_map["data"][BENCH_SCRIPT_NAME]
     assert bench == (REPO / "infra" / "job" / "payloads" / "nccl_allreduce.py").read_text()
-    assert _container(documents[2])["resources"]["limits"]["vpc.amazonaws.com/efa"] == 4
+    assert _container(nccl)["resources"]["limits"]["vpc.amazonaws.com/efa"] == 4
     # The stack has FSx (the default): the probe mounts the stack's claim.
-    [volume] = documents[0]["spec"]["template"]["spec"]["volumes"]
+    [volume] = gpu_job["spec"]["template"]["spec"]["volumes"]
     assert volume["persistentVolumeClaim"]["claimName"] == "val-fsx"
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import resource
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -55,3 +58,63 @@ def test_gpus_expected_but_none_there_fails() -> None:
         "expected H100 GPUs, got none"
     )
     assert preflight._check_gpus(Expectations(), cpu, 1) is None
+
+
+def _capabilities(tmp_path: Path, effective: int) -> Path:
+    status = tmp_path / "status"
+    status.write_text(f"Name:\tpython\nCapEff:\t{effective:016x}\n")
+    return status
+
+
+@pytest.fixture
+def memlock_8mib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """This process as the trainer's container on a node whose base runtime spec does not
+    raise the limit: soft RLIMIT_MEMLOCK at the kernel's default of 8 MiB (include/uapi/linux/
+    resource.h MLOCK_LIMIT), inherited from containerd, and no capability (the container drops
+    them all). Lowering one's own soft limit needs no privilege."""
+    monkeypatch.setattr(preflight, "PROC_STATUS", _capabilities(tmp_path, 0))
+    soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    resource.setrlimit(resource.RLIMIT_MEMLOCK, (min(8 << 20, hard), hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, (soft, hard))
+
+
+def test_a_memlock_limit_below_the_nodes_memory_fails_on_an_efa_node(
+    efa_node: Path, memlock_8mib: None, gloo_world_of_one: None
+) -> None:
+    """One line naming the check and the fix, before anything is built."""
+    with pytest.raises(preflight.PreflightError) as failed:
+        preflight.run_preflight(
+            Expectations(efa_devices=4), device=torch.device("cpu"), local_world_size=1,
+            mode="enforce",
+        )  # fmt: skip
+    line = str(failed.value)
+    assert "\n" not in line
+    assert re.search(r"rank 0: memlock: RLIMIT_MEMLOCK is 8 MiB, below the node's \d+ GiB", line)
+    assert "baseRuntimeSpec" in line and "infra/platform/gpu_nodes.py" in line
+
+
+def test_memlock_is_not_checked_without_efa(memlock_8mib: None) -> None:
+    assert preflight._check_memlock(Expectations(efa_devices=0)) is None
+
+
+@pytest.mark.parametrize("limit", [resource.RLIM_INFINITY, 10**18])
+def test_an_unlimited_or_above_memory_limit_passes(
+    limit: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RLIM_INFINITY, or the GPU nodes' 10**18 bytes (which `ulimit -l` shows as a number)."""
+    monkeypatch.setattr(preflight.resource, "getrlimit", lambda _which: (limit, limit))
+    assert preflight._check_memlock(Expectations(efa_devices=4)) is None
+
+
+def test_cap_ipc_lock_bypasses_the_limit(
+    memlock_8mib: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`!capable(CAP_IPC_LOCK)` in ib_umem_get: a process holding it (bit 14 of CapEff) may
+    pin past the limit."""
+    problem = preflight._check_memlock(Expectations(efa_devices=4))
+    assert problem is not None and problem.startswith("RLIMIT_MEMLOCK is 8 MiB")
+    monkeypatch.setattr(preflight, "PROC_STATUS", _capabilities(tmp_path, 1 << 14))
+    assert preflight._check_memlock(Expectations(efa_devices=4)) is None

@@ -1,0 +1,198 @@
+"""What Kubernetes NetworkPolicy lets through, as the API defines it and EKS enforces it.
+
+A pure model, for tests that ask of the policies the program renders "may this pod reach that
+port?" rather than "does the object have this shape?". It follows the `networking.k8s.io/v1`
+semantics (Kubernetes docs, "Network Policies"; the API reference `NetworkPolicySpec`):
+
+* A pod is isolated for ingress (egress) once any policy in its namespace selects it and
+  lists `Ingress` (`Egress`) in its policy types; `policyTypes` left out means `Ingress`, plus
+  `Egress` when the policy has egress rules. An isolated pod admits only what some rule of
+  one of those policies allows (the union); a policy without rules admits nothing.
+* A rule allows a connection when its ports match (none listed: every port; a port with
+  `endPort`: the range) and one of its peers matches (none listed: every source). A peer with
+  only `podSelector` selects pods of the policy's own namespace; with only
+  `namespaceSelector`, pods of the selected namespaces; with both in one peer, both must hold;
+  `ipBlock` matches addresses (and the API server and nodes have no labels to select).
+* A connection needs egress from its source and ingress to its destination; replies of an
+  allowed connection pass (policies are stateful).
+
+And what the VPC CNI's network policy agent adds (aws/aws-network-policy-agent v1.4.1):
+hostNetwork pods are never isolated (`controllers/policyendpoints_controller.go`, "Skipping
+hostNetwork pod"), and traffic from the local node's IP is always allowed
+(`pkg/fwruleprocessor/fw_rule_processor.go` `ComputeMapEntriesFromEndpointRules`), which is
+how kubelet's probes get through. A cluster that does not enforce NetworkPolicy allows
+everything (`enforced=False`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One end of a connection: a pod, or something outside the pod network (a node, the API
+    server's ENI, S3, the Pod Identity agent's link-local address)."""
+
+    name: str
+    ip: str
+    namespace: str | None = None
+    """None: not a pod."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    host_network: bool = False
+    node_ip: str | None = None
+    """The node a pod runs on."""
+    ports: Mapping[str, int] = field(default_factory=dict)
+    """Named container ports (a policy port may name one)."""
+
+    @property
+    def is_pod(self) -> bool:
+        return self.namespace is not None
+
+
+@dataclass(frozen=True)
+class Cluster:
+    policies: Sequence[Mapping[str, Any]]
+    """NetworkPolicy objects (`metadata`, `spec` as the API takes them)."""
+    namespace_labels: Mapping[str, Mapping[str, str]]
+    enforced: bool = True
+
+
+def selects(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
+    """A LabelSelector over `labels`: `{}` selects everything."""
+    selector = selector or {}
+    if any(labels.get(key) != value for key, value in selector.get("matchLabels", {}).items()):
+        return False
+    for expression in selector.get("matchExpressions", []):
+        key, operator = expression["key"], expression["operator"]
+        values = expression.get("values", [])
+        present = key in labels
+        if operator == "In" and not (present and labels[key] in values):
+            return False
+        if operator == "NotIn" and present and labels[key] in values:
+            return False
+        if operator == "Exists" and not present:
+            return False
+        if operator == "DoesNotExist" and present:
+            return False
+    return True
+
+
+def policy_types(spec: Mapping[str, Any]) -> list[str]:
+    if "policyTypes" in spec:
+        return list(spec["policyTypes"])
+    return ["Ingress", *(["Egress"] if spec.get("egress") else [])]
+
+
+def _port_matches(
+    ports: Sequence[Mapping[str, Any]] | None, target: Endpoint, port: int, protocol: str
+) -> bool:
+    if not ports:
+        return True
+    for entry in ports:
+        if entry.get("protocol", "TCP") != protocol:
+            continue
+        wanted = entry.get("port")
+        if wanted is None:
+            return True
+        if isinstance(wanted, str):
+            wanted = target.ports.get(wanted)
+        if wanted == port or (wanted is not None and wanted <= port <= entry.get("endPort", -1)):
+            return True
+    return False
+
+
+def _peer_matches(
+    peer: Mapping[str, Any], other: Endpoint, policy_namespace: str, cluster: Cluster
+) -> bool:
+    if "ipBlock" in peer:
+        block = peer["ipBlock"]
+        address = ipaddress.ip_address(other.ip)
+        return address in ipaddress.ip_network(block["cidr"]) and not any(
+            address in ipaddress.ip_network(cidr) for cidr in block.get("except", [])
+        )
+    if not other.is_pod:
+        return False  # selectors name pods only
+    assert other.namespace is not None
+    if "namespaceSelector" in peer:
+        namespace_ok = selects(
+            peer["namespaceSelector"], cluster.namespace_labels.get(other.namespace, {})
+        )
+    else:
+        namespace_ok = other.namespace == policy_namespace
+    return namespace_ok and selects(peer.get("podSelector"), other.labels)
+
+
+def _rule_allows(
+    rule: Mapping[str, Any],
+    peers_key: str,
+    other: Endpoint,
+    target: Endpoint,
+    port: int,
+    protocol: str,
+    policy_namespace: str,
+    cluster: Cluster,
+) -> bool:
+    peers = rule.get(peers_key)
+    peer_ok = not peers or any(
+        _peer_matches(peer, other, policy_namespace, cluster) for peer in peers
+    )
+    return peer_ok and _port_matches(rule.get("ports"), target, port, protocol)
+
+
+def _isolating(cluster: Cluster, pod: Endpoint, direction: str) -> list[Mapping[str, Any]]:
+    return [
+        policy
+        for policy in cluster.policies
+        if policy["metadata"]["namespace"] == pod.namespace
+        and selects(policy["spec"].get("podSelector"), pod.labels)
+        and direction in policy_types(policy["spec"])
+    ]
+
+
+def ingress_allowed(
+    cluster: Cluster, source: Endpoint, target: Endpoint, port: int, protocol: str
+) -> bool:
+    if not target.is_pod or target.host_network:
+        return True
+    if source.ip == target.node_ip:
+        return True  # the agent always admits the local node (kubelet's probes)
+    policies = _isolating(cluster, target, "Ingress")
+    if not policies:
+        return True
+    return any(
+        _rule_allows(rule, "from", source, target, port, protocol,
+                     policy["metadata"]["namespace"], cluster)
+        for policy in policies
+        for rule in policy["spec"].get("ingress") or []
+    )  # fmt: skip
+
+
+def egress_allowed(
+    cluster: Cluster, source: Endpoint, target: Endpoint, port: int, protocol: str
+) -> bool:
+    if not source.is_pod or source.host_network:
+        return True
+    policies = _isolating(cluster, source, "Egress")
+    if not policies:
+        return True
+    return any(
+        _rule_allows(rule, "to", target, target, port, protocol,
+                     policy["metadata"]["namespace"], cluster)
+        for policy in policies
+        for rule in policy["spec"].get("egress") or []
+    )  # fmt: skip
+
+
+def allowed(
+    cluster: Cluster, source: Endpoint, target: Endpoint, port: int, protocol: str = "TCP"
+) -> bool:
+    """Whether `source` may open a connection to `target`:`port`."""
+    if not cluster.enforced:
+        return True
+    return egress_allowed(cluster, source, target, port, protocol) and ingress_allowed(
+        cluster, source, target, port, protocol
+    )
