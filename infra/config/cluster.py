@@ -539,7 +539,7 @@ class GpuNodesConfig(ConfigSection):
     def _known_instance(cls, value: str) -> str:
         if known_facts(value) is None:
             close = difflib.get_close_matches(
-                value.removeprefix(HYPERPOD_PREFIX), INSTANCE_FACTS, n=1
+                value.removeprefix(HYPERPOD_PREFIX), INSTANCE_FACTS, n=1, cutoff=0.9
             )
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ValueError(
