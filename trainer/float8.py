@@ -53,14 +53,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainer.flops import MIN_FP8_CAPABILITY
 from trainer.log import get_logger
 
 logger = get_logger("float8")
 
 PRECISIONS = ("bf16", "fp8")
 FP8_RECIPES = ("rowwise", "tensorwise")
-MIN_FP8_CAPABILITY = (8, 9)
-"""The first CUDA compute capability with FP8 tensor cores (Ada); Hopper is 9.0."""
 
 LEFT_IN_BF16 = ("lm_head",)
 """Module names never converted (see the module docstring)."""

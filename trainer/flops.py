@@ -37,6 +37,14 @@ PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
 )
 
 
+MIN_FP8_CAPABILITY = (8, 9)
+"""The first CUDA compute capability with FP8 tensor cores (Ada: L4, L40S); Hopper is 9.0 and
+Blackwell 10.0. torch's `_scaled_mm`, which torchao's float8 matmuls call, refuses anything
+older (pytorch `aten/src/ATen/native/cuda/Blas.cpp`, `_scaled_mm_out_cuda`). Here, torch-free,
+so that the plan refuses `training.precision: fp8` on such GPUs before any is paid for
+(`infra.config.stack`) by the same figure the trainer checks on the device (`trainer.float8`)."""
+
+
 def peak_flops_of(gpu_name: str) -> float | None:
     """Peak bf16 FLOP/s of the GPU called `gpu_name` (a device name or "H100"), else None."""
     for key, flops in PEAK_BF16_FLOPS:

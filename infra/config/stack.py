@@ -22,10 +22,13 @@ from infra.config.job import DataConfig, JobConfig, ModelConfig, TrainingConfig
 from infra.config.storage import StorageConfig
 from infra.facts.instances import (
     CAPACITY_BLOCK_TYPES,
+    GPU_COMPUTE_CAPABILITY,
     HYPERPOD_PREFIX,
+    INSTANCE_FACTS,
     InstanceFacts,
     is_hyperpod_type,
 )
+from trainer.flops import MIN_FP8_CAPABILITY
 from trainer.presets import ModelShape, get_preset
 
 PROJECT = "fsdp-eks"
@@ -220,6 +223,20 @@ def cross_section_problems(config: StackConfig) -> list[str]:
                 f"{shape.max_position_embeddings}-token context of model.preset "
                 f"{config.model.preset!r}; allowed: up to {shape.max_position_embeddings}"
             )
+
+    capability = GPU_COMPUTE_CAPABILITY.get(facts.gpu_model)
+    if training.precision == "fp8" and (capability is None or capability < MIN_FP8_CAPABILITY):
+        has = f"compute capability {capability[0]}.{capability[1]}" if capability else "unknown"
+        fp8_types = sorted(
+            {t.split(".")[0] for t, f in INSTANCE_FACTS.items()
+             if GPU_COMPUTE_CAPABILITY.get(f.gpu_model, (0, 0)) >= MIN_FP8_CAPABILITY}
+        )  # fmt: skip
+        problems.append(
+            f"training.precision 'fp8' needs FP8 tensor cores (compute capability >= "
+            f"{MIN_FP8_CAPABILITY[0]}.{MIN_FP8_CAPABILITY[1]}), which the {facts.gpu_model} of "
+            f"gpuNodes.instanceType {nodes.instance_type!r} lacks ({has}); allowed here: bf16, "
+            f"or fp8 on {', '.join(fp8_types)} instances"
+        )
 
     shm = config.job.shm_size_gib
     if shm is not None and shm >= facts.memory_gib // 2:

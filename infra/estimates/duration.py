@@ -90,6 +90,63 @@ MFU_BY_GPU: dict[str, MfuAssumption] = {
 }
 """Keys are `infra.facts.instances` GPU models; a GPU missing here cannot be planned."""
 
+
+@dataclass(frozen=True)
+class Fp8Speedup:
+    """Tokens/s of `training.precision: fp8` over bf16 on one GPU family, per torchao recipe:
+    the expected MFU (measured against the bf16 peak, as the trainer reports it) is the bf16
+    one times this. Assumed until `scripts/bench/matrix.py`'s fp8 cells measure it."""
+
+    rowwise: float
+    tensorwise: float
+    source: str
+
+    def of(self, recipe: str) -> float:
+        return self.tensorwise if recipe == "tensorwise" else self.rowwise
+
+
+_HOPPER_FP8 = Fp8Speedup(
+    1.10,
+    1.25,
+    "pytorch/ao torchao/float8/README.md, 'Training benchmarks': Llama 3 8B on 8 x H100 with "
+    "FSDP2 and compile, up to 1.25x tokens/s for tensorwise with float8 all-gather and about "
+    "1.1x for rowwise; one-GPU runs gather nothing, so tensorwise gains less there",
+)
+FP8_SPEEDUP_BY_GPU: dict[str, Fp8Speedup] = {
+    "H100": _HOPPER_FP8,
+    "H200": _HOPPER_FP8,
+    "B200": Fp8Speedup(
+        1.10, 1.25, "no published FSDP2 float8 figure on B200; assumed as on Hopper"
+    ),
+    "L40S": Fp8Speedup(
+        1.0,
+        1.0,
+        "no published figure; PCIe all-gathers bound these runs more than the matmuls do, "
+        "so no gain is assumed",
+    ),
+}
+"""GPU families with FP8 tensor cores (`infra.facts.instances.GPU_COMPUTE_CAPABILITY` >= 8.9);
+the config refuses fp8 on the others before it gets here."""
+
+
+def mfu_assumption(gpu: str, precision: str = "bf16", recipe: str | None = None) -> MfuAssumption:
+    """The MFU assumed for a run on `gpu` at `precision`: fp8 scales the bf16 figure's
+    expected and high ends by its assumed speed-up and keeps the low end (no gain at worst)."""
+    bf16 = MFU_BY_GPU[gpu]
+    if precision != "fp8":
+        return bf16
+    recipe = recipe or "rowwise"
+    speedup = FP8_SPEEDUP_BY_GPU.get(gpu, Fp8Speedup(1.0, 1.0, "no figure; no gain assumed"))
+    gain = speedup.of(recipe)
+    return MfuAssumption(
+        bf16.low,
+        bf16.expected * gain,
+        max(bf16.high * gain, bf16.expected * gain),
+        f"bf16: {bf16.source}; fp8 {recipe} x{gain:g} over bf16: {speedup.source}",
+        measured=False,
+    )
+
+
 STARTUP_HOURS = 0.5
 """Expected time that is not training steps at start: GPU nodes launched (or scaled from
 zero), the ~20 GB image pulled, rendezvous, model initialisation or checkpoint loading. The
@@ -139,6 +196,8 @@ class DurationEstimate:
     still trains."""
     checkpoint_hours: float
     """Time the steps stand still while checkpoints are written (saves are synchronous)."""
+    precision: str = "bf16"
+    """What the MFU was assumed for: `bf16`, or `fp8 <recipe>`."""
 
     def training_hours_at(self, mfu: float) -> float:
         """Hours of training steps at `mfu`."""
@@ -171,7 +230,7 @@ class DurationEstimate:
         return (
             f"~{self.hours:.1f} h (range {self.low_hours:.1f}-{self.high_hours:.1f} h): "
             f"{self.tokens / 1e9:.2f}B tokens x {self.flops_per_token / 1e9:.1f} GFLOP/token on "
-            f"{self.gpus} GPUs at {self.mfu.expected:.0%} MFU ({kind}, range "
+            f"{self.gpus} GPUs at {self.mfu.expected:.0%} MFU ({self.precision}, {kind}, range "
             f"{self.mfu.low:.0%}-{self.mfu.high:.0%}) of {self.peak_flops_per_gpu / 1e12:g} "
             f"TFLOP/s = {self.training_hours:.1f} h, + {self.checkpoint_hours:.2f} h "
             f"checkpoints, + {self.startup_hours:g} h start-up"
@@ -206,12 +265,13 @@ def estimate_duration(
     """Expected wall time of `config`'s run on its GPU nodes; `mfu` pins the MFU (no range)."""
     gpu = config.instance.gpu_model
     peak = peak_flops_of(gpu)
-    assumption = MFU_BY_GPU.get(gpu)
-    if peak is None or assumption is None:
+    if peak is None or gpu not in MFU_BY_GPU:
         raise UnknownPeakError(
             f"no peak bf16 FLOP/s (trainer/flops.py) or MFU (infra/estimates/duration.py) for "
             f"GPU {gpu!r}"
         )
+    training = config.training
+    assumption = mfu_assumption(gpu, training.precision, training.fp8_recipe)
     if mfu is not None:
         if not 0 < mfu <= 1:
             raise ValueError(f"mfu must be in (0, 1], got {mfu}")
@@ -225,6 +285,9 @@ def estimate_duration(
         mfu=assumption,
         startup_hours=startup_hours,
         start_budget_hours=config.job.start_timeout_seconds / 3600,
+        precision=(
+            f"fp8 {training.fp8_recipe or 'rowwise'}" if training.precision == "fp8" else "bf16"
+        ),
         checkpoint_hours=checkpoint_saves(config) * checkpoint_seconds(config) / 3600,
     )
 

@@ -32,6 +32,14 @@ following what the trainer really does:
   output keeps the bf16 logits alive through backward (`trainer.train.forward_backward_step`
   holds `outputs`).
 
+* `training.precision: fp8` changes none of these terms (`trainer.float8`): torchao's
+  `Float8Linear` keeps each weight, its gradient and the optimizer state in the dtypes above
+  and casts to float8 inside each matmul, and under compile the float8 copies are transient
+  (torchtitan's float8 docs report memory on par with bf16). With the tensorwise recipe and a
+  shard group of several ranks the converted layers' weights are all-gathered in float8, 1
+  byte instead of 2; the estimate keeps 2, an upper bound, because which layers convert is
+  torchao's size filter (`_auto_filter_for_recipe`), which needs torchao to evaluate.
+
 The per-layer and logits coefficients were checked against torch's own FSDP2 memory tracer
 (`torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker`) tracing one real training step
 of the trainer's model on fake tensors: `tests/trainer/test_memory_tracer.py`.

@@ -84,6 +84,20 @@ def accelerator_label_value(gpu_model: str) -> str:
     return ACCELERATOR_LABEL_VALUES.get(gpu_model, f"nvidia-{gpu_model.lower()}")
 
 
+GPU_COMPUTE_CAPABILITY: dict[str, tuple[int, int]] = {
+    "A10G": (8, 6),
+    "A100": (8, 0),
+    "L40S": (8, 9),
+    "H100": (9, 0),
+    "H200": (9, 0),
+    "B200": (10, 0),
+}
+"""CUDA compute capability of each `gpu_model` above (NVIDIA, "CUDA GPUs - Compute
+Capability", developer.nvidia.com/cuda-gpus: A10 and A10G 8.6, A100 8.0, L40S 8.9, H100 and
+H200 9.0, B200 10.0). What the GPU can run, e.g. FP8 tensor cores from 8.9
+(`trainer.flops.MIN_FP8_CAPABILITY`)."""
+
+
 ALLREDUCE_BUSBW_FLOOR_GBPS: dict[str, float] = {
     "p4d.24xlarge": 20.0,
     "p4de.24xlarge": 20.0,

@@ -79,6 +79,8 @@ def trainer_flags(plan: RunPlan) -> dict[str, Any]:
         "activation_checkpointing": chosen.activation_checkpointing,
         "cpu_offload": training.cpu_offload,
         "compile": training.compile,
+        "precision": training.precision,
+        "fp8_recipe": training.fp8_recipe,
         "max_steps": training.max_steps,
         "lr": training.lr,
         "min_lr": training.min_lr,

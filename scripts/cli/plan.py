@@ -215,6 +215,17 @@ def saves_line(plan: RunPlan) -> str:
     )
 
 
+def precision_text(config: StackConfig) -> str:
+    """The matmul precision, as the run will use it."""
+    training = config.training
+    if training.precision == "fp8":
+        return (
+            f"fp8 {training.fp8_recipe or 'rowwise'} matmuls (torchao; the LM head and small "
+            "layers in bf16)"
+        )
+    return "bf16 matmuls" if training.bf16 else "fp32 matmuls"
+
+
 def summary_lines(plan: RunPlan, evaluation: Evaluation | None = None) -> list[str]:
     from infra.platform.gpu_lease import lease_line
     from trainer.presets import approx_num_parameters
@@ -236,7 +247,8 @@ def summary_lines(plan: RunPlan, evaluation: Evaluation | None = None) -> list[s
         f"GPUs:   {lease_line(config)}",
         f"Model:  {config.model.preset} ({params:.2f}B parameters), context "
         f"{training.context_width}, {chosen.sharding_strategy} sharding, "
-        f"{chosen.activation_checkpointing} activation checkpointing ({chosen.reason})",
+        f"{chosen.activation_checkpointing} activation checkpointing ({chosen.reason}), "
+        f"{precision_text(config)}",
         f"Batch:  {training.micro_batch_size} per GPU x {config.world_size} GPUs x "
         f"{config.gradient_accumulation_steps} accumulation = {config.global_batch_size} "
         f"sequences ({config.tokens_per_step:,} tokens) per step, {training.max_steps} steps",

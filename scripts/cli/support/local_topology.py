@@ -190,7 +190,10 @@ def plan_local_run(
         "metrics_file": str(metrics_file),
         "fail_at_step": fail_at,
         "device": device,
-        "bf16": device == "cuda" and config.training.bf16,
+        # fp8 needs bf16 and, for its speed, compile (off here): rehearsed with torchao's
+        # emulation, the same conversion and numerics at fp32 matmul speed.
+        "bf16": (device == "cuda" and config.training.bf16) or config.training.precision == "fp8",
+        "fp8_emulate": config.training.precision == "fp8",
         # Hybrid sharding shards within a node (one agent here) and replicates across them.
         "hsdp_shard_size": (per_agent if run.parallelism.sharding_strategy == "hybrid" else None),
     }
