@@ -80,7 +80,7 @@ def test_the_precision_flags_are_the_stacks_keys_not_extra_args() -> None:
 @pytest.mark.parametrize(("recipe", "expected"), [(None, "rowwise"), ("rowwise", "rowwise"),
                                                   ("tensorwise", "tensorwise")])  # fmt: skip
 def test_fp8_is_rendered_into_flags_the_trainer_accepts(recipe: str | None, expected: str) -> None:
-    training = {"precision": "fp8", **({"fp8Recipe": recipe} if recipe else {})}
+    training: dict[str, Any] = {"precision": "fp8", **({"fp8Recipe": recipe} if recipe else {})}
     flags = trainer_flags(planned(stack("p5.48xlarge", **training)))
     assert flags["precision"] == "fp8"
     parsed = parse_args(format_args(flags))
