@@ -15,7 +15,13 @@ from typing import TYPE_CHECKING, Any
 from infra.config.cluster import GPU_TAINT_KEY
 from infra.duration import shutdown_grace_seconds
 from infra.instances import scheduling_labels
-from infra.job_args import CHECKPOINT_BUCKET_ENV, RunPaths, run_paths, torchrun_command
+from infra.job_args import (
+    CHECKPOINT_BUCKET_ENV,
+    TRAINER_LAUNCHER,
+    RunPaths,
+    run_paths,
+    torchrun_command,
+)
 
 if TYPE_CHECKING:
     from infra.config.stack import StackConfig
@@ -391,8 +397,8 @@ def render_job(
         "name": CONTAINER_NAME,
         "image": image,
         "imagePullPolicy": "IfNotPresent",
-        "command": command[:1],
-        "args": command[1:],
+        "command": command[: len(TRAINER_LAUNCHER)],
+        "args": command[len(TRAINER_LAUNCHER) :],
         "env": [
             *container_env(config, hf_secret_name=hf_secret_name, run_dir=paths.local_dump_dir),
             *s3_env(bucket),

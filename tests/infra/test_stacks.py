@@ -13,7 +13,7 @@ import yaml
 
 from infra.config import StackConfig, StackConfigError, load_stack_file, read_stack_file
 from infra.duration import estimate_duration
-from infra.job_args import s3_run_prefix
+from infra.job_args import TRAINER_LAUNCHER, s3_run_prefix
 from infra.job_manifest import EFA_RESOURCE, GPU_RESOURCE
 from infra.offline import Evaluation, FakeCloud, RecordedResource, evaluate
 from infra.program import main as program
@@ -63,9 +63,10 @@ def container_of(job: RecordedResource) -> dict[str, Any]:
 
 def trainer_config(job: RecordedResource) -> TrainConfig:
     container = container_of(job)
-    command = [*container["command"], *container["args"]]
-    assert command[0] == "torchrun" and command[3:5] == ["-m", "trainer"]
-    return parse_args(command[5:])
+    assert container["command"] == list(TRAINER_LAUNCHER)
+    args = container["args"]
+    assert args[2:4] == ["-m", "trainer"]
+    return parse_args(args[4:])
 
 
 def test_the_experiments_users_run_today_are_all_here() -> None:
