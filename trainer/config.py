@@ -454,8 +454,9 @@ class InjectedFaultConfig:
 
     fail_at_step: int = _flag(
         0,
-        "Exit abruptly (code 17) right after step N, unless this run resumed from a "
-        "checkpoint, so that rerunning the same command resumes and finishes (0: off).",
+        "Exit abruptly (code 17) right after step N, once a save in flight is durable, "
+        "unless this run resumed from a checkpoint, so that rerunning the same command "
+        "resumes and finishes (0: off).",
     )
     crash_in_save_at_step: int = _flag(
         0,

@@ -22,7 +22,7 @@ import math
 import os
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -76,8 +76,11 @@ class FaultInjector:
 
     # --- after a step
 
-    def after_step(self, step: int, stops: StopRequests) -> None:
-        """After step `step`, its save and the watchdog's beat; before the stop agreement."""
+    def after_step(self, step: int, stops: StopRequests, *, settle: Callable[[], object]) -> None:
+        """After step `step`, its save and the watchdog's beat; before the stop agreement.
+        `settle` waits (without a collective) for a save in flight to become durable: the
+        simulated crash comes after it, so what a restart resumes from does not depend on
+        how fast the upload was."""
         if not self.first_attempt:
             return
         if self._fires(self.cfg.signal_at_step, step) and self.targeted:
@@ -87,6 +90,7 @@ class FaultInjector:
         if self._fires(self.cfg.stall_at_step, step) and self.targeted:
             self._stall(step)
         if self._fires(self.cfg.fail_at_step, step):
+            settle()
             logger.warning("--fail_at_step %d: exiting abruptly", step)
             sys.stderr.flush()
             os._exit(FAULT_EXIT_CODE)

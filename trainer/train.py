@@ -468,7 +468,7 @@ class Trainer:
                     progress.update(1)
                 if self.watchdog is not None:
                     self.watchdog.beat(step)
-                self.faults.after_step(step, self.stops)
+                self.faults.after_step(step, self.stops, settle=self._drain_saves)
                 if self.stops.agreed():
                     self._stop(step)
         # No step follows: the final save and the export (minutes for a large model) are not
@@ -486,18 +486,21 @@ class Trainer:
             self.outputs.sync()
 
     def _on_hang(self, reason: str) -> None:
-        """On the watchdog's thread: let a save in flight land, record the hang, exit.
+        """On the watchdog's thread: let a save in flight land, record the hang, exit."""
+        self._drain_saves()
+        self.sinks.write({"kind": "hang", "step": self.step, "reason": reason})
+        HangWatchdog.exit(reason)
 
-        No collective here (the other ranks may be the stuck ones): the upload runs in its
-        own process and rank 0 publishes it from its own thread, so waiting for them needs
-        nothing from the stuck loop."""
+    def _drain_saves(self) -> None:
+        """Before an exit that is not a stop: wait for a save in flight to become durable,
+        up to the watchdog's floor (which covers a save). No collective (the other ranks may
+        be the stuck ones): the upload runs in its own process and rank 0 publishes it from
+        its own thread, so this needs nothing from a stuck loop."""
         if self.checkpoints is not None and not self.checkpoints.drain(
             self.cfg.safety.watchdog_floor_s
         ):
-            logger.error("watchdog: a checkpoint still uploading; exiting without it")
+            logger.error("checkpoint: a save still uploading; exiting without it")
         self._record_saves()
-        self.sinks.write({"kind": "hang", "step": self.step, "reason": reason})
-        HangWatchdog.exit(reason)
 
     def _roll_back(self, step: int, reason: str) -> None:
         """Every rank: back to the last complete checkpoint, past every batch read since it.

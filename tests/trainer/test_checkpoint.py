@@ -557,6 +557,7 @@ def test_a_hang_exits_only_once_the_upload_in_flight_is_durable(
         step=7,
     )
     trainer._record_saves = lambda: Trainer._record_saves(trainer)  # type: ignore[arg-type]
+    trainer._drain_saves = lambda: Trainer._drain_saves(trainer)  # type: ignore[arg-type]
     try:
         _save(manager, 7, run, faults=Probe(tmp_path / "writers.log", gate=gate))
         hang = threading.Thread(target=Trainer._on_hang, args=(trainer, "no step for 600 s"))
