@@ -69,7 +69,6 @@ from trainer.checkpoint_upload import (
     StagingBuffers,
     describe_failure,
     on_device,
-    sigterm_blocked,
     stop_upload_process,
     stop_upload_process_at_exit,
 )
@@ -153,16 +152,17 @@ def run_on_rank0(action: Callable[[], None], what: str) -> None:
         raise CheckpointError(f"{what} failed on rank 0: {error}") from cause
 
 
-def _any_rank_failed(failure: str | None) -> str | None:
+def _failure(error: BaseException) -> str:
+    return describe_failure(error, rank=_rank())
+
+
+def _any_rank_failed(failure: str | None, group: Any = None) -> str | None:
     """The first rank's failure, on every rank (so all of them take the same branch)."""
     if not _distributed():
         return failure
     failures: list[str | None] = [None] * _world_size()
-    dist.all_gather_object(failures, failure)
-    for rank, text in enumerate(failures):
-        if text is not None:
-            return f"rank {rank}: {text}"
-    return None
+    dist.all_gather_object(failures, failure, group=group)
+    return next((text for text in failures if text is not None), None)
 
 
 # --- locations
@@ -293,9 +293,10 @@ class CheckpointManager:
     ) -> str:
         """Write checkpoint ``step-{step}``; collective, every rank calls it.
 
-        Asynchronous when the manager is: it returns once the state is staged, and the
-        checkpoint is complete only after rank 0 publishes it; ``blocking`` then waits for
-        that (the same staging and upload process, so a stop save costs no new buffers).
+        Asynchronous when the manager is and ``blocking`` is not: it returns once the state is
+        staged, and the checkpoint is complete only after rank 0 publishes it. A blocking save
+        (the stop and the final one) is written by this process, so it needs nothing from the
+        upload process, which the SIGTERM of a stop may have ended.
         ``train_state`` is this rank's own small state (data position, RNG states from
         :func:`capture_rng_state`); ``load`` gives each rank back what that rank saved.
         """
@@ -308,16 +309,14 @@ class CheckpointManager:
         try:
             self.store.write_train_state(location, _rank(), train_state)
         except Exception as exc:  # this rank's own write: its disk, its credentials
-            raise CheckpointError(
-                f"writing {location} failed on rank {_rank()}: {describe_failure(exc)}"
-            ) from exc
+            raise CheckpointError(f"writing {location} failed: {_failure(exc)}") from exc
         if faults is not None:
             faults.inside_save(step)
         state = self._state(model, optimizer, lr_scheduler)
         writer = self.store.writer(location)
         if faults is not None:
             writer = faults.storage_writer(step, writer)
-        if not self.async_save:
+        if not self.async_save or blocking:
             self._save_in_process(step, location, state, writer, started)
             return self.store.final_location(step)
         upload = self._upload(state, writer)
@@ -346,8 +345,6 @@ class CheckpointManager:
             flight.new_buffers,
             location,
         )
-        if blocking:
-            self.wait()
         return self.store.final_location(step)
 
     def _save_in_process(
@@ -357,7 +354,7 @@ class CheckpointManager:
             with _quiet_single_process_dcp():
                 dcp.save(state, storage_writer=writer, no_dist=not _distributed())
         except (Exception, CheckpointException) as exc:
-            raise CheckpointError(f"writing {location} failed: {describe_failure(exc)}") from exc
+            raise CheckpointError(f"writing {location} failed: {_failure(exc)}") from exc
         run_on_rank0(lambda: self._publish(step, location), f"publishing {location}")
         elapsed = time.perf_counter() - started
         final = self.store.final_location(step)
@@ -373,7 +370,7 @@ class CheckpointManager:
         if separate_process:
             kind = AsyncCheckpointerType.PROCESS
             stop_upload_process_at_exit()
-        with _quiet_single_process_dcp(), sigterm_blocked():
+        with _quiet_single_process_dcp():
             upload = dcp.async_save(
                 state,
                 storage_writer=writer,
@@ -402,19 +399,23 @@ class CheckpointManager:
     def wait(self) -> None:
         """Block until the save in flight (if any) is complete and published; collective.
 
-        An upload that failed on any rank fails on every rank (DCP gathers the writes' results
-        to the coordinator and broadcasts the outcome), and a failed publish on rank 0 is
-        broadcast, so all ranks raise the same error together.
+        An upload that failed on any rank fails on every rank: DCP gathers the writes' results
+        to the coordinator and broadcasts the outcome, and an upload process that died (one
+        node's, on a SIGTERM) fails only its own rank, so the outcome is agreed on before
+        anyone raises. A failed publish on rank 0 is broadcast too, so all ranks raise the
+        same error together.
         """
         flight, self._in_flight = self._in_flight, None
         if flight is None:
             return
+        failure: str | None = None
         try:
             flight.upload.result()
         except (Exception, CheckpointException) as exc:
-            raise CheckpointError(
-                f"writing {flight.location} failed: {describe_failure(exc)}"
-            ) from exc
+            failure = _failure(exc)
+        failure = _any_rank_failed(failure, self._background_group)
+        if failure is not None:
+            raise CheckpointError(f"writing {flight.location} failed: {failure}")
         if flight.publisher is not None:
             flight.publisher.join()
 
@@ -453,7 +454,7 @@ class CheckpointManager:
         try:
             flight.upload.result()
         except (Exception, CheckpointException) as exc:  # reported by wait(), on every rank
-            flight.error = f"writing {flight.location} failed: {describe_failure(exc)}"
+            flight.error = f"writing {flight.location} failed: {_failure(exc)}"
         else:
             try:
                 self._publish(flight.step, flight.location)
@@ -565,7 +566,7 @@ class CheckpointManager:
             record = store.read_marker(location)
             step, saved_world_size = int(record["step"]), int(record["world_size"])
         except Exception as exc:
-            failure = describe_failure(exc)
+            failure = _failure(exc)
         failure = _any_rank_failed(failure)
         if failure is not None:
             raise UnreadableCheckpointError(f"{location} cannot be loaded: {failure}")
@@ -580,7 +581,7 @@ class CheckpointManager:
             if same_world:
                 train_state = store.read_train_state(location, _rank())
         except (Exception, CheckpointException) as exc:
-            failure = describe_failure(exc)
+            failure = _failure(exc)
         failure = _any_rank_failed(failure)
         if failure is not None:
             raise UnreadableCheckpointError(f"{location} cannot be loaded: {failure}")

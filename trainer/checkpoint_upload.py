@@ -26,23 +26,19 @@ module hands ``async_save`` what torch provides for that instead:
   built lazily, per process: ``s3torchconnector/_s3client/_s3client.py`` ``S3Client._client``)
   both do.
 
-The daemon is spawned by torch's executor thread. torchrun forwards a SIGTERM to each
-worker's whole process group (``elastic/multiprocessing/subprocess_handler/
-subprocess_handler.py`` ``close``: ``os.killpg``), which holds the daemon too, and the daemon
-has no handler: it would die with an upload in flight and the stop checkpoint after it.
-``sigterm_blocked`` blocks SIGTERM in the thread that calls ``async_save``; the executor's
-thread is created there and inherits the mask, and so does the process it spawns (a signal
-mask survives fork and exec, POSIX ``sigprocmask``), which then leaves SIGTERM pending. The
-daemon still ends with the trainer: its serving loop reads the trainer's end of a pipe, which
-closes when the trainer exits, and torchrun's SIGKILL reaches it as before.
+torchrun forwards a stop's SIGTERM to each worker's whole process group
+(``elastic/multiprocessing/subprocess_handler/subprocess_handler.py`` ``close``:
+``os.killpg``), which holds the daemon too, and the daemon has no handler for it: an upload in
+flight then dies with it. Nothing is lost by that: the trainer's stop checkpoint, of a later
+step, is written by the trainer process itself (trainer.checkpoint ``save(blocking=True)``).
+The daemon also ends with the trainer otherwise: its serving loop reads the trainer's end of a
+pipe, which closes when the trainer exits.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import signal
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -114,28 +110,16 @@ def on_device(state: Any) -> bool:
     return False
 
 
-@contextlib.contextmanager
-def sigterm_blocked() -> Iterator[None]:
-    """SIGTERM blocked in this thread (and so in threads and processes started meanwhile); a
-    SIGTERM that arrives meanwhile is delivered when the block ends."""
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
 def stop_upload_process(timeout_s: float = 30.0) -> None:
     """End torch's upload daemon, if this process started one; the next save spawns another.
 
     torch offers no call for it: the daemon is meant to live as long as the trainer
     (``_async_process_executor.py``, ``_ProcessBasedAsyncCheckpointExecutor.execute_save``),
     and its ``_AsyncCheckpointProcess.__del__`` asks it to stop, waits 5 s, then sends a
-    SIGTERM, which ``sigterm_blocked`` made it leave pending. So this asks, waits, and kills.
-    Also run at interpreter exit, before multiprocessing's own exit handler, which SIGTERMs
-    daemonic children and then joins them without a timeout (``multiprocessing/util.py``
-    ``_exit_function``): with SIGTERM pending in the daemon that join would never return. (The
-    trainer itself ends with ``os._exit``; the daemon then sees its pipe close and exits.)
+    SIGTERM. So this asks and waits, and kills only a daemon that does not stop. Also run at a
+    normal interpreter exit, before multiprocessing's own exit handler, which would SIGTERM a
+    daemon mid-write (``multiprocessing/util.py`` ``_exit_function``). (The trainer itself ends
+    with ``os._exit``; the daemon then sees its pipe close and exits.)
     """
     from torch.distributed.checkpoint import _async_process_executor as executor
 
@@ -164,16 +148,17 @@ def stop_upload_process_at_exit() -> None:
         _exit_hook_installed = True
 
 
-def describe_failure(error: BaseException) -> str:
-    """One line for a failed save or load: the first failing rank's exception, whose text
-    names the file or object and the cause (``[Errno 28] No space left on device: '...'``).
+def describe_failure(error: BaseException, *, rank: int) -> str:
+    """One line for a failed save or load on this rank (``rank``): the first failing rank's
+    exception, whose text names the file or object and the cause (``[Errno 28] No space left
+    on device: '...'``).
 
     DCP gathers every rank's failure into a ``CheckpointException`` (a ``BaseException``,
     ``torch/distributed/checkpoint/api.py``) whose text is every rank's whole traceback."""
     if isinstance(error, CheckpointException) and error.failures:
-        rank = min(error.failures)
-        cause, _trace = error.failures[rank]
+        cause, _trace = error.failures[min(error.failures)]
         others = len(error.failures) - 1
         also = f" (and {others} other rank{'s' * (others > 1)})" if others else ""
-        return f"rank {rank}{also}: {type(cause).__name__}: {cause}"
-    return f"{type(error).__name__}: {error}"
+        first = min(error.failures)
+        return f"rank {first}{also}: {type(cause).__name__}: {cause}"
+    return f"rank {rank}: {type(error).__name__}: {error}"

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from trainer.checkpoint import (
+    CheckpointError,
     CheckpointManager,
     UnreadableCheckpointError,
     capture_rng_state,
@@ -546,10 +547,17 @@ class Trainer:
         """Every rank agreed to stop after `step`: save it (unless just saved), record, raise."""
         stop = self.stops.stop(step)
         saved = self.checkpoints is not None
-        if saved and self._last_saved_step != step:
-            self.save(step, blocking=True)
         if self.checkpoints is not None:
-            self.checkpoints.wait()
+            try:
+                self.checkpoints.wait()
+            except CheckpointError as lost:
+                # torchrun passes the SIGTERM to the upload process as well (its worker's
+                # process group): a save still uploading dies with it. The stop checkpoint,
+                # written by this process, is at least as new.
+                logger.warning("checkpoint: %s; the stop checkpoint replaces it", lost)
+                self._last_saved_step = -1
+            if self._last_saved_step != step:
+                self.save(step, blocking=True)
         self._record_saves()
         self.sinks.write({"kind": "stop", "step": step, "signal": stop.signal_name, "saved": saved})
         logger.warning(

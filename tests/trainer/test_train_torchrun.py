@@ -31,6 +31,7 @@ CHECKPOINT_FREQ = 10
 FAIL_AT_STEP = 13
 SEQ_LEN = 64
 S3_BUCKET = "fsdp-eks-torchrun-test"
+DISK_FULL_BUCKET = "fsdp-eks-disk-full-test"
 
 
 def reference_args(assets: TinyAssets, checkpoint_dir: Path, **extra: Any) -> list[str]:
@@ -176,10 +177,11 @@ def _truncate(path: Path) -> None:
 
 
 def _assert_set_aside_and_resumed(result: RunResult, newest: str, root: str) -> None:
-    """One line names the unreadable checkpoint and where it went; step 10 is resumed."""
-    [line] = [
+    """One line (the same on every rank) names the unreadable checkpoint and where it went;
+    step 10 is resumed."""
+    [line] = {
         line for line in result.output.splitlines() if f"checkpoint: {newest} cannot be" in line
-    ]
+    }
     assert re.search(
         rf"checkpoint: {re.escape(newest)} cannot be loaded: rank \d: .+; set aside as "
         rf"{re.escape(root)}/step-20\.unreadable-\d+$",
@@ -460,7 +462,8 @@ def test_a_full_disk_ends_the_run_with_one_line_naming_the_file_and_the_cause(
     env: dict[str, str] | None = None
     if store == "s3":
         env = request.getfixturevalue("s3_env")
-        root = f"s3://{S3_BUCKET}/checkpoints/disk-full"
+        _s3_client(env).create_bucket(Bucket=DISK_FULL_BUCKET)
+        root = f"s3://{DISK_FULL_BUCKET}/checkpoints/disk-full"
     else:
         root = str(tmp_path / "ckpt")
     args = tiny_args(
@@ -484,7 +487,10 @@ def test_a_full_disk_ends_the_run_with_one_line_naming_the_file_and_the_cause(
     if store == "filesystem":
         assert not (tmp_path / "ckpt" / "step-2").exists()
     else:
-        assert "step-2/COMPLETE" not in _s3_objects(env or {}, "checkpoints/disk-full/")
+        listing = _s3_client(env or {}).list_objects_v2(Bucket=DISK_FULL_BUCKET)["Contents"]
+        keys = {item["Key"] for item in listing}
+        assert "checkpoints/disk-full/step-2/train_state/rank-00001.pt" in keys
+        assert "checkpoints/disk-full/step-2/COMPLETE" not in keys
 
 
 def test_non_finite_steps_between_logging_steps_roll_back_and_each_rollback_skips_more(
