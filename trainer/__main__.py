@@ -73,13 +73,3 @@ if __name__ == "__main__":
     from trainer.distributed import exit_without_finalization
 
     exit_without_finalization(main())
-elif __name__ == "__mp_main__":
-    # Imported again in the checkpoint upload process torch spawns: multiprocessing's spawn
-    # imports the parent's main module under this name (multiprocessing/spawn.py
-    # `_fixup_main_from_name`). torch's upload daemon logs each request on the root logger at
-    # INFO, and a failed save with every rank's traceback (torch/distributed/checkpoint/
-    # `_async_process_executor.py`, `logger.py` `_init_logger`); the trainer reports each
-    # save's outcome itself, in one line. Records of other loggers still reach the log.
-    import logging
-
-    logging.getLogger().addFilter(lambda record: record.name != "root")

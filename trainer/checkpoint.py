@@ -67,6 +67,7 @@ from trainer.checkpoint_store import (
 )
 from trainer.checkpoint_upload import (
     StagingBuffers,
+    UploadPlanner,
     describe_failure,
     on_device,
     stop_upload_process,
@@ -156,13 +157,19 @@ def _failure(error: BaseException) -> str:
     return describe_failure(error, rank=_rank())
 
 
-def _any_rank_failed(failure: str | None, group: Any = None) -> str | None:
-    """The first rank's failure, on every rank (so all of them take the same branch)."""
+def _all_ranks(failure: str | None, group: Any = None) -> list[str | None]:
+    """Every rank's failure (None: none), on every rank, so all of them take the same
+    branch."""
     if not _distributed():
-        return failure
+        return [failure]
     failures: list[str | None] = [None] * _world_size()
     dist.all_gather_object(failures, failure, group=group)
-    return next((text for text in failures if text is not None), None)
+    return failures
+
+
+def _any_rank_failed(failure: str | None) -> str | None:
+    """The first rank's failure, on every rank."""
+    return next((text for text in _all_ranks(failure) if text is not None), None)
 
 
 # --- locations
@@ -374,6 +381,7 @@ class CheckpointManager:
             upload = dcp.async_save(
                 state,
                 storage_writer=writer,
+                planner=UploadPlanner(),
                 process_group=self._background_group,
                 async_checkpointer_type=kind,
                 async_stager=self._stager,
@@ -396,34 +404,53 @@ class CheckpointManager:
         finished, self._finished = self._finished, []
         return finished
 
-    def wait(self) -> None:
+    def wait(self) -> bool:
         """Block until the save in flight (if any) is complete and published; collective.
+        False when it was lost with its upload process (see below), else True.
 
-        An upload that failed on any rank fails on every rank: DCP gathers the writes' results
-        to the coordinator and broadcasts the outcome, and an upload process that died (one
-        node's, on a SIGTERM) fails only its own rank, so the outcome is agreed on before
-        anyone raises. A failed publish on rank 0 is broadcast too, so all ranks raise the
-        same error together.
+        A write that failed on any rank (a full disk, an S3 error) fails on every rank: DCP
+        gathers the writes' results to the coordinator and broadcasts the outcome as a
+        ``CheckpointException``; it raises a ``CheckpointError``. An upload process that died
+        (torchrun's SIGTERM reaches it with its worker's process group) fails its own rank's
+        upload, and the others' through their collectives with it, or not at all when they had
+        finished: so the outcome is agreed on by every rank before anyone acts on it. Such a
+        save is lost, not a reason to stop: every rank ends its upload process, and the next
+        save starts new ones. A failed publish on rank 0 is broadcast too, so all ranks raise
+        the same error together.
         """
         flight, self._in_flight = self._in_flight, None
         if flight is None:
-            return
+            return True
         failure: str | None = None
         try:
             flight.upload.result()
-        except (Exception, CheckpointException) as exc:
-            failure = _failure(exc)
-        failure = _any_rank_failed(failure, self._background_group)
-        if failure is not None:
-            raise CheckpointError(f"writing {flight.location} failed: {failure}")
+        except CheckpointException as exc:
+            failure = f"write: {_failure(exc)}"
+        except Exception as exc:  # the upload process or the pipe to it
+            failure = f"process: {_failure(exc)}"
+        failures = _all_ranks(failure, self._background_group)
         if flight.publisher is not None:
             flight.publisher.join()
+        written = [f.removeprefix("write: ") for f in failures if f and f.startswith("write: ")]
+        if written:
+            raise CheckpointError(f"writing {flight.location} failed: {written[0]}")
+        lost = [f.removeprefix("process: ") for f in failures if f]
+        if lost:
+            logger.warning(
+                "checkpoint: step %d lost with its upload process (%s); the next save starts "
+                "a new one",
+                flight.step,
+                lost[0],
+            )
+            stop_upload_process()
+            return False
 
         def published() -> None:
             if flight.error is not None:
                 raise CheckpointError(flight.error)
 
         run_on_rank0(published, f"publishing {flight.location}")
+        return True
 
     def drain(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for the save in flight to become durable, without any

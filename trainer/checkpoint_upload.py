@@ -39,10 +39,13 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
+import multiprocessing
 from typing import Any
 
 import torch
 from torch.distributed.checkpoint import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import STATE_DICT_TYPE
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.tensor import DTensor
@@ -76,6 +79,29 @@ class StagingBuffers(DefaultStager):
         self.staged_bytes = sum(storages.values())
         self._storages = frozenset(storages)
         return staged
+
+
+class UploadPlanner(DefaultSavePlanner):
+    """DCP's default save planner, which also keeps torch's upload process quiet.
+
+    The planner travels by pickle with every save request to the upload process, where it is
+    the first object of the trainer's to be unpickled (``_async_process_executor.py``
+    ``_checkpointing_subprocess``: ``parent_conn.recv()``). torch's daemon logs each request
+    on the root logger at INFO, and a failed save with every rank's whole traceback
+    (``logger.py`` ``_init_logger``, ``_async_process_executor.py``); the trainer reports each
+    save's outcome itself, in one line, so there the root logger's own records are dropped
+    (other loggers' records still reach the log)."""
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if multiprocessing.parent_process() is not None:
+            root = logging.getLogger()
+            if _drop_root_records not in root.filters:
+                root.addFilter(_drop_root_records)
+
+
+def _drop_root_records(record: logging.LogRecord) -> bool:
+    return record.name != "root"
 
 
 def _collect_storages(obj: Any, into: dict[int, int]) -> None:

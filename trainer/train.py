@@ -23,7 +23,6 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from trainer.checkpoint import (
-    CheckpointError,
     CheckpointManager,
     UnreadableCheckpointError,
     capture_rng_state,
@@ -476,10 +475,7 @@ class Trainer:
         # a hang, and a watchdog exit here would restart a finished run into the same export.
         if self.watchdog is not None:
             self.watchdog.close()
-        if self.checkpoints is not None and self._last_saved_step != self.step:
-            self.save(self.step, blocking=True)
-        if self.checkpoints is not None:
-            self.checkpoints.wait()
+        self._save_last(self.step)
         self._record_saves()
         if self.export_dir is not None:
             self.export(Path(self.export_dir))
@@ -547,17 +543,7 @@ class Trainer:
         """Every rank agreed to stop after `step`: save it (unless just saved), record, raise."""
         stop = self.stops.stop(step)
         saved = self.checkpoints is not None
-        if self.checkpoints is not None:
-            try:
-                self.checkpoints.wait()
-            except CheckpointError as lost:
-                # torchrun passes the SIGTERM to the upload process as well (its worker's
-                # process group): a save still uploading dies with it. The stop checkpoint,
-                # written by this process, is at least as new.
-                logger.warning("checkpoint: %s; the stop checkpoint replaces it", lost)
-                self._last_saved_step = -1
-            if self._last_saved_step != step:
-                self.save(step, blocking=True)
+        self._save_last(step)
         self._record_saves()
         self.sinks.write({"kind": "stop", "step": step, "signal": stop.signal_name, "saved": saved})
         logger.warning(
@@ -751,6 +737,18 @@ class Trainer:
         self._last_saved_step = step
         if self.dist.is_main:
             self.outputs.sync()
+
+    def _save_last(self, step: int) -> None:
+        """Collective, before the process ends (a stop, or the run's end): the save in flight
+        lands, and `step` is saved unless that save was of it. Written by this process, so a
+        stop's SIGTERM, which torchrun also passes to the upload process, costs nothing here:
+        a save lost with that process is replaced by this one."""
+        if self.checkpoints is None:
+            return
+        if not self.checkpoints.wait():
+            self._last_saved_step = -1
+        if self._last_saved_step != step:
+            self.save(step, blocking=True)
 
     def _record_saves(self) -> None:
         """Each save that became durable (or failed) since the last call: a metrics line

@@ -127,10 +127,11 @@ def test_sigterm_to_the_pod_ends_in_a_stop_checkpoint_and_exit_143(
     assert periodic[0]["new_buffers"] > 0
     assert [r["new_buffers"] for r in periodic[1:]] == [0] * (len(periodic) - 1)
     assert len({r["staged_bytes"] for r in periodic}) == 1
-    # A save still uploading when the signal came died with its upload process (torchrun
-    # signals the worker's whole process group); the stop checkpoint replaces it.
+    # A save still uploading when the signal came may have died with its upload process
+    # (torchrun signals the worker's whole process group): then it was never published, and
+    # the stop checkpoint, written by the trainer itself, replaced it.
     for lost in (r for r in periodic if r["error"] is not None):
-        assert "Checkpoint background process is dead" in lost["error"]
+        assert lost["durable_s"] is None and lost["step"] > durable[-1]["step"]
     assert "checkpoint: step 2 durable at " in output
 
 
