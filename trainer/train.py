@@ -725,15 +725,18 @@ class Trainer:
             "step": step,
             "batches_read": self.batches_read,
         }
-        self.checkpoints.save(
-            step,
-            model=self.model,
-            optimizer=self.optimizer,
-            lr_scheduler=self.lr_scheduler,
-            train_state=train_state,
-            blocking=blocking,
-            faults=self.faults,
-        )
+        try:
+            self.checkpoints.save(
+                step,
+                model=self.model,
+                optimizer=self.optimizer,
+                lr_scheduler=self.lr_scheduler,
+                train_state=train_state,
+                blocking=blocking,
+                faults=self.faults,
+            )
+        finally:  # the save before it, failed or not, is in the metrics before any exit
+            self._record_saves()
         self._last_saved_step = step
         if self.dist.is_main:
             self.outputs.sync()
