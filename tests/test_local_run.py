@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from infra.config import StackConfig, StackConfigError, load_stack_file
-from infra.job_args import run_id
+from infra.job_args import TRAINER_LAUNCHER, run_id
 from infra.job_manifest import render_job
 from scripts import local_run, local_topology
 from trainer.config import parse_args
@@ -33,7 +33,8 @@ def test_local_plan_keeps_the_stacks_choices_and_scales_the_rest(tmp_path: Path)
         device="cpu",
         nproc=2,
     )
-    cluster = parse_args(plan.cluster_command[5:])
+    launcher = plan.cluster_command.index("trainer", len(TRAINER_LAUNCHER)) + 1
+    cluster = parse_args(plan.cluster_command[launcher:])
     local = parse_args(plan.local_args)
     assert cluster.model.preset_name == "llama3.1-8b"
     assert cluster.model.max_context_width == 8192

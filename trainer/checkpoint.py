@@ -15,10 +15,13 @@ own as soon as the upload is whole, so a crash after that resumes from it; the t
 save's start to that moment is the save's *time to durable*, logged and handed to the metrics
 (``pop_finished``). The next save, a stop, a rollback and the end of the run first wait for the
 one in flight (``wait()``): at most one save is ever in flight, so the staging buffers are free
-again when the next save copies into them. A hang exits only after ``drain()``, which waits for
-the upload and the marker without any collective. Background collectives run on a gloo group
-of their own: DCP's async save needs a CPU backend (torch ``state_dict_saver.async_save``
-asserts one), and the main thread keeps the default group.
+again when the next save copies into them. The stop and final saves (``blocking``) are written
+by the trainer process itself: a stop's SIGTERM reaches the upload process too (torchrun
+signals the worker's process group), and a save it cuts short is lost, not fatal. A hang exits
+only after ``drain()``, which waits for the upload and the marker without any collective.
+Background collectives run on a gloo group of their own: DCP's async save needs a CPU backend
+(torch ``state_dict_saver.async_save`` asserts one), and the main thread keeps the default
+group.
 
 **Failures say their name**: a failed write (a full disk, an S3 error) is one
 ``CheckpointError`` line naming the location, the rank and the cause, on every rank alike (DCP
