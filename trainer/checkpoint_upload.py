@@ -185,6 +185,10 @@ def describe_failure(error: BaseException, *, rank: int) -> str:
         cause, _trace = error.failures[min(error.failures)]
         others = len(error.failures) - 1
         also = f" (and {others} other rank{'s' * (others > 1)})" if others else ""
-        first = min(error.failures)
-        return f"rank {first}{also}: {type(cause).__name__}: {cause}"
-    return f"rank {rank}: {type(error).__name__}: {error}"
+        return f"rank {min(error.failures)}{also}: {_exception_text(cause)}"
+    return f"rank {rank}: {_exception_text(error)}"
+
+
+def _exception_text(error: BaseException) -> str:
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
