@@ -29,8 +29,9 @@ module hands ``async_save`` what torch provides for that instead:
 torchrun forwards a stop's SIGTERM to each worker's whole process group
 (``elastic/multiprocessing/subprocess_handler/subprocess_handler.py`` ``close``:
 ``os.killpg``), which holds the daemon too, and the daemon has no handler for it: an upload in
-flight then dies with it. Nothing is lost by that: the trainer's stop checkpoint, of a later
-step, is written by the trainer process itself (trainer.checkpoint ``save(blocking=True)``).
+flight then dies with it. Nothing is lost by that: the trainer's stop checkpoint, of that step
+or a later one, is written by the trainer process itself (trainer.checkpoint
+``save(blocking=True)``).
 The daemon also ends with the trainer otherwise: its serving loop reads the trainer's end of a
 pipe, which closes when the trainer exits.
 """
