@@ -13,7 +13,7 @@ import yaml
 
 from infra.config import StackConfig, StackConfigError, load_stack_file
 from infra.estimates.run_plan import plan_run
-from infra.job.flags import run_id
+from infra.job.flags import TRAINER_LAUNCHER, run_id
 from infra.job.manifest import render_job
 from scripts.cli import local as local_run
 from scripts.cli.support import local_topology
@@ -36,7 +36,8 @@ def test_local_plan_keeps_the_stacks_choices_and_scales_the_rest(tmp_path: Path)
         device="cpu",
         nproc=2,
     )
-    cluster = parse_args(plan.cluster_command[5:])
+    launcher = plan.cluster_command.index("trainer", len(TRAINER_LAUNCHER)) + 1
+    cluster = parse_args(plan.cluster_command[launcher:])
     local = parse_args(plan.local_args)
     assert cluster.model.preset_name == "llama3.1-8b"
     assert cluster.model.max_context_width == 8192
@@ -94,7 +95,8 @@ def test_local_run_trains_is_interrupted_resumes_and_plots(tmp_path: Path) -> No
     collapsed = [i for i, line in enumerate(result.lines) if "reported the planned exit" in line]
     assert len(collapsed) == 1 and announced < collapsed[0]
     assert "ChildFailedError" not in result.out and "Root Cause" not in result.out
-    assert "ChildFailedError" in (tmp_path / "dev" / "node-0" / "agent.log").read_text()
+    agent_log = (tmp_path / "dev" / "node-0" / "agent.log").read_text()
+    assert "trainer.launch: rank 0 exited with 17; exiting with 17" in agent_log  # kept whole
     assert "Traceback" not in result.out + result.err
     run = tmp_path / "dev"
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

@@ -7,10 +7,15 @@ from collections.abc import Sequence
 
 from trainer.config import parse_args
 
+CHECKPOINT_ERROR_EXIT_CODE = 1
+"""A checkpoint the run cannot write or read: a plain failure, which the training operator's
+`ExitCode` policy does not retry (a full disk or a denied bucket needs a person)."""
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     cfg = parse_args(sys.argv[1:] if argv is None else argv)
     # Imported after parsing so that `--help` and flag errors answer without loading torch.
+    from trainer.checkpoint import CheckpointError
     from trainer.data import DataConfigError
     from trainer.float8 import Float8Error
     from trainer.preflight import PREFLIGHT_EXIT_CODE, PreflightError
@@ -34,6 +39,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         shutdown()
         sys.stderr.write(f"trainer: error: {error}\n")
         return 2
+    except CheckpointError as error:
+        # A checkpoint that cannot be loaded (nor the one before it), or was written by
+        # another world size: one line naming it.
+        from trainer.distributed import shutdown
+
+        shutdown()
+        sys.stderr.write(f"trainer: {type(error).__name__}: {error}\n")
+        return CHECKPOINT_ERROR_EXIT_CODE
     except BaseException:
         # Leave the process group cleanly so the failure, not a teardown warning, is what
         # the log shows last.
@@ -48,6 +61,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PreemptedError as stop:
         # Saved and recorded: the pod is going away (or the deadline came), not a crash.
         return stop.exit_code
+    except CheckpointError as error:
+        # A save that failed (a full disk, an S3 error): the location, the rank and the cause
+        # in one line, rather than every rank's traceback from DCP's upload process.
+        sys.stderr.write(f"trainer: {type(error).__name__}: {error}\n")
+        return CHECKPOINT_ERROR_EXIT_CODE
     finally:
         trainer.close()
     return 0

@@ -7,46 +7,58 @@ OOM, a node failure), and resume must never pick a checkpoint a crash cut short.
 writes its part, DCP's coordinator gathers all ranks' writes, and only then does rank 0 publish
 the checkpoint (the ``COMPLETE`` marker, written last). ``latest()`` lists only published ones.
 
-**Asynchronous saves** (``async_save=True``): the state is copied to host memory (DCP's staging,
-the only part the step waits for) and written by a background thread while training goes on;
-rank 0 publishes it from a thread of its own as soon as the upload is whole, so a crash after
-that resumes from it. The next save, a stop, a rollback and the end of the run first wait for
-the one in flight (``wait()``): at most one save is ever in flight, so host memory holds at most
-one staged copy. Background collectives run on a gloo group of their own: DCP's async save needs
-a CPU backend (torch ``state_dict_saver.async_save`` asserts one), and the main thread keeps the
-default group.
+**Asynchronous saves** (``async_save=True``): the state is copied into host buffers made at the
+first save and reused by every later one (the only part the step waits for), and written by a
+separate upload process while training goes on (trainer.checkpoint_upload says how, with
+torch's own stager and process executor). Rank 0 publishes the checkpoint from a thread of its
+own as soon as the upload is whole, so a crash after that resumes from it; the time from the
+save's start to that moment is the save's *time to durable*, logged and handed to the metrics
+(``pop_finished``). The next save, a stop, a rollback and the end of the run first wait for the
+one in flight (``wait()``): at most one save is ever in flight, so the staging buffers are free
+again when the next save copies into them. The stop and final saves (``blocking``) are written
+by the trainer process itself: a stop's SIGTERM reaches the upload process too (torchrun
+signals the worker's process group), and a save it cuts short is lost, not fatal. A hang exits
+only after ``drain()``, which waits for the upload and the marker without any collective.
+Background collectives run on a gloo group of their own: DCP's async save needs a CPU backend
+(torch ``state_dict_saver.async_save`` asserts one), and the main thread keeps the default
+group.
+
+**Failures say their name**: a failed write (a full disk, an S3 error) is one
+``CheckpointError`` line naming the location, the rank and the cause, on every rank alike (DCP
+gathers the writes' results and broadcasts the outcome); a checkpoint that cannot be read is a
+``UnreadableCheckpointError``, which the trainer sets aside before falling back to the one before.
 
 All ranks call ``save``, ``load`` and ``wait`` (they are collective). Works without a process
-group too (a single-process run, or a test).
+group too (a single-process run, or a test; the upload then runs in a thread, torch's process
+executor needing a process group to start its own).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import random
-import sys
 import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint import StorageWriter
+from torch.distributed.checkpoint import CheckpointException, StorageWriter
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_state_dict,
     set_model_state_dict,
     set_state_dict,
 )
+from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
 from trainer.checkpoint_store import (
@@ -56,20 +68,47 @@ from trainer.checkpoint_store import (
     split_location,
     step_of,
 )
+from trainer.checkpoint_upload import (
+    StagingBuffers,
+    UploadPlanner,
+    describe_failure,
+    on_device,
+    stop_upload_process,
+    stop_upload_process_at_exit,
+)
 from trainer.distributed import DEFAULT_TIMEOUT
 from trainer.log import get_logger
 from trainer.optim import load_schedule_position
 
 logger = get_logger("checkpoint")
 
-__all__ = ["COMPLETE_MARKER", "CheckpointError", "CheckpointManager", "find_latest"]
-
-CRASH_IN_SAVE_EXIT_CODE = 17
-"""Exit code of ``--crash_in_save_at_step`` (the same as ``--fail_at_step``'s)."""
+__all__ = [
+    "COMPLETE_MARKER",
+    "CheckpointError",
+    "CheckpointManager",
+    "SaveFaults",
+    "SaveRecord",
+    "UnreadableCheckpointError",
+    "find_latest",
+]
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint could not be written, or does not fit the run that tries to load it."""
+
+
+class UnreadableCheckpointError(CheckpointError):
+    """A complete checkpoint whose files fail to load (truncated, corrupt, unreadable)."""
+
+
+class SaveFaults(Protocol):
+    """Where tests inject faults into a save (trainer.faults.FaultInjector)."""
+
+    def inside_save(self, step: int) -> None:
+        """Called after this rank's train_state is written, before its shards."""
+
+    def storage_writer(self, step: int, writer: StorageWriter) -> StorageWriter:
+        """The writer to write this rank's shards with."""
 
 
 # --- process-group helpers (no-ops without a process group) --------------------------------------
@@ -117,15 +156,23 @@ def run_on_rank0(action: Callable[[], None], what: str) -> None:
         raise CheckpointError(f"{what} failed on rank 0: {error}") from cause
 
 
-def _die_in_write(writer: StorageWriter) -> None:
-    """Make ``writer`` end this process when DCP asks it for this rank's shards."""
+def _failure(error: BaseException) -> str:
+    return describe_failure(error, rank=_rank())
 
-    def die(*_args: Any, **_kwargs: Any) -> Any:
-        logger.warning("--crash_in_save_at_step: dying inside this rank's checkpoint write")
-        sys.stderr.flush()
-        os._exit(CRASH_IN_SAVE_EXIT_CODE)
 
-    writer.write_data = die  # type: ignore[method-assign]
+def _all_ranks(failure: str | None, group: Any = None) -> list[str | None]:
+    """Every rank's failure (None: none), on every rank, so all of them take the same
+    branch."""
+    if not _distributed():
+        return [failure]
+    failures: list[str | None] = [None] * _world_size()
+    dist.all_gather_object(failures, failure, group=group)
+    return failures
+
+
+def _any_rank_failed(failure: str | None) -> str | None:
+    """The first rank's failure, on every rank."""
+    return next((text for text in _all_ranks(failure) if text is not None), None)
 
 
 # --- locations
@@ -176,6 +223,25 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 # --- the manager
 
 
+@dataclass(frozen=True)
+class SaveRecord:
+    """What one save cost: for the log and the metrics file (rank 0)."""
+
+    step: int
+    location: str
+    staged_s: float
+    """How long the save held the training loop (the whole write when synchronous)."""
+    durable_s: float | None
+    """From the save's start to the marker written (None: the save failed)."""
+    staged_bytes: int
+    new_buffers: int
+    """Host staging buffers this save allocated (the first save's; 0 after it)."""
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": "checkpoint", **self.__dict__}
+
+
 @dataclass
 class _InFlight:
     """An asynchronous save whose upload (or, on rank 0, whose publishing) may still run."""
@@ -183,9 +249,12 @@ class _InFlight:
     step: int
     location: str
     started: float
+    staged_s: float
+    staged_bytes: int
+    new_buffers: int
     upload: Future[Any]
     publisher: threading.Thread | None = None
-    errors: list[str] = field(default_factory=list)
+    error: str | None = None
 
 
 class CheckpointManager:
@@ -203,10 +272,17 @@ class CheckpointManager:
         self.keep_last = keep_last
         self.async_save = async_save
         self._in_flight: _InFlight | None = None
+        self._finished: list[SaveRecord] = []
+        self._stager: StagingBuffers | None = None
         self._background_group: dist.ProcessGroup | None = None
         if async_save and _distributed():
             # Collective: every rank builds its manager at the same point of start-up.
             self._background_group = dist.new_group(backend="gloo", timeout=DEFAULT_TIMEOUT)
+
+    @property
+    def staging(self) -> StagingBuffers | None:
+        """The host staging buffers (made at the first asynchronous save)."""
+        return self._stager
 
     def latest(self) -> str | None:
         """Newest complete checkpoint, or None. Not collective: every rank sees the same store
@@ -223,16 +299,16 @@ class CheckpointManager:
         lr_scheduler: LRScheduler | None,
         train_state: dict[str, Any],
         blocking: bool = False,
-        crash_in_write: bool = False,
+        faults: SaveFaults | None = None,
     ) -> str:
         """Write checkpoint ``step-{step}``; collective, every rank calls it.
 
         Asynchronous when the manager is and ``blocking`` is not: it returns once the state is
-        staged, and the checkpoint is complete only after rank 0 publishes it. ``train_state``
-        is this rank's own small state (data position, RNG states from
+        staged, and the checkpoint is complete only after rank 0 publishes it. A blocking save
+        (the stop and the final one) is written by this process, so it needs nothing from the
+        upload process, which the SIGTERM of a stop may have ended.
+        ``train_state`` is this rank's own small state (data position, RNG states from
         :func:`capture_rng_state`); ``load`` gives each rank back what that rank saved.
-        ``crash_in_write`` is fault injection for tests: this rank dies where a node lost
-        mid-save would, after its train_state and before its shards.
         """
         if step < 0:
             raise ValueError(f"step must be >= 0, got {step}")
@@ -240,28 +316,30 @@ class CheckpointManager:
         started = time.perf_counter()
         location = self.store.save_location(step)
         run_on_rank0(lambda: self.store.begin(step), f"preparing {location}")
-        self.store.write_train_state(location, _rank(), train_state)
+        try:
+            self.store.write_train_state(location, _rank(), train_state)
+        except Exception as exc:  # this rank's own write: its disk, its credentials
+            raise CheckpointError(f"writing {location} failed: {_failure(exc)}") from exc
+        if faults is not None:
+            faults.inside_save(step)
         state = self._state(model, optimizer, lr_scheduler)
         writer = self.store.writer(location)
-        if crash_in_write:
-            _die_in_write(writer)
+        if faults is not None:
+            writer = faults.storage_writer(step, writer)
         if not self.async_save or blocking:
-            with _quiet_single_process_dcp():
-                dcp.save(state, storage_writer=writer, no_dist=not _distributed())
-            run_on_rank0(lambda: self._publish(step, location), f"publishing {location}")
-            final = self.store.final_location(step)
-            logger.info("checkpoint: saved %s in %.1fs", final, time.perf_counter() - started)
-            return final
-        with _quiet_single_process_dcp():
-            upload = dcp.async_save(
-                state,
-                storage_writer=writer,
-                process_group=self._background_group,
-                no_dist=not _distributed(),
-            )
-        if not isinstance(upload, Future):  # AsyncSaveResponse: only with a caller's stager
-            upload = upload.upload_completion
-        flight = _InFlight(step=step, location=location, started=started, upload=upload)
+            self._save_in_process(step, location, state, writer, started)
+            return self.store.final_location(step)
+        upload = self._upload(state, writer)
+        assert self._stager is not None
+        flight = _InFlight(
+            step=step,
+            location=location,
+            started=started,
+            staged_s=time.perf_counter() - started,
+            staged_bytes=self._stager.staged_bytes,
+            new_buffers=self._stager.new_buffers,
+            upload=upload,
+        )
         if _rank() == 0:
             flight.publisher = threading.Thread(
                 target=self._publish_when_uploaded, args=(flight,), name="checkpoint-publish"
@@ -269,49 +347,171 @@ class CheckpointManager:
             flight.publisher.start()
         self._in_flight = flight
         logger.info(
-            "checkpoint: staged step %d in %.2fs; writing %s in the background",
+            "checkpoint: step %d staged in %.2fs (%.2f GB, %d new staging buffer(s)); "
+            "uploading to %s from a separate process",
             step,
-            time.perf_counter() - started,
+            flight.staged_s,
+            flight.staged_bytes / 1e9,
+            flight.new_buffers,
             location,
         )
         return self.store.final_location(step)
 
-    def wait(self) -> None:
-        """Block until the save in flight (if any) is complete and published; collective.
+    def _save_in_process(
+        self, step: int, location: str, state: dict[str, Any], writer: StorageWriter, started: float
+    ) -> None:
+        try:
+            with _quiet_single_process_dcp():
+                dcp.save(state, storage_writer=writer, no_dist=not _distributed())
+        except (Exception, CheckpointException) as exc:
+            raise CheckpointError(f"writing {location} failed: {_failure(exc)}") from exc
+        run_on_rank0(lambda: self._publish(step, location), f"publishing {location}")
+        elapsed = time.perf_counter() - started
+        final = self.store.final_location(step)
+        logger.info("checkpoint: step %d durable at %s after %.1fs", step, final, elapsed)
+        self._finished.append(SaveRecord(step, final, elapsed, elapsed, 0, 0))
 
-        An upload that failed on any rank fails on every rank (DCP gathers the writes' results
-        to the coordinator and broadcasts the outcome), and a failed publish on rank 0 is
-        broadcast, so all ranks raise the same error together.
+    def _upload(self, state: dict[str, Any], writer: StorageWriter) -> Future[Any]:
+        """Stage ``state`` into the reused host buffers and start writing them elsewhere."""
+        separate_process = _distributed()  # torch's process executor needs a process group
+        if self._stager is None:
+            self._stager = StagingBuffers(pinned=on_device(state), shared=separate_process)
+        kind = AsyncCheckpointerType.THREAD
+        if separate_process:
+            kind = AsyncCheckpointerType.PROCESS
+            stop_upload_process_at_exit()
+        with _quiet_single_process_dcp():
+            upload = dcp.async_save(
+                state,
+                storage_writer=writer,
+                planner=UploadPlanner(),
+                process_group=self._background_group,
+                async_checkpointer_type=kind,
+                async_stager=self._stager,
+                no_dist=not separate_process,
+            )
+        # A Future of the upload: staging is synchronous, so no AsyncSaveResponse.
+        assert isinstance(upload, Future), type(upload)
+        return upload
+
+    def in_flight(self) -> bool:
+        """Whether a save's upload or publishing still runs (not collective, no waiting)."""
+        flight = self._in_flight
+        if flight is None:
+            return False
+        publishing = flight.publisher is not None and flight.publisher.is_alive()
+        return not flight.upload.done() or publishing
+
+    def pop_finished(self) -> list[SaveRecord]:
+        """Saves that became durable (or failed) since the last call; rank 0 has them all."""
+        finished, self._finished = self._finished, []
+        return finished
+
+    def wait(self) -> bool:
+        """Block until the save in flight (if any) is complete and published; collective.
+        False when it was lost with its upload process (see below), else True.
+
+        A write that failed on any rank (a full disk, an S3 error) fails on every rank: DCP
+        gathers the writes' results to the coordinator and broadcasts the outcome as a
+        ``CheckpointException``; it raises a ``CheckpointError``. An upload process that died
+        (torchrun's SIGTERM reaches it with its worker's process group) fails its own rank's
+        upload, and the others' through their collectives with it, or not at all when they had
+        finished: so the outcome is agreed on by every rank before anyone acts on it. Such a
+        save is lost, not a reason to stop: every rank ends its upload process, and the next
+        save starts new ones. A failed publish on rank 0 is broadcast too, so all ranks raise
+        the same error together.
         """
         flight, self._in_flight = self._in_flight, None
         if flight is None:
-            return
+            return True
+        failure: str | None = None
         try:
             flight.upload.result()
-        except Exception as exc:
-            raise CheckpointError(f"writing {flight.location} failed: {exc}") from exc
+        except CheckpointException as exc:
+            failure = f"write: {_failure(exc)}"
+        except Exception as exc:  # the upload process or the pipe to it
+            failure = f"process: {_failure(exc)}"
+        failures = _all_ranks(failure, self._background_group)
         if flight.publisher is not None:
             flight.publisher.join()
+        written = [f.removeprefix("write: ") for f in failures if f and f.startswith("write: ")]
+        if written:
+            raise CheckpointError(f"writing {flight.location} failed: {written[0]}")
+        lost = [f.removeprefix("process: ") for f in failures if f]
+        if lost:
+            logger.warning(
+                "checkpoint: step %d lost with its upload process (%s); the next save starts "
+                "a new one",
+                flight.step,
+                lost[0],
+            )
+            stop_upload_process()
+            return False
 
         def published() -> None:
-            if flight.errors:
-                raise CheckpointError(flight.errors[0])
+            if flight.error is not None:
+                raise CheckpointError(flight.error)
 
         run_on_rank0(published, f"publishing {flight.location}")
+        return True
+
+    def drain(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for the save in flight to become durable, without any
+        collective (for a rank about to exit while others may be stuck). True when nothing is
+        left in flight."""
+        flight = self._in_flight
+        if flight is None:
+            return True
+        deadline = time.monotonic() + timeout_s
+        try:
+            flight.upload.result(timeout=timeout_s)
+        except (Exception, CheckpointException):
+            return True  # failed: nothing will become durable; the publisher logged why
+        if flight.publisher is not None:
+            flight.publisher.join(max(0.0, deadline - time.monotonic()))
+        return not self.in_flight()
+
+    def close(self) -> None:
+        """Release the staging buffers and end the upload process (after ``wait``)."""
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
+        if self._background_group is not None:
+            stop_upload_process()
 
     def _publish_when_uploaded(self, flight: _InFlight) -> None:
         """Rank 0's publisher thread: the marker goes in as soon as every rank's writes are."""
         try:
             flight.upload.result()
-            self._publish(flight.step, flight.location)
-        except Exception as exc:  # reported by wait(), on every rank
-            flight.errors.append(f"{type(exc).__name__}: {exc}")
-            logger.error("checkpoint: step %d not published: %s", flight.step, exc)
+        except (Exception, CheckpointException) as exc:  # reported by wait(), on every rank
+            flight.error = f"writing {flight.location} failed: {_failure(exc)}"
+        else:
+            try:
+                self._publish(flight.step, flight.location)
+            except Exception as exc:  # reported by wait(), on every rank
+                flight.error = f"publishing {flight.location} failed: {type(exc).__name__}: {exc}"
+        final = self.store.final_location(flight.step)
+        durable_s = None if flight.error else time.perf_counter() - flight.started
+        self._finished.append(
+            SaveRecord(
+                flight.step,
+                final,
+                flight.staged_s,
+                durable_s,
+                flight.staged_bytes,
+                flight.new_buffers,
+                flight.error,
+            )
+        )
+        if flight.error is not None:
+            logger.error("checkpoint: step %d not saved: %s", flight.step, flight.error)
             return
         logger.info(
-            "checkpoint: saved %s in %.1fs (in the background)",
-            self.store.final_location(flight.step),
-            time.perf_counter() - flight.started,
+            "checkpoint: step %d durable at %s after %.1fs (staged in %.2fs)",
+            flight.step,
+            final,
+            durable_s,
+            flight.staged_s,
         )
 
     def _publish(self, step: int, location: str) -> None:
@@ -351,6 +551,20 @@ class CheckpointManager:
                 "checkpoint: pruning %s failed after saving %s", self.store.root, final
             )
 
+    def set_aside(self, location: str) -> str:
+        """Move an unreadable checkpoint out of the way (not deleted); collective. Returns
+        where it went."""
+        store, path = split_location(location)
+        moved: list[str] = [""]
+
+        def move() -> None:
+            moved[0] = store.set_aside(path)
+
+        run_on_rank0(move, f"setting {path} aside")
+        if _distributed():
+            dist.broadcast_object_list(moved, src=0)
+        return moved[0]
+
     def load(
         self,
         path: str | Path,
@@ -366,7 +580,8 @@ class CheckpointManager:
         Model and optimizer state reshard to the current mesh, but the per-rank train_state
         (which part of the data each rank has read) only fits the world size that wrote it:
         a different world size is an error unless ``allow_world_size_change``, which returns an
-        empty train_state (the data then starts from its beginning).
+        empty train_state (the data then starts from its beginning). Files that fail to read
+        on any rank are a ``UnreadableCheckpointError`` on every rank.
         """
         store, location = split_location(path)
         if step_of(location) is None or not store.is_complete(location):
@@ -375,14 +590,31 @@ class CheckpointManager:
                 f"{COMPLETE_MARKER} marker); use find_latest() to pick one"
             )
         started = time.perf_counter()
-        record = store.read_marker(location)
-        step, saved_world_size = int(record["step"]), int(record["world_size"])
+        record: dict[str, Any] = {}
+        failure: str | None = None
+        try:
+            record = store.read_marker(location)
+            step, saved_world_size = int(record["step"]), int(record["world_size"])
+        except Exception as exc:
+            failure = _failure(exc)
+        failure = _any_rank_failed(failure)
+        if failure is not None:
+            raise UnreadableCheckpointError(f"{location} cannot be loaded: {failure}")
         # Checked before anything is loaded, so a refused resume leaves the model untouched.
         same_world = self._check_world_size(location, saved_world_size, allow_world_size_change)
         # The current (sharded) state dicts are the templates DCP loads into, in place.
         state = self._state(model, optimizer, lr_scheduler)
-        with _quiet_single_process_dcp():
-            dcp.load(state, storage_reader=store.reader(location), no_dist=not _distributed())
+        train_state: dict[str, Any] = {}
+        try:
+            with _quiet_single_process_dcp():
+                dcp.load(state, storage_reader=store.reader(location), no_dist=not _distributed())
+            if same_world:
+                train_state = store.read_train_state(location, _rank())
+        except (Exception, CheckpointException) as exc:
+            failure = _failure(exc)
+        failure = _any_rank_failed(failure)
+        if failure is not None:
+            raise UnreadableCheckpointError(f"{location} cannot be loaded: {failure}")
         if optimizer is not None:
             # Hyperparameters (weight decay, betas, lr) come from this run's flags; only the
             # moments and step counts come from the checkpoint. Loading would restore the
@@ -405,7 +637,6 @@ class CheckpointManager:
             load_schedule_position(lr_scheduler, state["lr_scheduler"])
         elif lr_scheduler is not None:
             lr_scheduler.load_state_dict(state["lr_scheduler"])
-        train_state = store.read_train_state(location, _rank()) if same_world else {}
         logger.info(
             "checkpoint: loaded %s (step %d) in %.1fs",
             location,

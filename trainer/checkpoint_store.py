@@ -61,6 +61,7 @@ S3_SCHEME = "s3://"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _TEMP_PREFIX = ".tmp-step-"
 _DELETING_PREFIX = ".deleting-step-"
+_UNREADABLE_SUFFIX = ".unreadable-"
 _COPY_CHUNK = 8 * 1024 * 1024
 
 
@@ -72,6 +73,12 @@ def step_of(location: str) -> int | None:
     """N for a location whose last component is ``step-N``, else None."""
     match = _STEP_DIR.match(location.rstrip("/").rsplit("/", 1)[-1])
     return int(match.group(1)) if match else None
+
+
+def set_aside_name(location: str) -> str:
+    """``.../step-20`` -> ``step-20.unreadable-<unix time>``: listed by an ``ls`` next to the
+    checkpoints, matched by neither ``step_of`` nor the stray-save cleanup."""
+    return f"{location.rstrip('/').rsplit('/', 1)[-1]}{_UNREADABLE_SUFFIX}{int(time.time())}"
 
 
 def train_state_name(rank: int) -> str:
@@ -124,6 +131,11 @@ class CheckpointStore(Protocol):
     def prune(self, keep_last: int) -> None:
         """Delete all but the newest ``keep_last`` complete checkpoints (0 keeps all), and
         what crashed saves left behind."""
+        ...
+
+    def set_aside(self, location: str) -> str:
+        """Move a checkpoint that fails to load out of the ``step-N`` namespace (kept for a
+        person to look at, never deleted here); returns where it went."""
         ...
 
     def writer(self, location: str) -> StorageWriter: ...
@@ -254,6 +266,12 @@ class FileSystemStore:
         for _step, location in self.complete_steps()[:-keep_last]:
             logger.info("checkpoint: pruning %s (keep_last=%d)", location, keep_last)
             _remove_tree(Path(location))
+
+    def set_aside(self, location: str) -> str:
+        target = self.path / set_aside_name(location)
+        Path(location).rename(target)
+        _fsync_dir(self.path)
+        return str(target)
 
     def writer(self, location: str) -> StorageWriter:
         return FileSystemWriter(location)
@@ -447,6 +465,19 @@ class S3Store:
         for _step, location in complete[:-keep_last]:
             logger.info("checkpoint: pruning %s (keep_last=%d)", location, keep_last)
             self._remove(location)
+
+    def set_aside(self, location: str) -> str:
+        # No rename in S3: server-side copies to a prefix outside the step-N namespace, then
+        # the removal, marker first. A crash in between leaves the checkpoint where it was.
+        target = f"{self.root}/{set_aside_name(location)}"
+        source = self._key(location).key + "/"
+        destination = self._key(target).key + "/"
+        for key in list(self._keys_under(source)):
+            self.client.copy_object(
+                self.bucket, key, self.bucket, destination + key.removeprefix(source)
+            )
+        self._remove(location)
+        return target
 
     def writer(self, location: str) -> StorageWriter:
         from s3torchconnector.dcp import S3StorageWriter

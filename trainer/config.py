@@ -367,26 +367,15 @@ class CheckpointConfig:
         None,
         "At the end, write a Hugging Face safetensors model here (bf16 weights when --bf16).",
     )
-    fail_at_step: int = _flag(
-        0,
-        "Debugging: exit abruptly (code 17) right after step N, unless this run resumed from "
-        "a checkpoint, so that rerunning the same command resumes and finishes (0: off).",
-    )
     staging_dir: str | None = _flag(
         None,
         "Local directory where rank 0 writes the outputs given as s3:// URIs (metrics file, "
         "TensorBoard events, export) before copying them to S3; default: under the temp dir.",
     )
-    crash_in_save_at_step: int = _flag(
-        0,
-        "Testing: the last rank dies (code 17) inside its write of the step-N checkpoint, after "
-        "its train_state and before its shards, unless this run resumed (0: off).",
-    )
 
     def __post_init__(self) -> None:
-        for name in ("checkpoint_freq", "fail_at_step", "crash_in_save_at_step"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"--{name} must be >= 0, got {getattr(self, name)}")
+        if self.checkpoint_freq < 0:
+            raise ValueError(f"--checkpoint_freq must be >= 0, got {self.checkpoint_freq}")
         if self.keep_last_checkpoints < 0:
             raise ValueError(
                 f"--keep_last_checkpoints must be >= 0, got {self.keep_last_checkpoints}"
@@ -426,8 +415,8 @@ class LoggingConfig:
 
 
 @dataclass
-class FaultConfig:
-    """What the run does about hangs, and the faults tests inject to prove it."""
+class SafetyConfig:
+    """What the run does on its own about hangs, divergence and broken nodes."""
 
     watchdog_factor: float = _flag(
         10.0,
@@ -441,7 +430,7 @@ class FaultConfig:
     )
     rollback_after_nonfinite: int = _flag(
         3,
-        "Roll back to the last checkpoint (and skip the data since) after this many "
+        "Roll back to the last checkpoint (and skip the data read since) after this many "
         "consecutive non-finite steps, each of which is skipped (0: never roll back).",
     )
     loss_spike_factor: float = _flag(
@@ -461,35 +450,9 @@ class FaultConfig:
     allreduce_floor_gbps: float = _flag(
         0.0, "Preflight: all-reduce bus bandwidth in GB/s below which the network is broken."
     )
-    preflight_fail_check: Literal["gpus", "efa"] | None = _flag(
-        None, "Testing: the last rank reports this preflight check as failed."
-    )
-    signal_at_step: int = _flag(
-        0,
-        "Testing: the last rank sends itself SIGTERM right after step N, as when one node is "
-        "interrupted, unless this run resumed from a checkpoint (0: off). Every rank then "
-        "saves step N+1 and exits with code 143.",
-    )
-    nan_at_step: int = _flag(
-        0,
-        "Testing: the last rank's loss at step N is NaN (as after an overflow), unless this "
-        "run resumed from a checkpoint (0: off). Every rank skips that update.",
-    )
-    nan_steps: int = _flag(1, "Testing: how many consecutive steps --nan_at_step poisons.")
-    stall_at_step: int = _flag(
-        0,
-        "Testing: the last rank stops making progress right after step N (as on a stuck GPU "
-        "or read), unless this run resumed from a checkpoint (0: off).",
-    )
 
     def __post_init__(self) -> None:
-        for name in (
-            "signal_at_step",
-            "nan_at_step",
-            "stall_at_step",
-            "rollback_after_nonfinite",
-            "max_rollbacks",
-        ):
+        for name in ("rollback_after_nonfinite", "max_rollbacks"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name} must be >= 0, got {getattr(self, name)}")
         if self.watchdog_factor and self.watchdog_factor <= 1:
@@ -500,10 +463,91 @@ class FaultConfig:
             raise ValueError(
                 f"--loss_spike_factor must be 0 (off) or > 1, got {self.loss_spike_factor}"
             )
-        if self.nan_steps < 1:
-            raise ValueError(f"--nan_steps must be >= 1, got {self.nan_steps}")
         if self.watchdog_floor_s <= 0:
             raise ValueError(f"--watchdog_floor_s must be > 0, got {self.watchdog_floor_s}")
+
+
+def parse_batch_ranges(text: str) -> frozenset[int]:
+    """``"11-12,16"`` -> {11, 12, 16}; the empty string is the empty set."""
+    batches: set[int] = set()
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        first, _, last = part.partition("-")
+        try:
+            low, high = int(first), int(last or first)
+        except ValueError:
+            raise ValueError(
+                f"--nan_batches {text!r}: {part!r} is not a batch number or a range N-M"
+            ) from None
+        if not 1 <= low <= high:
+            raise ValueError(f"--nan_batches {text!r}: {part!r} must be N-M with 1 <= N <= M")
+        batches.update(range(low, high + 1))
+    return frozenset(batches)
+
+
+@dataclass
+class InjectedFaultConfig:
+    """Testing only: faults injected on purpose, to prove the run survives them.
+
+    Step faults fire in a run's first attempt only (not after a resume or a rollback), so that
+    rerunning the same command resumes and finishes; ``--nan_batches`` follows the data.
+    """
+
+    fail_at_step: int = _flag(
+        0,
+        "Exit abruptly (code 17) right after step N, once a save in flight is durable, "
+        "unless this run resumed from a checkpoint, so that rerunning the same command "
+        "resumes and finishes (0: off).",
+    )
+    crash_in_save_at_step: int = _flag(
+        0,
+        "The last rank dies (code 17) inside the save of the step-N checkpoint, after its "
+        "train_state and before its shards, unless this run resumed (0: off).",
+    )
+    disk_full_at_step: int = _flag(
+        0,
+        "The last rank's checkpoint writer fails with ENOSPC (errno 28, no space left on "
+        "device) when it writes the shards of the step-N checkpoint (0: off).",
+    )
+    signal_at_step: int = _flag(
+        0,
+        "The last rank sends itself SIGTERM right after step N, as when one node is "
+        "interrupted, unless this run resumed from a checkpoint (0: off). Every rank then "
+        "saves step N+1 and exits with code 143.",
+    )
+    stall_at_step: int = _flag(
+        0,
+        "The last rank stops making progress right after step N (as on a stuck GPU or read), "
+        "unless this run resumed from a checkpoint (0: off).",
+    )
+    nan_at_step: int = _flag(
+        0,
+        "The last rank's loss at step N is NaN (as after an overflow), unless this run "
+        "resumed from a checkpoint (0: off). Every rank skips that update.",
+    )
+    nan_steps: int = _flag(1, "How many consecutive steps --nan_at_step poisons.")
+    nan_batches: str = _flag(
+        "",
+        "The last rank's loss is NaN on these batches of its data stream, counted from 1 "
+        "across resumes and rollbacks (e.g. 11-12,16-17), as on a corrupt patch of data.",
+    )
+    preflight_fail_check: Literal["gpus", "efa"] | None = _flag(
+        None, "The last rank reports this preflight check as failed."
+    )
+
+    def __post_init__(self) -> None:
+        for name in (
+            "fail_at_step",
+            "crash_in_save_at_step",
+            "disk_full_at_step",
+            "signal_at_step",
+            "stall_at_step",
+            "nan_at_step",
+        ):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{name} must be >= 0, got {getattr(self, name)}")
+        if self.nan_steps < 1:
+            raise ValueError(f"--nan_steps must be >= 1, got {self.nan_steps}")
+        parse_batch_ranges(self.nan_batches)
 
 
 @dataclass
@@ -516,7 +560,8 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
-    faults: FaultConfig = field(default_factory=FaultConfig)
+    safety: SafetyConfig = field(default_factory=SafetyConfig)
+    faults: InjectedFaultConfig = field(default_factory=InjectedFaultConfig)
 
     def __post_init__(self) -> None:
         if self.parallel.sharding_strategy != "hybrid" and self.parallel.hsdp_shard_size:
@@ -538,7 +583,8 @@ _SECTION_TYPES: dict[str, type] = {
     "optim": OptimConfig,
     "checkpoint": CheckpointConfig,
     "logging": LoggingConfig,
-    "faults": FaultConfig,
+    "safety": SafetyConfig,
+    "faults": InjectedFaultConfig,
 }
 
 

@@ -3,14 +3,17 @@
 One non-finite step is skipped (`trainer.optim.step_unless_non_finite`). Several in a row, or
 a loss that jumps far above its recent average, mean the weights or the optimizer's moments
 have gone bad, and the batches just seen may be what drove them there. The trainer then
-reloads the last complete checkpoint and skips the data window between that checkpoint and
-the bad step, so training goes on from good weights with data it has not choked on.
+reloads the last complete checkpoint and skips every batch read since it (those an earlier
+rollback to the same checkpoint skipped included, so the window grows with each rollback to
+it), and training goes on from good weights with data it has not choked on.
 
-The decision is taken on logging steps only, from figures every rank already shares: the
-count of consecutive skipped updates (identical on every rank, the gradient norm being
-global) and the loss averaged over ranks. So every rank rolls back at the same step, and an
-ordinary step pays nothing: the running count stays on the device until a logging step
-reads it, next to the loss it already reads.
+The non-finite rule is judged on every step, on the device: the count of consecutive skipped
+updates (identical on every rank, the gradient norm being global) and the longest such run
+since the last rollback are two tensors updated without a host-device sync, and a run of
+`rollback_after` latches. The host reads the latch at the next point where it syncs anyway (a
+logging step, which reads the loss, or a save, which copies the state), so a run of bad steps
+that ends between two logging steps still rolls back, and an ordinary step pays nothing. The
+loss-spike rule needs the loss averaged over ranks, which exists on logging steps only.
 """
 
 from __future__ import annotations
@@ -26,24 +29,35 @@ MIN_LOSSES_FOR_SPIKES = 5
 
 
 class DivergenceGuard:
-    """Counts consecutive skipped updates on the device; judges them on logging steps."""
+    """Counts consecutive skipped updates on the device every step; read at sync points."""
 
     def __init__(self, *, rollback_after: int, spike_factor: float, device: torch.device) -> None:
         self.rollback_after = rollback_after
         self.spike_factor = spike_factor
         self._device = device
         self._consecutive = torch.zeros((), device=device)
+        self._longest = torch.zeros((), device=device)
         self._losses: deque[float] = deque(maxlen=RECENT_LOSSES)
 
     def observe(self, skipped: torch.Tensor) -> None:
         """After every step: `skipped` is 1.0 when its update was skipped. No sync."""
         self._consecutive = (self._consecutive + skipped) * skipped
+        self._longest = torch.maximum(self._longest, self._consecutive)
+
+    def nonfinite_verdict(self) -> str | None:
+        """At a sync point: why the run must roll back for non-finite steps, or None."""
+        if not self.rollback_after:
+            return None
+        longest = int(self._longest.item())
+        if longest >= self.rollback_after:
+            return f"{longest} consecutive non-finite steps"
+        return None
 
     def verdict(self, mean_loss: float) -> str | None:
         """On a logging step: why the run must roll back now, or None."""
-        consecutive = int(self._consecutive.item())
-        if self.rollback_after and consecutive >= self.rollback_after:
-            return f"{consecutive} consecutive non-finite steps"
+        reason = self.nonfinite_verdict()
+        if reason is not None:
+            return reason
         if math.isfinite(mean_loss):
             if (
                 self.spike_factor
@@ -61,4 +75,5 @@ class DivergenceGuard:
     def reset(self) -> None:
         """After a rollback: the history belongs to the weights that were thrown away."""
         self._consecutive = torch.zeros((), device=self._device)
+        self._longest = torch.zeros((), device=self._device)
         self._losses.clear()

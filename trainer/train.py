@@ -12,7 +12,6 @@ import json
 import math
 import os
 import sys
-import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -23,7 +22,13 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from trainer.checkpoint import CheckpointManager, capture_rng_state, find_latest, restore_rng_state
+from trainer.checkpoint import (
+    CheckpointManager,
+    UnreadableCheckpointError,
+    capture_rng_state,
+    find_latest,
+    restore_rng_state,
+)
 from trainer.config import TrainConfig
 from trainer.data import build_train_loader, build_val_loader, load_tokenizer
 from trainer.distributed import (
@@ -34,6 +39,7 @@ from trainer.distributed import (
     shutdown,
 )
 from trainer.divergence import DivergenceGuard
+from trainer.faults import FaultInjector
 from trainer.float8 import (
     Float8Plan,
     after_optimizer_step,
@@ -87,9 +93,6 @@ SHAPE_FLAGS = (
 # Per-rank batch fingerprints go into the metrics file (evidence that ranks read different
 # data) up to this world size; beyond it the lines would be mostly fingerprints.
 MAX_RANKS_WITH_DIGESTS = 64
-# `--fail_at_step` exits with this code, so a test (or an operator) can tell the simulated
-# crash from a real failure.
-FAIL_AT_STEP_EXIT_CODE = 17
 
 
 def clip_grad_norm_(parameters: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
@@ -151,20 +154,24 @@ class Trainer:
         if not self.dist.is_main:
             quiet_libraries()
         self.device = self.dist.device
+        # Tests' injected faults (none in a real run), called at fixed points of the loop.
+        self.faults = FaultInjector(
+            cfg.faults, rank=self.dist.rank, world_size=self.dist.world_size
+        )
         # Before anything is built: are these the GPUs and the network the run expects?
-        faults = cfg.faults
+        safety = cfg.safety
         run_preflight(
             Expectations(
-                gpu_model=faults.expect_gpu,
-                gpu_memory_gib=faults.expect_gpu_memory_gib,
-                efa_devices=faults.expect_efa_devices,
-                busbw_floor_gbps=faults.allreduce_floor_gbps,
+                gpu_model=safety.expect_gpu,
+                gpu_memory_gib=safety.expect_gpu_memory_gib,
+                efa_devices=safety.expect_efa_devices,
+                busbw_floor_gbps=safety.allreduce_floor_gbps,
                 allreduce_mib=64 if self.device.type == "cuda" else 4,
             ),
             device=self.device,
             local_world_size=self.dist.local_world_size,
-            mode=faults.preflight,
-            inject=faults.preflight_fail_check,
+            mode=safety.preflight,
+            inject=cfg.faults.preflight_fail_check,
         )
         self.seed = cfg.optim.seed
         torch.manual_seed(self.seed)
@@ -279,8 +286,9 @@ class Trainer:
             min_lr=cfg.optim.min_lr,
         )
 
-        # Checkpoints: resume from the newest complete one, if any.
+        # Checkpoints: resume from the newest complete one that loads, if any.
         self.step = 0
+        self.batches_read = 0  # this rank's data batches so far (a checkpoint carries it)
         self.resumed_from: str | None = None
         self.checkpoints: CheckpointManager | None = None
         if cfg.checkpoint.checkpoint_dir is not None:
@@ -325,8 +333,8 @@ class Trainer:
         self.skipped_updates = torch.zeros((), device=self.device)
         self._skipped_logged = 0
         self.divergence = DivergenceGuard(
-            rollback_after=cfg.faults.rollback_after_nonfinite,
-            spike_factor=cfg.faults.loss_spike_factor,
+            rollback_after=cfg.safety.rollback_after_nonfinite,
+            spike_factor=cfg.safety.loss_spike_factor,
             device=self.device,
         )
         self.rollbacks = 0
@@ -334,28 +342,44 @@ class Trainer:
         self.stops = StopRequests(control_group())
         # A step that never ends (a stuck GPU, link or read) becomes an exit and a restart.
         self.watchdog: HangWatchdog | None = None
-        if cfg.faults.watchdog_factor:
+        if cfg.safety.watchdog_factor:
             self.watchdog = HangWatchdog(
-                factor=cfg.faults.watchdog_factor,
-                floor_s=cfg.faults.watchdog_floor_s,
+                factor=cfg.safety.watchdog_factor,
+                floor_s=cfg.safety.watchdog_floor_s,
                 on_hang=self._on_hang,
             )
         self._log_summary()
 
     # --- setup helpers
 
-    def _resume(self, location: str) -> None:
+    def _resume(self, location: str) -> bool:
+        """Every rank: load the newest complete checkpoint in `location` (a directory of them,
+        or one `step-N`). One that fails to load is named, set aside and passed over for the
+        one before; a second in a row is an error (then the storage, not one checkpoint, is
+        the likely culprit). False when there is none."""
         latest = find_latest(location)
         if latest is None:
             logger.info("no complete checkpoint in %s: starting from step 0", location)
-            return
-        self._load(latest, location)
-
-    def _load(self, latest: str, location: str) -> None:
-        """Every rank: weights, optimizer, schedule, data position and RNG of `latest`."""
+            return False
         manager = self.checkpoints or CheckpointManager(
             location, keep_last=self.cfg.checkpoint.keep_last_checkpoints
         )
+        try:
+            self._load(latest, manager)
+            return True
+        except UnreadableCheckpointError as unreadable:
+            aside = manager.set_aside(latest)
+            logger.error("checkpoint: %s; set aside as %s", unreadable, aside)
+        previous = find_latest(location)
+        if previous is None:
+            logger.warning("no other complete checkpoint in %s: starting from step 0", location)
+            return False
+        logger.warning("checkpoint: falling back to %s", previous)
+        self._load(previous, manager)
+        return True
+
+    def _load(self, latest: str, manager: CheckpointManager) -> None:
+        """Every rank: weights, optimizer, schedule, data position and RNG of `latest`."""
         step, train_state = manager.load(
             latest,
             model=self.model,
@@ -367,8 +391,12 @@ class Trainer:
             self.train_loader.load_state_dict(train_state["data"])
         if "rng" in train_state:
             restore_rng_state(train_state["rng"])
+        default_read = step * self.cfg.optim.gradient_accumulation_steps if train_state else 0
+        self.batches_read = int(train_state.get("batches_read", default_read))
+        self._train_iter = None
         self.step = self._last_saved_step = step
         self.resumed_from = latest
+        self.faults.on_load()
         logger.info("resumed from %s at step %d", latest, step)
 
     def _log_summary(self) -> None:
@@ -423,79 +451,85 @@ class Trainer:
                 result = self.train_step()
                 self.step += 1
                 step = self.step
-                if step == cfg.faults.signal_at_step and self.resumed_from is None:
-                    self._inject_stop_signal(step)
+                reason: str | None = None
                 if step % cfg.logging.logging_freq == 0 or step == cfg.optim.max_steps:
                     mean_loss = self._log_train(step, result, timer)
                     if progress is not None:
                         progress.set_postfix_str(f"loss {mean_loss:.4f}", refresh=False)
                     reason = self.divergence.verdict(mean_loss)
-                    if reason is not None:
-                        self._roll_back(step, reason)
-                        timer = StepTimer(start_step=self.step, max_steps=cfg.optim.max_steps)
-                        if self.watchdog is not None:
-                            self.watchdog.beat(self.step)
-                        if self.stops.agreed():  # this step's agreement is still owed
-                            self._stop(self.step)
-                        continue
+                elif self._checkpoint_due(step):
+                    # A save syncs anyway: never save what a rollback is about to discard.
+                    reason = self.divergence.nonfinite_verdict()
+                if reason is not None:
+                    self._roll_back(step, reason)
+                    timer = StepTimer(start_step=self.step, max_steps=cfg.optim.max_steps)
+                    if self.watchdog is not None:
+                        self.watchdog.beat(self.step)
+                    if self.stops.agreed():  # this step's agreement is still owed
+                        self._stop(self.step)
+                    continue
                 if cfg.logging.validation_freq and step % cfg.logging.validation_freq == 0:
                     self.validate(step)
                 if self._checkpoint_due(step):
                     self.save(step)
+                self._record_saves()
                 if progress is not None:
                     progress.update(1)
                 if self.watchdog is not None:
                     self.watchdog.beat(step)
-                if step == cfg.faults.stall_at_step and self.resumed_from is None:
-                    self._stall(step)
+                self.faults.after_step(step, self.stops, settle=self._drain_saves)
                 if self.stops.agreed():
                     self._stop(step)
-                if step == cfg.checkpoint.fail_at_step and self.resumed_from is None:
-                    logger.warning("--fail_at_step %d: exiting abruptly", step)
-                    sys.stderr.flush()
-                    os._exit(FAIL_AT_STEP_EXIT_CODE)
         # No step follows: the final save and the export (minutes for a large model) are not
         # a hang, and a watchdog exit here would restart a finished run into the same export.
         if self.watchdog is not None:
             self.watchdog.close()
-        if self.checkpoints is not None and self._last_saved_step != self.step:
-            self.save(self.step, blocking=True)
-        if self.checkpoints is not None:
-            self.checkpoints.wait()
+        self._save_last(self.step)
+        self._record_saves()
         if self.export_dir is not None:
             self.export(Path(self.export_dir))
         if self.dist.is_main:
             self.outputs.sync()
 
     def _on_hang(self, reason: str) -> None:
-        """On the watchdog's thread: record the hang for the next start, then exit."""
+        """On the watchdog's thread: let a save in flight land, record the hang, exit."""
+        self._drain_saves()
         self.sinks.write({"kind": "hang", "step": self.step, "reason": reason})
         HangWatchdog.exit(reason)
 
-    def _stall(self, step: int) -> None:
-        """`--stall_at_step`: the last rank stops making progress; the others wait for it in
-        their next collective. Only the watchdog (or the collective timeout) ends this."""
-        if self.dist.rank == self.dist.world_size - 1:
-            logger.warning("--stall_at_step %d: this rank stops making progress", step)
-            threading.Event().wait()
+    def _drain_saves(self) -> None:
+        """Before an exit that is not a stop: wait for a save in flight to become durable,
+        up to the watchdog's floor (which covers a save). No collective (the other ranks may
+        be the stuck ones): the upload runs in its own process and rank 0 publishes it from
+        its own thread, so this needs nothing from a stuck loop."""
+        if self.checkpoints is not None and not self.checkpoints.drain(
+            self.cfg.safety.watchdog_floor_s
+        ):
+            logger.error("checkpoint: a save still uploading; exiting without it")
+        self._record_saves()
 
     def _roll_back(self, step: int, reason: str) -> None:
-        """Every rank: back to the last complete checkpoint, past the data since it."""
+        """Every rank: back to the last complete checkpoint, past every batch read since it.
+
+        Those batches (the ones an earlier rollback to the same checkpoint skipped included)
+        are the likely cause, so each rollback to one checkpoint skips more than the one
+        before, and a bad patch of data just beyond the first window is not met again."""
         if self.checkpoints is not None:
             self.checkpoints.wait()  # a save in flight is the newest good state
         latest = self.checkpoints.latest() if self.checkpoints is not None else None
-        if latest is None or self.rollbacks >= self.cfg.faults.max_rollbacks:
+        if latest is None or self.rollbacks >= self.cfg.safety.max_rollbacks:
             why = "no checkpoint to roll back to" if latest is None else "too many rollbacks"
             raise RuntimeError(f"step {step}: {reason}, and {why}: stopping the run")
-        self.rollbacks += 1
         assert self.checkpoints is not None
-        self._load(latest, self.checkpoints.checkpoint_dir)
-        # The batches from the checkpoint to the bad step are the likely cause: skip them.
-        window = (step - self.step) * self.cfg.optim.gradient_accumulation_steps
-        self._train_iter = None
+        self.rollbacks += 1
+        read_before = self.batches_read
+        if not self._resume(self.checkpoints.checkpoint_dir):
+            raise RuntimeError(f"step {step}: {reason}, and no checkpoint loads: stopping the run")
+        window = read_before - self.batches_read
         batches = self._train_batches()
         for _ in range(window):
             next(batches)
+        self.batches_read += window
         self.divergence.reset()
         self.sinks.write(
             {
@@ -507,38 +541,19 @@ class Trainer:
             }
         )
         logger.warning(
-            "step %d: %s: rolled back to step %d, skipping the %d batch(es) in between",
+            "step %d: %s: rolled back to step %d, skipping the %d batch(es) read since",
             step,
             reason,
             self.step,
             window,
         )
 
-    def _poisoned(self, step: int) -> bool:
-        """`--nan_at_step`: the last rank's loss of those steps is NaN, as after an overflow."""
-        first = self.cfg.faults.nan_at_step
-        return (
-            first <= step < first + self.cfg.faults.nan_steps
-            and first > 0
-            and self.resumed_from is None
-            and self.dist.rank == self.dist.world_size - 1
-        )
-
-    def _inject_stop_signal(self, step: int) -> None:
-        """`--signal_at_step`: the last rank alone gets SIGTERM, as one interrupted node's
-        ranks would; the others learn of it through the next step's agreement."""
-        if self.dist.rank == self.dist.world_size - 1:
-            logger.warning("--signal_at_step %d: sending SIGTERM to this rank", step)
-            self.stops.request()
-
     def _stop(self, step: int) -> None:
         """Every rank agreed to stop after `step`: save it (unless just saved), record, raise."""
         stop = self.stops.stop(step)
         saved = self.checkpoints is not None
-        if saved and self._last_saved_step != step:
-            self.save(step, blocking=True)
-        if self.checkpoints is not None:
-            self.checkpoints.wait()
+        self._save_last(step)
+        self._record_saves()
         self.sinks.write({"kind": "stop", "step": step, "signal": stop.signal_name, "saved": saved})
         logger.warning(
             "%s: stopped after step %d%s", stop.signal_name, step, ", checkpoint saved" * saved
@@ -555,11 +570,12 @@ class Trainer:
             if self.defer_all_reduce and accumulation > 1:
                 self.fsdp.set_requires_all_reduce(micro == accumulation - 1)
             batch = next(self._train_batches())
+            self.batches_read += 1
             if micro == 0:
                 digest = batch_digest(batch["input_ids"])
-            scale = 1.0 / accumulation
-            if micro == 0 and self._poisoned(self.step + 1):
-                scale = math.nan
+            scale = self.faults.loss_scale(
+                step=self.step + 1, batch=self.batches_read, micro=micro, scale=1.0 / accumulation
+            )
             loss = self.forward_backward_step(batch, scale=scale)
             loss_sum += loss
         grad_norm = clip_grad_norm_(self.parameters, self.cfg.optim.grad_clip)
@@ -721,27 +737,42 @@ class Trainer:
             "data": self.train_loader.state_dict(),
             "rng": capture_rng_state(),
             "step": step,
+            "batches_read": self.batches_read,
         }
-        self.checkpoints.save(
-            step,
-            model=self.model,
-            optimizer=self.optimizer,
-            lr_scheduler=self.lr_scheduler,
-            train_state=train_state,
-            blocking=blocking,
-            crash_in_write=self._crashes_in_save(step),
-        )
+        try:
+            self.checkpoints.save(
+                step,
+                model=self.model,
+                optimizer=self.optimizer,
+                lr_scheduler=self.lr_scheduler,
+                train_state=train_state,
+                blocking=blocking,
+                faults=self.faults,
+            )
+        finally:  # the save before it, failed or not, is in the metrics before any exit
+            self._record_saves()
         self._last_saved_step = step
         if self.dist.is_main:
             self.outputs.sync()
 
-    def _crashes_in_save(self, step: int) -> bool:
-        """`--crash_in_save_at_step`: the last rank dies inside this save's write."""
-        return (
-            step == self.cfg.checkpoint.crash_in_save_at_step
-            and self.resumed_from is None
-            and self.dist.rank == self.dist.world_size - 1
-        )
+    def _save_last(self, step: int) -> None:
+        """Collective, before the process ends (a stop, or the run's end): the save in flight
+        lands, and `step` is saved unless that save was of it. Written by this process, so a
+        stop's SIGTERM, which torchrun also passes to the upload process, costs nothing here:
+        a save lost with that process is replaced by this one."""
+        if self.checkpoints is None:
+            return
+        if not self.checkpoints.wait():
+            self._last_saved_step = -1
+        if self._last_saved_step != step:
+            self.save(step, blocking=True)
+
+    def _record_saves(self) -> None:
+        """Each save that became durable (or failed) since the last call: a metrics line
+        with its cost (rank 0, whose thread publishes them)."""
+        if self.checkpoints is not None:
+            for record in self.checkpoints.pop_finished():
+                self.sinks.write(record.as_dict())
 
     def export(self, out_dir: Path) -> None:
         """Collective: a Hugging Face safetensors model that `transformers` loads back."""
@@ -781,6 +812,8 @@ class Trainer:
     def close(self) -> None:
         if self.watchdog is not None:
             self.watchdog.close()
+        if self.checkpoints is not None:
+            self.checkpoints.close()
         self.stops.close()
         self.sinks.close()
         if self.dist.is_main:

@@ -197,8 +197,14 @@ def trainer_argv(plan: RunPlan, paths: RunPaths) -> list[str]:
     return format_args(flags)
 
 
+TRAINER_LAUNCHER = ("python3", "-m", "trainer.launch")
+"""torchrun's own `main`, exiting with the code of the worker that failed (143 after a stop
+checkpoint, 142 after the hang watchdog) instead of torchrun's 1 (`trainer/launch.py`), so the
+operator's `ExitCode` restart policy sees why the pod ended."""
+
+
 def torchrun_command(plan: RunPlan, paths: RunPaths) -> list[str]:
-    """The container's whole command line.
+    """The container's whole command line: torchrun's arguments after `TRAINER_LAUNCHER`.
 
     torchrun takes the rendezvous endpoint and backend from the `PET_*` variables the training
     operator injects (see `job_manifest.elastic_policy`); the node and process counts are
@@ -206,7 +212,7 @@ def torchrun_command(plan: RunPlan, paths: RunPaths) -> list[str]:
     """
     config = plan.config
     return [
-        "torchrun",
+        *TRAINER_LAUNCHER,
         f"--nnodes={config.gpu_nodes.count}",
         f"--nproc_per_node={config.gpus_per_node}",
         "-m",

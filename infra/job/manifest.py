@@ -13,7 +13,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from infra.facts.instances import scheduling_labels
-from infra.job.flags import CHECKPOINT_BUCKET_ENV, RunPaths, run_paths, torchrun_command
+from infra.job.flags import (
+    CHECKPOINT_BUCKET_ENV,
+    TRAINER_LAUNCHER,
+    RunPaths,
+    run_paths,
+    torchrun_command,
+)
 from infra.job.placement import EFA_RESOURCE, GPU_RESOURCE, gpu_placement
 
 if TYPE_CHECKING:
@@ -365,8 +371,8 @@ def render_job(
         "name": CONTAINER_NAME,
         "image": image,
         "imagePullPolicy": "IfNotPresent",
-        "command": command[:1],
-        "args": command[1:],
+        "command": command[: len(TRAINER_LAUNCHER)],
+        "args": command[len(TRAINER_LAUNCHER) :],
         "env": [
             *container_env(plan, hf_secret_name=hf_secret_name, run_dir=paths.local_dump_dir),
             *s3_env(bucket),

@@ -1,28 +1,35 @@
-"""How long a checkpoint save stalls training: synchronous versus asynchronous, disk and S3.
+"""What a checkpoint save costs the training loop: blocked time, overlapping steps, durability.
 
-    python scripts/bench/checkpoint_stall.py                       # the default table (both stores)
-    python scripts/bench/checkpoint_stall.py --store fs --params-millions 400 --saves 3
+    python scripts/bench/checkpoint_stall.py                          # GPU: 8 GB of state per rank
+    python scripts/bench/checkpoint_stall.py --state-gb 1 --s3-state-gb 0.25   # a CPU-sized run
 
-One process on the CPU runs the trainer's own checkpoint manager (trainer.checkpoint) on a model
-of `--params-millions` parameters (a stack of 4096x4096 linear layers: the state a DCP save
-writes is its fp32 weights and AdamW's two moments, 12 bytes per parameter, as for the real
-models). Each round times `--steps` training steps, then saves and takes `--steps` more; the
-figures are medians per save:
+One process (a gloo world of one, with NCCL beside it on a GPU) trains a stack of square
+linear layers holding `--state-gb` of checkpoint state (fp32 weights and AdamW's two moments,
+12 bytes per parameter, as the real models' DCP state) and saves it `--saves` times with the
+trainer's own checkpoint manager (trainer.checkpoint). Three ways of saving are compared, each
+on a directory (under the temp dir) and on S3 (s3torchconnector against moto's S3 server in a
+subprocess, so its absolute times are this machine's, not S3's):
 
-* stall: how long `save()` held the training loop (synchronous: the whole write; asynchronous:
-  staging the state into host memory and starting the background write);
-* cost: the wall time the save added to a window of `--steps` steps, the checkpoint published
-  at its end (the window with the save, `wait()` included, minus the same steps without one).
-  On this CPU the background write competes with the steps for the same two cores; on a GPU
-  node the steps run on the GPUs and the write on idle host cores, so there the cost of an
-  asynchronous save approaches its stall;
-* steps: the window without a save, for scale.
+* `sync`: the whole write inside `save()` (`--async_checkpoint 0`);
+* `torch default`: `dcp.async_save` as torch sets it up when given no stager, the trainer's
+  previous way: a fresh host copy of the state at every save and the write in a thread of
+  the training process (no marker written: it is the baseline);
+* `async`: the trainer's way, host buffers staged once (pinned on a GPU) and the write in a
+  separate process (trainer.checkpoint_upload).
 
-The filesystem store writes under the temp dir; the S3 store writes through s3torchconnector to
-moto's S3 server on loopback (a subprocess), so its absolute times are this machine's, not
-S3's. What carries over to a GPU node is the ratio: the asynchronous stall is a device-to-host
-copy there (tens of GB/s), not the write. Also prints the hang watchdog's cost per step (its
-`beat()`, the only thing it adds to a step). Prints a table, then one JSON line.
+Per save it measures, and prints as medians:
+
+* blocked: how long `save()` held the training loop (`blocked first`: the first save, which
+  allocates the staging buffers and starts the upload process; `blocked`: the later ones);
+* overlap slowdown: how much slower the steps taken while the upload runs are than the steps
+  of a window without a save (`--steps` each; each step synchronizes the device);
+* durable: from the save's start to the checkpoint being complete (for `async`, the marker
+  written by rank 0's publisher).
+
+GPU targets (issue 23): blocked <= 1 s per save up to 10 GB of state per rank, overlapping
+steps <= 5% slower. On a CPU the upload process competes with the training steps for the same
+cores, so the slowdown there says little about a GPU node, where the steps run on the GPU.
+Also prints the hang watchdog's cost per step. Prints a table, then one JSON line.
 """
 
 from __future__ import annotations
@@ -37,71 +44,163 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-LAYER_WIDTH = 4096
 BUCKET = "bench-checkpoints"
+MODES = ("sync", "torch default", "async")
 
 
-def build(params_millions: int) -> tuple[Any, Any]:
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def init_world_of_one() -> Any:
+    """A one-rank process group as torchrun would give the trainer; the device to train on."""
+    import torch
+    import torch.distributed as dist
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if not dist.is_initialized():
+        backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(
+            backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
+        )
+    return device
+
+
+def build(state_gb: float, width: int, device: Any) -> tuple[Any, Any, int]:
+    """Linear layers holding `state_gb` of weights and AdamW moments; the moments exist."""
     import torch
     from torch import nn
 
     from trainer.optim import build_optimizer
 
-    layers = max(1, round(params_millions * 1e6 / (LAYER_WIDTH * LAYER_WIDTH + LAYER_WIDTH)))
+    per_layer = 12 * (width * width + width)
+    layers = max(1, round(state_gb * 1e9 / per_layer))
     torch.manual_seed(0)
-    model = nn.Sequential(*[nn.Linear(LAYER_WIDTH, LAYER_WIDTH) for _ in range(layers)])
+    model = nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)]).to(device)
     optimizer = build_optimizer(model, lr=1e-4, weight_decay=0.0, beta1=0.9, beta2=0.95)
-    return model, optimizer
+    step_fn = _stepper(model, optimizer, width, device)
+    step_fn()  # AdamW's moments are made by the first step
+    return model, optimizer, layers * per_layer
 
 
-def train_steps(model: Any, optimizer: Any, steps: int) -> float:
-    """Seconds for `steps` steps of a small batch (the AdamW moments exist after the first)."""
+def _stepper(model: Any, optimizer: Any, width: int, device: Any) -> Callable[[], float]:
     import torch
 
-    batch = torch.randn(8, LAYER_WIDTH)
-    started = time.perf_counter()
-    for _ in range(steps):
+    batch = torch.randn(16, width, device=device)
+
+    def step() -> float:
+        started = time.perf_counter()
         loss = model(batch).float().pow(2).mean()
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    return time.perf_counter() - started
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - started
+
+    return step
 
 
-def measure(store: str, root: str, *, params_millions: int, saves: int, steps: int) -> list[dict]:
+class TorchDefault:
+    """`dcp.async_save` given no stager, as the trainer called it before: the baseline."""
+
+    def __init__(self, root: str) -> None:
+        import torch.distributed as dist
+
+        from trainer.checkpoint_store import open_store
+
+        self.store = open_store(root)
+        self.group = dist.new_group(backend="gloo")
+        self.future: Any = None
+        self.started = 0.0
+        self.durable: list[float] = []
+
+    def save(self, step: int, model: Any, optimizer: Any) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        self.wait()
+        self.started = time.perf_counter()
+        location = self.store.save_location(step)
+        self.store.begin(step)
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        self.future = dcp.async_save(
+            {"model": model_state, "optimizer": optimizer_state},
+            storage_writer=self.store.writer(location),
+            process_group=self.group,
+        )
+
+    def in_flight(self) -> bool:
+        return self.future is not None and not self.future.done()
+
+    def wait(self) -> None:
+        if self.future is not None:
+            self.future.result()
+            self.durable.append(time.perf_counter() - self.started)
+            self.future = None
+
+
+def measure(
+    store: str, root: str, *, state_gb: float, width: int, saves: int, steps: int, device: Any
+) -> list[dict[str, Any]]:
     from trainer.checkpoint import CheckpointManager
 
-    model, optimizer = build(params_millions)
-    parameters = sum(p.numel() for p in model.parameters())
-    train_steps(model, optimizer, 1)
+    model, optimizer, state_bytes = build(state_gb, width, device)
+    step = _stepper(model, optimizer, width, device)
     rows = []
-    for mode in ("sync", "async"):
-        manager = CheckpointManager(f"{root}/{mode}", keep_last=1, async_save=mode == "async")
-        stalls, costs, baselines = [], [], []
+    for mode in MODES:
+        manager: Any
+        if mode == "torch default":
+            manager = TorchDefault(f"{root}/default")
+        else:
+            manager = CheckpointManager(f"{root}/{mode}", keep_last=1, async_save=mode == "async")
+        blocked, baseline, overlapping = [], [], []
         for index in range(saves):
-            baseline = train_steps(model, optimizer, steps)
+            baseline += [step() for _ in range(steps)]
             started = time.perf_counter()
-            manager.save(index, model=model, optimizer=optimizer, lr_scheduler=None, train_state={})
-            stalls.append(time.perf_counter() - started)
-            train_steps(model, optimizer, steps)
+            if mode == "torch default":
+                manager.save(index, model, optimizer)
+            else:
+                manager.save(
+                    index, model=model, optimizer=optimizer, lr_scheduler=None, train_state={}
+                )
+            blocked.append(time.perf_counter() - started)
+            for _ in range(steps):
+                if not manager.in_flight():
+                    break
+                overlapping.append(step())
             manager.wait()
-            costs.append(time.perf_counter() - started - baseline)
-            baselines.append(baseline)
+        if mode == "torch default":
+            durable = manager.durable
+        else:
+            durable = [r.durable_s for r in manager.pop_finished() if r.durable_s is not None]
+            manager.close()
+        base = statistics.median(baseline)
         rows.append(
             {
                 "store": store,
                 "mode": mode,
-                "params_millions": round(parameters / 1e6),
-                "state_gb": round(parameters * 12 / 1e9, 2),
-                "stall_s": round(statistics.median(stalls), 3),
-                "window_cost_s": round(statistics.median(costs), 3),
-                "steps_s": round(statistics.median(baselines), 3),
+                "device": device.type,
+                "state_gb": round(state_bytes / 1e9, 2),
+                "blocked_first_s": round(blocked[0], 3),
+                "blocked_s": round(statistics.median(blocked[1:] or blocked), 3),
+                "step_s": round(base, 4),
+                "overlap_steps": len(overlapping),
+                "overlap_slowdown_pct": (
+                    round(100 * (statistics.median(overlapping) / base - 1), 1)
+                    if overlapping
+                    else None
+                ),
+                "durable_s": round(statistics.median(durable), 2) if durable else None,
             }
         )
     return rows
@@ -120,13 +219,7 @@ def watchdog_beat_cost_us(beats: int = 100_000) -> float:
         watchdog.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def start_moto() -> tuple[subprocess.Popen[bytes], str]:
+def start_moto() -> subprocess.Popen[bytes]:
     """moto's S3 server in its own process (it must not share this one's GIL)."""
     port = _free_port()
     server = subprocess.Popen(
@@ -141,6 +234,7 @@ def start_moto() -> tuple[subprocess.Popen[bytes], str]:
                 break
         except OSError:
             time.sleep(0.1)
+    # Set before the upload process is spawned: it inherits this environment.
     os.environ.update(
         AWS_ENDPOINT_URL=endpoint,
         AWS_ACCESS_KEY_ID="bench",
@@ -150,51 +244,59 @@ def start_moto() -> tuple[subprocess.Popen[bytes], str]:
     import boto3
 
     boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=BUCKET)
-    return server, endpoint
+    return server
+
+
+def _cell(value: Any, unit: str = "s") -> str:
+    return "-" if value is None else f"{value}{unit}"
 
 
 def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    on_gpu = torch.cuda.is_available()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--store", choices=["fs", "s3", "both"], default="both")
-    parser.add_argument("--params-millions", type=int, default=400, help="filesystem model size")
-    parser.add_argument("--s3-params-millions", type=int, default=100, help="S3 model size")
+    parser.add_argument(
+        "--state-gb", type=float, default=8.0 if on_gpu else 1.0, help="checkpoint state, GB"
+    )
+    parser.add_argument("--s3-state-gb", type=float, default=1.0 if on_gpu else 0.25)
+    parser.add_argument("--width", type=int, default=8192 if on_gpu else 2048)
     parser.add_argument("--saves", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=8, help="steps per window")
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
+    device = init_world_of_one()
 
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
+    common = {"width": args.width, "saves": args.saves, "steps": args.steps, "device": device}
+    if args.store in ("s3", "both"):
+        # First: the upload process, spawned at the first save, inherits the moto endpoint.
+        server = start_moto()
+        try:
+            rows += measure("s3 (moto)", f"s3://{BUCKET}/run", state_gb=args.s3_state_gb, **common)
+        finally:
+            server.terminate()
     if args.store in ("fs", "both"):
         root = tempfile.mkdtemp(prefix="bench-ckpt-")
         try:
-            rows += measure(
-                "fs", root, params_millions=args.params_millions, saves=args.saves,
-                steps=args.steps,
-            )  # fmt: skip
+            rows += measure("fs", root, state_gb=args.state_gb, **common)
         finally:
             shutil.rmtree(root, ignore_errors=True)
-    if args.store in ("s3", "both"):
-        server, _ = start_moto()
-        try:
-            rows += measure(
-                "s3 (moto)", f"s3://{BUCKET}/run", params_millions=args.s3_params_millions,
-                saves=args.saves, steps=args.steps,
-            )  # fmt: skip
-        finally:
-            server.terminate()
     beat_us = watchdog_beat_cost_us()
 
     print(
-        f"{'store':<10} {'mode':<6} {'params':>7} {'state':>8} {'stall':>8} {'cost':>8} "
-        f"{'steps':>8}"
+        f"{'store':<10} {'mode':<14} {'state':>8} {'blocked 1st':>11} {'blocked':>8} "
+        f"{'step':>8} {'overlap':>8} {'slower':>7} {'durable':>8}"
     )
     for row in rows:
         print(
-            f"{row['store']:<10} {row['mode']:<6} {row['params_millions']:>6}M "
-            f"{row['state_gb']:>6} GB {row['stall_s']:>7.2f}s {row['window_cost_s']:>7.2f}s "
-            f"{row['steps_s']:>7.2f}s"
+            f"{row['store']:<10} {row['mode']:<14} {row['state_gb']:>5} GB "
+            f"{row['blocked_first_s']:>10}s {row['blocked_s']:>7}s {row['step_s']:>7}s "
+            f"{row['overlap_steps']:>8} {_cell(row['overlap_slowdown_pct'], '%'):>7} "
+            f"{_cell(row['durable_s']):>8}"
         )
-    print(f"watchdog beat(): {beat_us:.2f} µs per step")
+    print(f"device: {device.type}; watchdog beat(): {beat_us:.2f} µs per step")
     print(json.dumps({"checkpoint": rows, "watchdog_beat_us": round(beat_us, 3)}))
     return 0
 

@@ -118,8 +118,19 @@ class AgentOutput:
         self.shown.flush()
 
 
-def run_agents(plan: LocalPlan, *, quiet: bool, planned: bool = False) -> int:
-    """Launch every agent, wait for all; the first non-zero exit code, else 0.
+@dataclass(frozen=True)
+class Launch:
+    """How one launch of every agent ended."""
+
+    code: int
+    """The first non-zero exit code, else 0."""
+    planned_exit: bool
+    """An agent exited with the planned interruption's code: `trainer.launch` exits with its
+    failed worker's code, and `--fail_at_step` exits with `trainer.faults.FAULT_EXIT_CODE`."""
+
+
+def run_agents(plan: LocalPlan, *, quiet: bool, planned: bool = False) -> Launch:
+    """Launch every agent, wait for all; how the launch ended.
 
     One failed agent ends the launch, as one failed pod fails the job: the others get
     AGENT_GRACE_S to see it (a broken collective) and are then stopped with SIGTERM, which
@@ -173,10 +184,12 @@ def run_agents(plan: LocalPlan, *, quiet: bool, planned: bool = False) -> int:
             reader.join(timeout=30)
         for output in outputs:
             output.log.close()
-    as_planned = planned and code != 0 and _planned_in_logs(plan)
+    from trainer.faults import FAULT_EXIT_CODE
+
+    as_planned = planned and any(p.returncode == FAULT_EXIT_CODE for p in processes)
     for agent, output in zip(plan.agents, outputs, strict=True):
         output.release(planned=as_planned, log_path=agent_log(plan, agent))
-    return code
+    return Launch(code, as_planned)
 
 
 def _wait_for_agents(processes: list[subprocess.Popen[str]]) -> int:
@@ -348,13 +361,15 @@ def local(
     )
     plan.metrics_file.unlink(missing_ok=True)
 
-    code = run_agents(plan, quiet=quiet, planned=True)
-    if code == 0:
+    first = run_agents(plan, quiet=quiet, planned=True)
+    if first.code == 0:
         say("The first launch finished before the planned interruption.")
-    elif not _planned_in_logs(plan):
+    elif not first.planned_exit:
         if quiet:
             _print_failure_logs(plan)
-        raise CliError(f"the first launch failed (exit {code}) before the planned interruption")
+        raise CliError(
+            f"the first launch failed (exit {first.code}) before the planned interruption"
+        )
     else:
         from trainer.checkpoint import find_latest
 
@@ -364,7 +379,7 @@ def local(
             f"checkpoint is {Path(latest).name if latest else 'none'}. Starting the same "
             "commands again, as the operator restarts failed pods.\n"
         )
-        code = run_agents(plan, quiet=quiet)
+        code = run_agents(plan, quiet=quiet).code
         if code != 0:
             if quiet:
                 _print_failure_logs(plan)
@@ -389,14 +404,3 @@ def local(
     )
     say(f"Checkpoints: {plan.run_dir}\nMetrics:     {plan.metrics_file}\nLoss plot:   {png}")
     return 0
-
-
-def _planned_in_logs(plan: LocalPlan) -> bool:
-    """Whether a worker logged the planned interruption: the agent's own exit status cannot
-    tell it from a crash (torchrun exits 1 for any failed worker)."""
-    marker = f"--fail_at_step {plan.fail_at_step}: exiting abruptly"
-    return any(
-        marker in agent_log(plan, agent).read_text(errors="replace")
-        for agent in plan.agents
-        if agent_log(plan, agent).exists()
-    )

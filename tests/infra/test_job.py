@@ -13,7 +13,7 @@ from pulumi.runtime.rpc import _special_sig_key as SECRET_SIG  # noqa: N812
 
 from infra.config import StackConfig, parse_stack_config
 from infra.estimates.run_plan import plan_run
-from infra.job.flags import run_id, trainer_argv
+from infra.job.flags import TRAINER_LAUNCHER, run_id, trainer_argv
 from infra.job.manifest import (
     EFA_RESOURCE,
     GPU_RESOURCE,
@@ -182,8 +182,8 @@ def test_rendered_command_parses_with_the_trainers_parser() -> None:
     )
     job = render_job(plan_run(config), image=IMAGE, pvc_name="claim")
     command = container(job.as_dict())["command"] + container(job.as_dict())["args"]
-    assert command[:5] == ["torchrun", "--nnodes=4", "--nproc_per_node=8", "-m", "trainer"]
-    parsed = parse_args(command[5:])
+    assert command[:7] == [*TRAINER_LAUNCHER, "--nnodes=4", "--nproc_per_node=8", "-m", "trainer"]
+    parsed = parse_args(command[7:])
     assert parsed.model.preset_name == "llama3.1-8b"
     assert parsed.model.num_layers == 8
     assert parsed.model.max_context_width == 8192
@@ -361,7 +361,7 @@ def test_the_watchdog_floor_covers_a_save_and_the_recorder_dumps_beside_the_chec
     plan = plan_run(config)
     manifest = render_job(plan, image=IMAGE, pvc_name="fsx-claim").as_dict()
     parsed = parse_args(container(manifest)["args"][4:])
-    assert parsed.faults.watchdog_floor_s >= 2 * plan.timeouts.shutdown_grace_seconds
+    assert parsed.safety.watchdog_floor_s >= 2 * plan.timeouts.shutdown_grace_seconds
     env = {e["name"]: e.get("value") for e in container(manifest)["env"]}
     assert int(env["TORCH_NCCL_TRACE_BUFFER_SIZE"]) > 0
     assert env["TORCH_FR_DUMP_TEMP_FILE"].startswith(f"{parsed.checkpoint.checkpoint_dir}/")
@@ -369,18 +369,18 @@ def test_the_watchdog_floor_covers_a_save_and_the_recorder_dumps_beside_the_chec
 
 def test_each_pod_checks_it_got_the_planned_node_before_step_1() -> None:
     manifest = render_job(plan_run(make_config()), image=IMAGE, pvc_name="fsx-claim").as_dict()
-    faults = parse_args(container(manifest)["args"][4:]).faults
-    assert (faults.preflight, faults.expect_gpu, faults.expect_gpu_memory_gib) == (
+    safety = parse_args(container(manifest)["args"][4:]).safety
+    assert (safety.preflight, safety.expect_gpu, safety.expect_gpu_memory_gib) == (
         "enforce",
         "H100",
         80,
     )
-    assert faults.expect_efa_devices == 32 and faults.allreduce_floor_gbps == 100.0
+    assert safety.expect_efa_devices == 32 and safety.allreduce_floor_gbps == 100.0
     env = {e["name"]: e for e in container(manifest)["env"]}
     assert env["NCCL_NET"]["value"] == "AWS Libfabric"  # the EFA plugin or an error
     assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
 
     no_efa = make_config(gpuNodes={"instanceType": "p5.48xlarge", "count": 4, "efa": False})
     manifest = render_job(plan_run(no_efa), image=IMAGE, pvc_name="fsx-claim").as_dict()
-    assert parse_args(container(manifest)["args"][4:]).faults.expect_efa_devices == 0
+    assert parse_args(container(manifest)["args"][4:]).safety.expect_efa_devices == 0
     assert "NCCL_NET" not in {e["name"] for e in container(manifest)["env"]}

@@ -14,7 +14,7 @@ import yaml
 from infra.config import StackConfig, StackConfigError, load_stack_file, read_stack_file
 from infra.estimates.duration import estimate_duration
 from infra.estimates.run_plan import plan_run
-from infra.job.flags import s3_run_prefix
+from infra.job.flags import TRAINER_LAUNCHER, s3_run_prefix
 from infra.job.manifest import EFA_RESOURCE, GPU_RESOURCE
 from infra.offline import Evaluation, FakeCloud, RecordedResource, evaluate
 from infra.program import main as program
@@ -64,9 +64,10 @@ def container_of(job: RecordedResource) -> dict[str, Any]:
 
 def trainer_config(job: RecordedResource) -> TrainConfig:
     container = container_of(job)
-    command = [*container["command"], *container["args"]]
-    assert command[0] == "torchrun" and command[3:5] == ["-m", "trainer"]
-    return parse_args(command[5:])
+    assert container["command"] == list(TRAINER_LAUNCHER)
+    args = container["args"]
+    assert args[2:4] == ["-m", "trainer"]
+    return parse_args(args[4:])
 
 
 def test_the_experiments_users_run_today_are_all_here() -> None:

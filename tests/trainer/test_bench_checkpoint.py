@@ -1,5 +1,5 @@
-"""The checkpoint-stall benchmark runs end to end on a tiny model (figures are not checked:
-timings belong in docs/benchmarks.md, not in tests)."""
+"""The checkpoint benchmark runs end to end on a tiny state (figures are not checked: timings
+belong in docs/benchmarks.md, not in tests)."""
 
 from __future__ import annotations
 
@@ -10,18 +10,24 @@ import pytest
 from scripts.bench import checkpoint_stall as bench_checkpoint
 
 
-def test_the_benchmark_measures_both_modes_on_both_stores(
+def test_the_benchmark_reports_blocked_overlap_and_durable_for_each_way_and_store(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION"):
         # The benchmark points these at its own moto server; setenv records what to restore.
         monkeypatch.setenv(name, "")
     code = bench_checkpoint.main(
-        ["--params-millions", "1", "--s3-params-millions", "1", "--saves", "1", "--steps", "1"]
-    )
+        ["--state-gb", "0.01", "--s3-state-gb", "0.01", "--width", "256", "--saves", "2",
+         "--steps", "2"]
+    )  # fmt: skip
     assert code == 0
     result = json.loads(capsys.readouterr().out.splitlines()[-1])
-    rows = {(row["store"], row["mode"]) for row in result["checkpoint"]}
-    assert rows == {("fs", "sync"), ("fs", "async"), ("s3 (moto)", "sync"), ("s3 (moto)", "async")}
-    assert all(row["stall_s"] > 0 and row["state_gb"] > 0 for row in result["checkpoint"])
+    rows = {(row["store"], row["mode"]): row for row in result["checkpoint"]}
+    assert set(rows) == {
+        (store, mode) for store in ("fs", "s3 (moto)") for mode in bench_checkpoint.MODES
+    }
+    for row in rows.values():
+        assert row["state_gb"] > 0 and row["blocked_first_s"] > 0 and row["blocked_s"] > 0
+        assert row["durable_s"] is not None and row["durable_s"] > 0
+        assert row["step_s"] > 0 and "overlap_slowdown_pct" in row
     assert result["watchdog_beat_us"] > 0

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
+import os
 import random
+import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -18,16 +22,20 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import fully_shard
 
+from tests.trainer.checkpoint_probes import Probe
 from trainer import checkpoint as ckpt_module
 from trainer.checkpoint import (
     COMPLETE_MARKER,
     CheckpointError,
     CheckpointManager,
+    UnreadableCheckpointError,
     capture_rng_state,
     find_latest,
     restore_rng_state,
 )
+from trainer.config import InjectedFaultConfig
 from trainer.distributed import exit_without_finalization
+from trainer.faults import FaultInjector
 from trainer.optim import build_lr_scheduler, build_optimizer, lr_at
 
 DIM = 16
@@ -121,6 +129,7 @@ def _round_trip(ckpt_dir: str | Path, *, shard: bool, async_save: bool = False) 
     # very tensors being saved, so an exact resume proves the save holds step 3's copy.
     expected = [uninterrupted.step() for _ in range(3)]
     manager.wait()
+    manager.close()
 
     _seed_everything(1234)  # a restarted process: different RNG, different init, fresh loader
     resumed = Run(seed=1, shard=shard)
@@ -154,20 +163,24 @@ def test_round_trip_without_process_group_continues_identically(tmp_path):
     _round_trip(tmp_path / "ckpt", shard=False)
 
 
-def test_round_trip_fsdp2_gloo_world_of_one_continues_identically(tmp_path, gloo_world_of_one):
-    _round_trip(tmp_path / "ckpt", shard=True)
+@pytest.mark.parametrize("async_save", [False, True], ids=["in-process", "upload-process"])
+def test_round_trip_fsdp2_gloo_world_of_one_continues_identically(
+    tmp_path, gloo_world_of_one, async_save
+):
+    _round_trip(tmp_path / "ckpt", shard=True, async_save=async_save)
     saved = CheckpointManager(tmp_path / "ckpt", keep_last=2).latest()
     assert saved is not None
     assert json.loads((Path(saved) / COMPLETE_MARKER).read_text())["world_size"] == 1
 
 
-def _save(manager: CheckpointManager, step: int, run: Run) -> str:
+def _save(manager: CheckpointManager, step: int, run: Run, **kwargs: Any) -> str:
     return manager.save(
         step,
         model=run.model,
         optimizer=run.optimizer,
         lr_scheduler=run.scheduler,
         train_state={"step_seen": step},
+        **kwargs,
     )
 
 
@@ -482,3 +495,129 @@ def test_latest_names_the_skipped_incomplete_dir(tmp_path, caplog):
     finally:
         checkpoint_logger.removeHandler(caplog.handler)
     assert f"ignoring {tmp_path / 'step-3'}: no COMPLETE marker" in caplog.text
+
+
+# --- staging and the upload process (torch's DefaultStager and process executor) --------------
+
+
+def test_staging_buffers_are_made_once_and_shards_written_by_another_process(
+    tmp_path, gloo_world_of_one
+):
+    """Three saves of FSDP2 shards and AdamW moments: the first allocates the host staging
+    buffers, the next two copy into the same ones; every shard file is opened by one other
+    process, a child of this one (torch's upload daemon), never by the training process."""
+    run = Run(seed=0, shard=True)
+    run.step()
+    probe = Probe(tmp_path / "writers.log")
+    manager = CheckpointManager(tmp_path / "ckpt", keep_last=3, async_save=True)
+    try:
+        for step in (1, 2, 3):
+            _save(manager, step, run, faults=probe)
+            run.step()  # the parameters change while the upload runs
+        manager.wait()
+        children = {child.pid for child in multiprocessing.active_children()}
+    finally:
+        manager.close()
+    records = manager.pop_finished()
+    assert [r.step for r in records] == [1, 2, 3]
+    # 6 parameters, their 12 AdamW moments and 6 step counts: 24 host storages, once.
+    assert [r.new_buffers for r in records] == [24, 0, 0]
+    assert len({r.staged_bytes for r in records}) == 1 and records[0].staged_bytes > 0
+    assert all(r.durable_s is not None and r.durable_s >= r.staged_s for r in records)
+    shard_writers = {pid for path, pid in probe.writers().items() if path.endswith(".distcp")}
+    assert len(shard_writers) == 1
+    assert os.getpid() not in shard_writers and shard_writers <= children
+    assert [s for s, _ in manager.store.complete_steps()] == [1, 2, 3]
+    assert manager.staging is None  # released by close()
+
+
+def test_a_hang_exits_only_once_the_upload_in_flight_is_durable(
+    tmp_path, gloo_world_of_one, monkeypatch
+):
+    """The watchdog's exit path waits for the save in flight (its upload held until a gate
+    file appears) and its marker, without any collective, then records the hang and exits."""
+    from trainer import train as train_module
+    from trainer.train import Trainer
+
+    run = Run(seed=0, shard=True)
+    run.step()
+    gate = tmp_path / "gate"
+    manager = CheckpointManager(tmp_path / "ckpt", keep_last=3, async_save=True)
+    exits: list[tuple[str, str | None]] = []
+    monkeypatch.setattr(
+        train_module.HangWatchdog,
+        "exit",
+        staticmethod(lambda r: exits.append((r, manager.latest()))),
+    )
+    written: list[dict[str, Any]] = []
+    trainer = SimpleNamespace(
+        checkpoints=manager,
+        cfg=SimpleNamespace(safety=SimpleNamespace(watchdog_floor_s=120.0)),
+        sinks=SimpleNamespace(write=written.append),
+        step=7,
+    )
+    trainer._record_saves = lambda: Trainer._record_saves(trainer)  # type: ignore[arg-type]
+    trainer._drain_saves = lambda: Trainer._drain_saves(trainer)  # type: ignore[arg-type]
+    try:
+        _save(manager, 7, run, faults=Probe(tmp_path / "writers.log", gate=gate))
+        hang = threading.Thread(target=Trainer._on_hang, args=(trainer, "no step for 600 s"))
+        hang.start()
+        hang.join(timeout=3)
+        assert hang.is_alive() and exits == []  # held by the upload, not exited
+        gate.touch()
+        hang.join(timeout=120)
+        assert not hang.is_alive()
+    finally:
+        gate.touch()
+        manager.wait()
+        manager.close()
+    assert exits == [("no step for 600 s", str(tmp_path / "ckpt" / "step-7"))]
+    assert [r["kind"] for r in written] == ["checkpoint", "hang"]
+    assert written[0]["step"] == 7 and written[0]["durable_s"] > 0
+
+
+def test_a_full_disk_is_one_error_naming_the_file_and_the_cause(tmp_path, gloo_world_of_one):
+    """ENOSPC raised inside DCP's write, in the upload process: DCP's CheckpointException (a
+    BaseException) comes back as one CheckpointError line, and nothing is published."""
+    run = Run(seed=0, shard=True)
+    run.step()
+    faults = FaultInjector(InjectedFaultConfig(disk_full_at_step=2), rank=0, world_size=1)
+    manager = CheckpointManager(tmp_path, keep_last=3, async_save=True)
+    try:
+        _save(manager, 1, run, faults=faults)
+        _save(manager, 2, run, faults=faults)
+        with pytest.raises(CheckpointError) as failed:
+            manager.wait()
+    finally:
+        manager.close()
+    message = str(failed.value)
+    assert "\n" not in message
+    assert message.startswith(f"writing {tmp_path / '.tmp-step-2'} failed: rank 0: OSError: ")
+    assert "[Errno 28] No space left on device: " in message
+    assert f"{tmp_path / '.tmp-step-2'}/__0_0.distcp" in message
+    assert manager.latest() == str(tmp_path / "step-1")
+    records = manager.pop_finished()
+    assert [(r.step, r.durable_s is None, r.error == message) for r in records] == [
+        (1, False, False),
+        (2, True, True),
+    ]
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def test_a_truncated_shard_is_unreadable_and_set_aside_not_deleted(tmp_path):
+    run = Run(seed=0, shard=False)
+    manager = CheckpointManager(tmp_path, keep_last=3)
+    _save(manager, 1, run)
+    newest = _save(manager, 2, run)
+    _truncate(Path(newest) / "__0_0.distcp")
+    with pytest.raises(UnreadableCheckpointError, match=rf"^{newest} cannot be loaded: "):
+        manager.load(newest, model=run.model, optimizer=run.optimizer, lr_scheduler=None)
+    aside = manager.set_aside(newest)
+    assert Path(aside).name.startswith("step-2.unreadable-")
+    assert (Path(aside) / "__0_0.distcp").is_file() and (Path(aside) / COMPLETE_MARKER).is_file()
+    assert manager.latest() == str(tmp_path / "step-1")
+    _save(manager, 3, run)  # pruning leaves what was set aside alone
+    assert Path(aside).is_dir()

@@ -18,8 +18,15 @@ import pytest
 from tests.s3_server import moto_s3_endpoint, s3_environment
 from tests.trainer.test_checkpoint import Run, _round_trip, _save
 from trainer import checkpoint as ckpt_module
-from trainer.checkpoint import CheckpointError, CheckpointManager, find_latest
+from trainer.checkpoint import (
+    CheckpointError,
+    CheckpointManager,
+    UnreadableCheckpointError,
+    find_latest,
+)
 from trainer.checkpoint_store import S3Store, open_store
+from trainer.config import InjectedFaultConfig
+from trainer.faults import FaultInjector
 
 BUCKET = "fsdp-eks-ckpt-test"
 
@@ -165,3 +172,46 @@ def test_a_missing_region_is_one_clear_error(root: str, monkeypatch: pytest.Monk
     monkeypatch.delenv("AWS_DEFAULT_REGION")
     with pytest.raises(ValueError, match="AWS_REGION"):
         CheckpointManager(root, keep_last=1).latest()
+
+
+def test_a_failed_upload_is_one_error_naming_the_object_and_the_cause(
+    root: str, s3: Any, gloo_world_of_one: None
+) -> None:
+    """ENOSPC inside s3torchconnector's write stream, in the upload process: one
+    CheckpointError line, the marker never written."""
+    run = Run(seed=0, shard=True)
+    run.step()
+    faults = FaultInjector(InjectedFaultConfig(disk_full_at_step=1), rank=0, world_size=1)
+    manager = CheckpointManager(root, keep_last=2, async_save=True)
+    try:
+        _save(manager, 1, run, faults=faults)
+        with pytest.raises(CheckpointError) as failed:
+            manager.wait()
+    finally:
+        manager.close()
+    message = str(failed.value)
+    assert "\n" not in message
+    assert message.startswith(f"writing {root}/step-1 failed: rank 0: OSError: [Errno 28] ")
+    assert f"{root}/step-1/__0_0.distcp" in message
+    assert "step-1/COMPLETE" not in keys(s3, root)
+
+
+def test_an_unreadable_checkpoint_is_set_aside_by_copy_not_deleted(root: str, s3: Any) -> None:
+    run = Run(seed=0, shard=False)
+    manager = CheckpointManager(root, keep_last=3)
+    _save(manager, 1, run)
+    newest = _save(manager, 2, run)
+    shard = _key(root, "step-2/__0_0.distcp")
+    body = s3.get_object(Bucket=BUCKET, Key=shard)["Body"].read()
+    s3.put_object(Bucket=BUCKET, Key=shard, Body=body[: len(body) // 2])
+    with pytest.raises(UnreadableCheckpointError, match=rf"^{newest} cannot be loaded: "):
+        manager.load(newest, model=run.model, optimizer=run.optimizer, lr_scheduler=None)
+    aside = manager.set_aside(newest)
+    name = aside.removeprefix(f"{root}/")
+    assert name.startswith("step-2.unreadable-")
+    stored = keys(s3, root)
+    assert f"{name}/__0_0.distcp" in stored and f"{name}/COMPLETE" in stored
+    assert not any(k.startswith("step-2/") for k in stored)
+    assert manager.latest() == f"{root}/step-1"
+    _save(manager, 3, run)  # pruning leaves what was set aside alone
+    assert f"{name}/__0_0.distcp" in keys(s3, root)

@@ -9,6 +9,7 @@ not a device sync and is left out.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -71,3 +72,59 @@ def test_only_logging_steps_sync(
 def test_by_default_nine_steps_in_ten_make_no_sync() -> None:
     logging = parse_args([]).logging
     assert (logging.logging_freq, logging.digest_freq) == (10, 100)
+
+
+def test_a_rollback_is_decided_on_the_device_and_read_at_the_next_logging_step(
+    tiny_assets: TinyAssets, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Steps 5 and 6 are non-finite, step 7 is fine again: the run of two latches on the
+    device, no step syncs to look at it, and logging step 8 (which syncs anyway) reads it and
+    rolls back to the step-4 checkpoint."""
+    monkeypatch.setattr(trainer.optim, "_on_cuda", lambda _model: True)  # fused AdamW
+    args = tiny_args(
+        tiny_assets,
+        max_steps=8,
+        logging_freq=4,
+        digest_freq=100,
+        checkpoint_dir=tmp_path / "ckpt",
+        checkpoint_freq=4,
+        nan_at_step=5,
+        nan_steps=2,
+        rollback_after_nonfinite=2,
+        metrics_file=tmp_path / "metrics.jsonl",
+    )
+    run = Trainer(parse_args(args))
+    in_step: list[bool] = [False]
+    syncs: list[tuple[str, int]] = []
+    train_step, item, tolist = run.train_step, torch.Tensor.item, torch.Tensor.tolist
+
+    def step_watched() -> Any:
+        in_step[0] = True
+        try:
+            return train_step()
+        finally:
+            in_step[0] = False
+
+    def counted_item(self: torch.Tensor) -> Any:
+        if in_step[0] and self is not run.stops._flag:
+            syncs.append(("item", run.step + 1))
+        return item(self)
+
+    def counted_tolist(self: torch.Tensor) -> Any:
+        if in_step[0]:
+            syncs.append(("tolist", run.step + 1))
+        return tolist(self)
+
+    monkeypatch.setattr(run, "train_step", step_watched)
+    monkeypatch.setattr(torch.Tensor, "item", counted_item)
+    monkeypatch.setattr(torch.Tensor, "tolist", counted_tolist)
+    try:
+        run.train()
+    finally:
+        monkeypatch.undo()
+        run.close()
+    assert syncs == []
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    [rollback] = [r for r in records if r["kind"] == "rollback"]
+    assert (rollback["step"], rollback["to_step"], rollback["skipped_batches"]) == (8, 4, 4)
+    assert [r["step"] for r in records if r["kind"] == "train"] == [4, 8, 8]

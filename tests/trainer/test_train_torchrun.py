@@ -31,6 +31,7 @@ CHECKPOINT_FREQ = 10
 FAIL_AT_STEP = 13
 SEQ_LEN = 64
 S3_BUCKET = "fsdp-eks-torchrun-test"
+DISK_FULL_BUCKET = "fsdp-eks-disk-full-test"
 
 
 def reference_args(assets: TinyAssets, checkpoint_dir: Path, **extra: Any) -> list[str]:
@@ -161,6 +162,38 @@ def test_crash_and_restart_resumes_and_reproduces_the_losses(
         assert crashed.losses()[step] == pytest.approx(expected[step], rel=1e-5)
     assert (checkpoint_dir / "step-20" / "COMPLETE").exists()
 
+    # The newest complete checkpoint's shard of rank 1 is cut short: the next start names it,
+    # sets it aside and resumes from step 10, with the losses of the run resumed from there.
+    _truncate(checkpoint_dir / "step-20" / "__1_0.distcp")
+    fallback = run_trainer(args, metrics_file=tmp_path / "third.jsonl")
+    assert fallback.returncode == 0, fallback.output[-4000:]
+    _assert_set_aside_and_resumed(fallback, str(checkpoint_dir / "step-20"), str(checkpoint_dir))
+    [aside] = checkpoint_dir.glob("step-20.unreadable-*")
+    assert (aside / "COMPLETE").is_file() and (aside / "__1_0.distcp").is_file()
+    assert _steps_logged(fallback) == list(range(11, MAX_STEPS + 1))
+    assert fallback.losses() == resumed.losses()
+    assert (checkpoint_dir / "step-20" / "COMPLETE").exists()  # saved again
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _assert_set_aside_and_resumed(result: RunResult, newest: str, root: str) -> None:
+    """One line (the same on every rank) names the unreadable checkpoint and where it went;
+    step 10 is resumed."""
+    [line] = {  # the log lines' timestamps may differ
+        line.partition(" checkpoint: ")[2]
+        for line in result.output.splitlines()
+        if f"checkpoint: {newest} cannot be" in line
+    }
+    assert re.search(
+        rf"^{re.escape(newest)} cannot be loaded: rank \d[^:]*: .+; set aside as "
+        rf"{re.escape(root)}/step-20\.unreadable-\d+$",
+        line,
+    ), line
+    assert f"resumed from {root}/step-10 at step 10" in result.output
+
 
 @pytest.fixture(scope="module")
 def s3_env() -> Iterator[dict[str, str]]:
@@ -177,14 +210,18 @@ def s3_env() -> Iterator[dict[str, str]]:
         yield env
 
 
-def _s3_objects(env: dict[str, str], prefix: str) -> dict[str, bytes]:
-    client = boto3.client(
+def _s3_client(env: dict[str, str]) -> Any:
+    return boto3.client(
         "s3",
         endpoint_url=env["AWS_ENDPOINT_URL"],
         region_name=env["AWS_REGION"],
         aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
         aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
     )
+
+
+def _s3_objects(env: dict[str, str], prefix: str) -> dict[str, bytes]:
+    client = _s3_client(env)
     listing = client.list_objects_v2(Bucket=S3_BUCKET, Prefix=prefix).get("Contents", [])
     return {
         item["Key"].removeprefix(prefix): client.get_object(Bucket=S3_BUCKET, Key=item["Key"])[
@@ -250,6 +287,25 @@ def test_s3_checkpoints_survive_a_rank_lost_mid_save_and_resume_exactly(
     assert {"export/config.json", "export/model.safetensors"} <= set(objects)
     # Nothing outside the run's prefix: all the pods' role may write (checkpoint_access).
     assert all(key.startswith(f"{run}/") for key in _s3_objects(s3_env, ""))
+
+    # Rank 1's shard of the newest checkpoint is cut short in the bucket: the next start
+    # names it, copies it aside and resumes from step 10 with the uninterrupted losses.
+    shard = f"{run}/step-20/__1_0.distcp"
+    body = objects["step-20/__1_0.distcp"]
+    _s3_client(s3_env).put_object(Bucket=S3_BUCKET, Key=shard, Body=body[: len(body) // 2])
+    fallback = run_trainer(args, metrics_file=metrics, env=s3_env, pass_metrics_file=False)
+    assert fallback.returncode == 0, fallback.output[-4000:]
+    _assert_set_aside_and_resumed(fallback, f"{uri}/step-20", uri)
+    objects = _s3_objects(s3_env, f"{run}/")
+    [aside] = {k.split("/")[0] for k in objects if k.startswith("step-20.unreadable-")}
+    assert objects[f"{aside}/__1_0.distcp"] == body[: len(body) // 2]
+    assert "step-20/COMPLETE" in objects  # saved again
+    records = [json.loads(line) for line in objects["metrics.jsonl"].decode().splitlines()]
+    third = [i for i, r in enumerate(records) if r["kind"] == "run"][-1]
+    trained = [r for r in records[third:] if r["kind"] == "train"]
+    assert [r["step"] for r in trained] == list(range(11, MAX_STEPS + 1))
+    for record in trained:
+        assert record["loss"] == pytest.approx(expected[record["step"]], rel=1e-5)
 
 
 def test_sigterm_on_one_rank_saves_the_next_step_and_the_restart_matches(
@@ -398,6 +454,84 @@ def test_consecutive_non_finite_steps_roll_back_past_the_bad_data(
     # The same batches as the uninterrupted run, three steps further on.
     assert after[0]["batch_digests"] == expected[14]["batch_digests"]
     assert all(math.isfinite(r["loss"]) for r in after)
+
+
+@pytest.mark.parametrize("store", ["filesystem", "s3"])
+def test_a_full_disk_ends_the_run_with_one_line_naming_the_file_and_the_cause(
+    store: str, tiny_assets: TinyAssets, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The last rank's checkpoint writer runs out of space inside DCP's write of the step-2
+    shards (in the upload process). Every rank learns of it when the next save waits for
+    this one, and ends with the same single line: no CheckpointException traceback, no
+    "Exception in thread", the marker never written."""
+    env: dict[str, str] | None = None
+    if store == "s3":
+        env = request.getfixturevalue("s3_env")
+        _s3_client(env).create_bucket(Bucket=DISK_FULL_BUCKET)
+        root = f"s3://{DISK_FULL_BUCKET}/checkpoints/disk-full"
+    else:
+        root = str(tmp_path / "ckpt")
+    args = tiny_args(
+        tiny_assets, max_steps=4, checkpoint_dir=root, checkpoint_freq=2, disk_full_at_step=2
+    )
+    result = run_trainer(args, metrics_file=tmp_path / "metrics.jsonl", env=env)
+    assert result.returncode != 0
+    written = ".tmp-step-2" if store == "filesystem" else "step-2"
+    lines = {line for line in result.output.splitlines() if "trainer: CheckpointError: " in line}
+    assert len(lines) == 1, result.output[-4000:]
+    assert re.search(
+        rf"trainer: CheckpointError: writing {re.escape(f'{root}/{written}')} failed: rank 1: "
+        rf"OSError: \[Errno 28\] No space left on device: "
+        rf"'{re.escape(f'{root}/{written}/__1_0.distcp')}'$",
+        lines.pop(),
+    )
+    for noise in ("CheckpointException", "Exception in thread", "[rank0]: Traceback"):
+        assert noise not in result.output
+    [failed] = [r for r in result.metrics if r["kind"] == "checkpoint"]
+    assert (failed["step"], failed["durable_s"]) == (2, None)
+    if store == "filesystem":
+        assert not (tmp_path / "ckpt" / "step-2").exists()
+    else:
+        listing = _s3_client(env or {}).list_objects_v2(Bucket=DISK_FULL_BUCKET)["Contents"]
+        keys = {item["Key"] for item in listing}
+        assert "checkpoints/disk-full/step-2/train_state/rank-00001.pt" in keys
+        assert "checkpoints/disk-full/step-2/COMPLETE" not in keys
+
+
+def test_non_finite_steps_between_logging_steps_roll_back_and_each_rollback_skips_more(
+    reference_run: Any, tiny_assets: TinyAssets, tmp_path: Path
+) -> None:
+    """A corrupt patch of data: batches 11-12 and 16-17 of the last rank make its loss NaN.
+    Steps 11 and 12 are non-finite but step 13 is fine again, before the logging step 15: the
+    rollback is still taken there (the latch was set on the device at step 12). It skips the
+    5 batches read since step 10, so the next steps meet batches 16-17, and the second
+    rollback to step 10 skips all 10 batches read since it, beyond the patch, instead of the
+    same 5 again (which would meet batches 16-17 until --max_rollbacks ended the run)."""
+    _, reference = reference_run
+    args = reference_args(
+        tiny_assets,
+        tmp_path / "ckpt",
+        nan_batches="11-12,16-17",
+        rollback_after_nonfinite=2,
+        max_rollbacks=2,
+        logging_freq=5,
+    )
+    result = run_trainer(args, metrics_file=tmp_path / "metrics.jsonl")
+    assert result.returncode == 0, result.output[-4000:]
+    rollbacks = [r for r in result.metrics if r["kind"] == "rollback"]
+    assert [(r["step"], r["to_step"], r["skipped_batches"]) for r in rollbacks] == [
+        (15, 10, 5),
+        (15, 10, 10),
+    ]
+    assert all(r["reason"] == "2 consecutive non-finite steps" for r in rollbacks)
+    logged = [(r["step"], r["skipped_updates"]) for r in result.train_records()]
+    assert logged == [(5, 0), (10, 0), (15, 2), (15, 4), (15, 4), (20, 4)]
+    # Up to the checkpoint, the uninterrupted run's losses; after, finite and still learning.
+    expected = reference.losses()
+    for record in result.train_records()[:2]:
+        assert record["loss"] == pytest.approx(expected[record["step"]], rel=1e-5)
+    final = result.train_records()[-1]
+    assert math.isfinite(final["loss"]) and final["loss"] < expected[1] - 1.0
 
 
 def test_resume_on_another_world_size_with_the_flag(

@@ -268,7 +268,8 @@ def agent_env(plan: LocalPlan, agent: LocalAgent, *, endpoint: str) -> dict[str,
 
 
 def agent_command(plan: LocalPlan, agent: LocalAgent) -> list[str]:
-    """torchrun for one agent; the rendezvous comes from `agent_env`, as on the cluster.
+    """torchrun for one agent, through `trainer.launch` as the pod runs it (so the agent exits
+    with its workers' code); the rendezvous comes from `agent_env`, as on the cluster.
 
     `--max-restarts=0` overrides the job's PET_MAX_RESTARTS: this script plays the operator
     restarting the pods (`main` launches again), so a failure ends the launch at once.
@@ -276,7 +277,7 @@ def agent_command(plan: LocalPlan, agent: LocalAgent) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        "trainer.launch",
         f"--nnodes={len(plan.agents)}",
         f"--nproc_per_node={agent.nproc}",
         "--max-restarts=0",

@@ -1,0 +1,195 @@
+"""Getting a save off the training loop: host buffers staged once, the write in another process.
+
+Given no stager, torch's ``dcp.async_save`` (``torch/distributed/checkpoint/state_dict_saver.py``
+``async_save``) builds ``DefaultStager(StagingOptions(False, False, False, False))``: a fresh,
+pageable host copy of the whole state at every save, and the write in a thread of the
+training process, where it competes with the training loop for the GIL. On a GPU that staging
+alone took ~10 s for 6 GB of state, and the steps overlapping the write ran ~20x slower. This
+module hands ``async_save`` what torch provides for that instead:
+
+* **Staging buffers made once.** ``StagingBuffers`` is torch's ``DefaultStager``
+  (``staging.py``), whose ``StateDictStager`` (``_state_dict_stager.py``) keeps one host
+  storage per device storage (a ``WeakIdKeyDictionary`` keyed by the storage) and copies into
+  it at every later save. The storages are FSDP2's sharded parameters and the optimizer's
+  moments, updated in place, so after the first save no save allocates. On a GPU the buffers
+  are pinned and the device-to-host copies non-blocking, with one synchronize at the end;
+  staging stays synchronous (``use_async_staging=False``), so when ``save`` returns the copy is
+  whole and the next optimizer step may overwrite the parameters.
+* **The write in a separate process.** ``AsyncCheckpointerType.PROCESS`` runs DCP's ``save``
+  in a daemon process that torch spawns at the first save and reuses
+  (``_async_process_executor.py``: ``_AsyncCheckpointProcess``); it joins a gloo group of its
+  own with the other ranks' daemons, so DCP's collectives (plan, write, the coordinator's
+  ``.metadata``) run there. The staged buffers are in shared memory (``use_shared_memory``),
+  so handing them over pickles file descriptors, not bytes (torch
+  ``multiprocessing/reductions.py`` ``reduce_storage``). The storage writer travels by pickle
+  too: ``FileSystemWriter`` and s3torchconnector's ``S3StorageWriter`` (whose CRT client is
+  built lazily, per process: ``s3torchconnector/_s3client/_s3client.py`` ``S3Client._client``)
+  both do.
+
+torchrun forwards a stop's SIGTERM to each worker's whole process group
+(``elastic/multiprocessing/subprocess_handler/subprocess_handler.py`` ``close``:
+``os.killpg``), which holds the daemon too, and the daemon has no handler for it: an upload in
+flight then dies with it. Nothing is lost by that: the trainer's stop checkpoint, of that step
+or a later one, is written by the trainer process itself (trainer.checkpoint
+``save(blocking=True)``).
+The daemon also ends with the trainer otherwise: its serving loop reads the trainer's end of a
+pipe, which closes when the trainer exits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import multiprocessing
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.distributed.checkpoint.metadata import STATE_DICT_TYPE
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.tensor import DTensor
+
+
+class StagingBuffers(DefaultStager):
+    """torch's ``DefaultStager``, staging synchronously into host buffers it keeps, and
+    counting what each save had to allocate (evidence that only the first one does)."""
+
+    def __init__(self, *, pinned: bool, shared: bool) -> None:
+        super().__init__(
+            StagingOptions(
+                use_pinned_memory=pinned,
+                use_shared_memory=shared,
+                use_async_staging=False,
+                use_non_blocking_copy=pinned,
+            )
+        )
+        self.pinned = pinned
+        self._storages: frozenset[int] = frozenset()
+        self.new_buffers = 0
+        """Host storages the last ``stage`` allocated (the others it reused)."""
+        self.staged_bytes = 0
+        """Bytes the last ``stage`` copied."""
+
+    def stage(self, state_dict: STATE_DICT_TYPE, **kwargs: Any) -> Any:
+        staged = super().stage(state_dict, **kwargs)
+        storages: dict[int, int] = {}
+        _collect_storages(staged, storages)
+        self.new_buffers = len(storages.keys() - self._storages)
+        self.staged_bytes = sum(storages.values())
+        self._storages = frozenset(storages)
+        return staged
+
+
+class UploadPlanner(DefaultSavePlanner):
+    """DCP's default save planner, which also keeps torch's upload process quiet.
+
+    The planner travels by pickle with every save request to the upload process, where it is
+    the first object of the trainer's to be unpickled (``_async_process_executor.py``
+    ``_checkpointing_subprocess``: ``parent_conn.recv()``). torch's daemon logs each request
+    on the root logger at INFO, and a failed save with every rank's whole traceback
+    (``logger.py`` ``_init_logger``, ``_async_process_executor.py``); the trainer reports each
+    save's outcome itself, in one line, so there the root logger's own records are dropped
+    (other loggers' records still reach the log)."""
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if multiprocessing.parent_process() is not None:
+            root = logging.getLogger()
+            if _drop_root_records not in root.filters:
+                root.addFilter(_drop_root_records)
+
+
+def _drop_root_records(record: logging.LogRecord) -> bool:
+    return record.name != "root"
+
+
+def _collect_storages(obj: Any, into: dict[int, int]) -> None:
+    """Every host storage under ``obj``: data pointer -> bytes."""
+    if isinstance(obj, DTensor):
+        obj = obj.to_local()
+    if isinstance(obj, torch.Tensor):
+        storage = obj.untyped_storage()
+        into[storage.data_ptr()] = storage.nbytes()
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            _collect_storages(value, into)
+    elif isinstance(obj, list | tuple):
+        for value in obj:
+            _collect_storages(value, into)
+
+
+def on_device(state: Any) -> bool:
+    """Whether any tensor of ``state`` lives on an accelerator (pinned staging pays off)."""
+    stack = [state]
+    while stack:
+        obj = stack.pop()
+        if isinstance(obj, DTensor):
+            obj = obj.to_local()
+        if isinstance(obj, torch.Tensor):
+            if obj.device.type != "cpu":
+                return True
+        elif isinstance(obj, dict):
+            stack.extend(obj.values())
+        elif isinstance(obj, list | tuple):
+            stack.extend(obj)
+    return False
+
+
+def stop_upload_process(timeout_s: float = 30.0) -> None:
+    """End torch's upload daemon, if this process started one; the next save spawns another.
+
+    torch offers no call for it: the daemon is meant to live as long as the trainer
+    (``_async_process_executor.py``, ``_ProcessBasedAsyncCheckpointExecutor.execute_save``),
+    and its ``_AsyncCheckpointProcess.__del__`` asks it to stop, waits 5 s, then sends a
+    SIGTERM. So this asks and waits, and kills only a daemon that does not stop. Also run at a
+    normal interpreter exit, before multiprocessing's own exit handler, which would SIGTERM a
+    daemon mid-write (``multiprocessing/util.py`` ``_exit_function``). (The trainer itself ends
+    with ``os._exit``; the daemon then sees its pipe close and exits.)
+    """
+    from torch.distributed.checkpoint import _async_process_executor as executor
+
+    daemon = getattr(executor, "_CHECKPOINT_PROCESS", None)
+    if daemon is None:
+        return
+    executor._CHECKPOINT_PROCESS = None
+    process = daemon._save_process
+    with contextlib.suppress(OSError):  # a daemon already gone has closed its pipe
+        daemon.__del__()  # the TERMINATE request: the daemon leaves its serving loop
+    process.join(timeout_s)
+    if process.is_alive():
+        process.kill()
+        process.join()
+
+
+_exit_hook_installed = False
+
+
+def stop_upload_process_at_exit() -> None:
+    """Register ``stop_upload_process`` to run at a normal interpreter exit (once). atexit
+    runs the newest handler first, so it precedes multiprocessing's, registered at import."""
+    global _exit_hook_installed
+    if not _exit_hook_installed:
+        atexit.register(stop_upload_process)
+        _exit_hook_installed = True
+
+
+def describe_failure(error: BaseException, *, rank: int) -> str:
+    """One line for a failed save or load on this rank (``rank``): the first failing rank's
+    exception, whose text names the file or object and the cause (``[Errno 28] No space left
+    on device: '...'``).
+
+    DCP gathers every rank's failure into a ``CheckpointException`` (a ``BaseException``,
+    ``torch/distributed/checkpoint/api.py``) whose text is every rank's whole traceback."""
+    if isinstance(error, CheckpointException) and error.failures:
+        cause, _trace = error.failures[min(error.failures)]
+        others = len(error.failures) - 1
+        also = f" (and {others} other rank{'s' * (others > 1)})" if others else ""
+        return f"rank {min(error.failures)}{also}: {_exception_text(cause)}"
+    return f"rank {rank}: {_exception_text(error)}"
+
+
+def _exception_text(error: BaseException) -> str:
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
