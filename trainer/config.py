@@ -673,6 +673,13 @@ def flag_names() -> frozenset[str]:
     return frozenset(f.name for t in _SECTION_TYPES.values() for f in dataclasses.fields(t))
 
 
+def test_only_flag_names() -> frozenset[str]:
+    """Flags for tests and the local rehearsal, never for a real run: the injected faults
+    (`InjectedFaultConfig`) and fp8 emulation (fp32 matmuls of float8-rounded values, no
+    speed-up, and it lifts the FP8-GPU and compile checks)."""
+    return frozenset(f.name for f in dataclasses.fields(InjectedFaultConfig)) | {"fp8_emulate"}
+
+
 def format_args(values: Mapping[str, Any]) -> list[str]:
     """Render `{flag: value}` as trainer arguments (`--flag value`), switches as 1/0.
 

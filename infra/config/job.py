@@ -17,7 +17,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from infra.config.base import ConfigSection
-from trainer.config import flag_names
+from trainer.config import flag_names, test_only_flag_names
 from trainer.presets import PRESETS
 
 # Kubernetes names pods `<job>-worker-<i>` and services after them; a DNS-1123 label is at
@@ -438,6 +438,12 @@ class TrainingConfig(ConfigSection):
                 raise ValueError(
                     f"training.extraArgs.{flag} is not a trainer flag{hint}; "
                     "`fsdp-eks trainer-flags` lists them"
+                )
+            if name in test_only_flag_names():
+                raise ValueError(
+                    f"training.extraArgs.{flag} is a test-only trainer flag (an injected fault "
+                    "or fp8 emulation) and no setting for a run; allowed: the other flags "
+                    "`fsdp-eks trainer-flags` lists"
                 )
             if name in RENDERED_TRAINER_FLAGS or name != flag:
                 raise ValueError(

@@ -16,15 +16,16 @@ figure. Torch-free: the Pulumi program may import it.
 Worked example (tests/infra/test_duration.py, docs/operations.md): `llama31-8b-p5` trains
 3,500 steps x 256 sequences x 8,192 tokens = 7.34B tokens; Llama 3.1 8B costs 57.9
 GFLOP/token at that context by the trainer's formula; 32 H100s at 35% of 989.4 TFLOP/s do
-that in 10.7 h; seven checkpoints of 96 GB (8.03B parameters x 12 bytes) at the FSx file
-system's 586 MB/s (250 MB/s per TiB x 2.34 TiB) add 0.32 h; with 0.5 h of start-up the run
-takes ~11.5 h (range 9.7-16.2 h), inside its 12 h deadline.
+that in 10.7 h; each of its seven checkpoints holds 96 GB (8.03B parameters x 12 bytes),
+written at the FSx file system's 586 MB/s (250 MB/s per TiB x 2.34 TiB) in 164 s, in the
+background of the next 500 steps (1.5 h) except the last, written whole: 0.05 h; with 0.5 h of
+start-up the run takes ~11.2 h (range 9.4-16.0 h), inside its 12 h deadline.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
@@ -110,7 +111,9 @@ _HOPPER_FP8 = Fp8Speedup(
     1.25,
     "pytorch/ao torchao/float8/README.md, 'Training benchmarks': Llama 3 8B on 8 x H100 with "
     "FSDP2 and compile, up to 1.25x tokens/s for tensorwise with float8 all-gather and about "
-    "1.1x for rowwise; one-GPU runs gather nothing, so tensorwise gains less there",
+    "1.1x for rowwise. An upper figure for smaller models: there every decoder linear "
+    "converts, where torchao's size filter leaves a 1B model's attention in bf16 "
+    "(trainer/float8.py); one-GPU runs gather nothing, so tensorwise gains less there",
 )
 FP8_SPEEDUP_BY_GPU: dict[str, Fp8Speedup] = {
     "H100": _HOPPER_FP8,
@@ -195,7 +198,7 @@ class DurationEstimate:
     """The all-or-nothing start budget (`job.startTimeoutMinutes`): the slowest start that
     still trains."""
     checkpoint_hours: float
-    """Time the steps stand still while checkpoints are written (saves are synchronous)."""
+    """Time the steps stand still for checkpoints (`checkpoint_stall_hours`)."""
     precision: str = "bf16"
     """What the MFU was assumed for: `bf16`, or `fp8 <recipe>`."""
 
@@ -251,6 +254,30 @@ def checkpoint_write_bytes_per_s(config: StackConfig) -> float:
     return S3_WRITE_BYTES_PER_S_PER_NODE * config.gpu_nodes.count
 
 
+def async_saves(config: StackConfig) -> bool:
+    """Whether periodic saves write in the background (the trainer's `--async_checkpoint`, on
+    unless `training.extraArgs` turns it off)."""
+    return str(config.training.extra_args.get("async_checkpoint", 1)) not in ("0", "False")
+
+
+def checkpoint_stall_hours(config: StackConfig, training_hours: float) -> float:
+    """Hours the steps stand still for checkpoints over the whole run.
+
+    Synchronous saves stall for their whole write. Asynchronous ones (the default) stall only
+    for staging into host memory (seconds: trainer.checkpoint_upload) while the write goes on
+    beside the next `checkpointEvery` steps; a save whose write outlasts that interval holds
+    the next save until it lands (trainer.checkpoint `save` waits for the one in flight), so
+    each periodic save costs what its write takes beyond the interval. The last save, at the
+    end of the run, is written whole before the job ends, as is a stop's."""
+    saves = checkpoint_saves(config)
+    write_s = checkpoint_seconds(config)
+    if not async_saves(config):
+        return saves * write_s / 3600
+    every = config.training.checkpoint_every
+    interval_s = training_hours * 3600 / config.training.max_steps * every if every else 0.0
+    return (write_s + (saves - 1) * max(0.0, write_s - interval_s)) / 3600
+
+
 def checkpoint_saves(config: StackConfig) -> int:
     """Saves in a whole run: every `checkpointEvery` steps, and one at the end."""
     training = config.training
@@ -277,7 +304,7 @@ def estimate_duration(
             raise ValueError(f"mfu must be in (0, 1], got {mfu}")
         assumption = MfuAssumption(mfu, mfu, mfu, "given", measured=True)
     shape = config.model_shape()
-    return DurationEstimate(
+    estimate = DurationEstimate(
         tokens=config.training.max_steps * config.tokens_per_step,
         flops_per_token=flops_per_token(shape_flops_config(shape), config.training.context_width),
         gpus=config.world_size,
@@ -288,8 +315,10 @@ def estimate_duration(
         precision=(
             f"fp8 {training.fp8_recipe or 'rowwise'}" if training.precision == "fp8" else "bf16"
         ),
-        checkpoint_hours=checkpoint_saves(config) * checkpoint_seconds(config) / 3600,
+        checkpoint_hours=0.0,
     )
+    stall = checkpoint_stall_hours(config, estimate.training_hours)
+    return replace(estimate, checkpoint_hours=stall)
 
 
 def steps_within(config: StackConfig, hours: float) -> int:

@@ -198,6 +198,7 @@ def placement_line(config: StackConfig, evaluation: Evaluation | None = None) ->
 
 def saves_line(plan: RunPlan) -> str:
     """Where the checkpoints go, how often, and what one save costs."""
+    from infra.estimates.duration import async_saves
     from infra.job.flags import run_paths
 
     config = plan.config
@@ -209,7 +210,7 @@ def saves_line(plan: RunPlan) -> str:
     )
     every = config.training.checkpoint_every
     when = f"every {every} steps and at the end" if every else "at the end"
-    background = str(config.training.extra_args.get("async_checkpoint", 1)) not in ("0", "False")
+    background = async_saves(config)
     return f"Saves:  {where}, {when}, ~{plan.timeouts.checkpoint_seconds:.0f} s of writing each" + (
         " (in the background)" if background else ""
     )
