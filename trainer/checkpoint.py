@@ -77,6 +77,7 @@ from trainer.checkpoint_upload import (
     stop_upload_process_at_exit,
 )
 from trainer.distributed import DEFAULT_TIMEOUT
+from trainer.float8 import plain_float8_weights
 from trainer.log import get_logger
 from trainer.optim import load_schedule_position
 
@@ -89,6 +90,7 @@ __all__ = [
     "SaveFaults",
     "SaveRecord",
     "UnreadableCheckpointError",
+    "checkpoint_state",
     "find_latest",
 ]
 
@@ -220,6 +222,29 @@ def restore_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
+def checkpoint_state(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    lr_scheduler: LRScheduler | None,
+) -> dict[str, Any]:
+    """What a checkpoint holds, as DCP saves it and loads into it (in place): the one place
+    both build it.
+
+    ``get_state_dict`` yields DTensor shards under FSDP2 and plain tensors otherwise, with FQNs
+    free of wrapper prefixes (compile, activation checkpointing). Weights gathered in float8
+    are handed to DCP as the plain tensors under torchao's wrapper (trainer.float8
+    ``plain_float8_weights`` says why), so the checkpoint is the same as a bf16 run's."""
+    state: dict[str, Any] = {}
+    if optimizer is not None:
+        state["model"], state["optimizer"] = get_state_dict(model, optimizer)
+    else:
+        state["model"] = get_model_state_dict(model)
+    state = plain_float8_weights(state)
+    if lr_scheduler is not None:
+        state["lr_scheduler"] = lr_scheduler.state_dict()
+    return state
+
+
 # --- the manager
 
 
@@ -322,7 +347,7 @@ class CheckpointManager:
             raise CheckpointError(f"writing {location} failed: {_failure(exc)}") from exc
         if faults is not None:
             faults.inside_save(step)
-        state = self._state(model, optimizer, lr_scheduler)
+        state = checkpoint_state(model, optimizer, lr_scheduler)
         writer = self.store.writer(location)
         if faults is not None:
             writer = faults.storage_writer(step, writer)
@@ -603,7 +628,7 @@ class CheckpointManager:
         # Checked before anything is loaded, so a refused resume leaves the model untouched.
         same_world = self._check_world_size(location, saved_world_size, allow_world_size_change)
         # The current (sharded) state dicts are the templates DCP loads into, in place.
-        state = self._state(model, optimizer, lr_scheduler)
+        state = checkpoint_state(model, optimizer, lr_scheduler)
         train_state: dict[str, Any] = {}
         try:
             with _quiet_single_process_dcp():
@@ -661,20 +686,3 @@ class CheckpointManager:
             )
         logger.warning("%s; every rank starts its train_state afresh", message)
         return False
-
-    @staticmethod
-    def _state(
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer | None,
-        lr_scheduler: LRScheduler | None,
-    ) -> dict[str, Any]:
-        # get_state_dict yields DTensor shards under FSDP2 and plain tensors otherwise, with
-        # FQNs free of wrapper prefixes (compile, activation checkpointing).
-        state: dict[str, Any] = {}
-        if optimizer is not None:
-            state["model"], state["optimizer"] = get_state_dict(model, optimizer)
-        else:
-            state["model"] = get_model_state_dict(model)
-        if lr_scheduler is not None:
-            state["lr_scheduler"] = lr_scheduler.state_dict()
-        return state

@@ -1,11 +1,15 @@
 """Getting a save off the training loop: host buffers staged once, the write in another process.
 
 Given no stager, torch's ``dcp.async_save`` (``torch/distributed/checkpoint/state_dict_saver.py``
-``async_save``) builds ``DefaultStager(StagingOptions(False, False, False, False))``: a fresh,
-pageable host copy of the whole state at every save, and the write in a thread of the
-training process, where it competes with the training loop for the GIL. On a GPU that staging
-alone took ~10 s for 6 GB of state, and the steps overlapping the write ran ~20x slower. This
-module hands ``async_save`` what torch provides for that instead:
+``async_save``) stages with the storage writer itself when the writer is an ``AsyncStager``
+("bwc with old storage_writers"), as ``FileSystemWriter`` is (``filesystem.py``: a
+``BlockingAsyncStager``, ``staging.py``) and s3torchconnector's ``S3StorageWriter``, a
+``FileSystemWriter``, too; only other writers get a ``DefaultStager`` with every option off.
+Either way: a fresh, pageable host copy of the whole state at every save (the writers' stager
+caches none unless built with ``cache_staged_state_dict``, which pins), and the write in a
+thread of the training process, where it competes with the training loop for the GIL. On a GPU
+that staging alone took ~10 s for 6 GB of state, and the steps overlapping the write ran ~20x
+slower. This module hands ``async_save`` what torch provides for that instead:
 
 * **Staging buffers made once.** ``StagingBuffers`` is torch's ``DefaultStager``
   (``staging.py``), whose ``StateDictStager`` (``_state_dict_stager.py``) keeps one host

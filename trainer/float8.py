@@ -46,12 +46,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from trainer.flops import MIN_FP8_CAPABILITY
 from trainer.log import get_logger
@@ -84,7 +86,8 @@ class Float8Plan:
     emulate: bool = False
     """torchao's emulation (fp32 matmuls of float8-rounded values): tests on CPUs only."""
     all_gather: bool = False
-    """FSDP2 gathers converted weights in float8 (tensorwise over shard groups of > 1 rank)."""
+    """FSDP2 gathers converted weights in float8 (tensorwise over shard groups of > 1 rank,
+    without CPU offload: `plan_float8`)."""
 
     def __post_init__(self) -> None:
         if self.recipe not in FP8_RECIPES:
@@ -101,15 +104,29 @@ class Float8Plan:
         return f"fp8 {self.recipe}, {gather}{emulated}"
 
 
-def plan_float8(recipe: str, *, emulate: bool, shard_group_size: int) -> Float8Plan:
+def plan_float8(
+    recipe: str, *, emulate: bool, shard_group_size: int, cpu_offload: bool
+) -> Float8Plan:
     """Gather in float8 where it pays: tensorwise weights over a shard group of several ranks
     (one rank gathers nothing; torchtitan's converter enables it only when data-parallel
     sharding is on), never with rowwise (torchao supports float8 all-gather for tensorwise
-    scales only: `Float8LinearConfig.__post_init__`)."""
+    scales only: `Float8LinearConfig.__post_init__`), and not under CPU offload.
+
+    Under CPU offload FSDP2 copies each shard to the GPU before asking it for its all-gather
+    input (torch `fsdp/_fully_shard/_fsdp_param.py`, `FSDPParam.all_gather_inputs`:
+    `.to(self.device)`, then `fsdp_pre_all_gather` on the copy). torchao's wrapper survives
+    that copy but not the scale precomputed for it: `__torch_dispatch__` rebuilds it from
+    the tensor, config and dtype alone (torchao `float8/fsdp_utils.py`,
+    `WeightWithDynamicFloat8CastTensor`). So the one all-reduce of all scales after each
+    optimizer step (`precompute_float8_dynamic_scale_for_fsdp`, itself run on the CPU shards)
+    would be wasted, and every weight's gather would pay an all-reduce of its own for its
+    scale: the latency float8 all-gather exists to save, on a run already bound by host
+    transfers. The weights are gathered in bf16 there and cast to float8 after the gather,
+    as with a one-rank shard group."""
     return Float8Plan(
         recipe=recipe,
         emulate=emulate,
-        all_gather=recipe == "tensorwise" and shard_group_size > 1,
+        all_gather=recipe == "tensorwise" and shard_group_size > 1 and not cpu_offload,
     )
 
 
@@ -216,9 +233,63 @@ def convert_to_float8(model: nn.Module, plan: Float8Plan) -> list[str]:
 
 def after_optimizer_step(model: nn.Module, plan: Float8Plan | None) -> None:
     """With float8 all-gather: every converted weight's scale from one all-reduce (instead of
-    one per weight inside the next all-gather)."""
+    one per weight inside the next all-gather). Also due whenever the weights change otherwise
+    (a checkpoint loaded in place, a rollback): the scale is kept on each weight's shard
+    (``_precomputed_scale``, torchao ``fsdp_utils.py``
+    ``precompute_float8_dynamic_scale_for_fsdp``) and the next gather casts with it as it is
+    (``WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather``), however stale."""
     if plan is None or not plan.all_gather:
         return
     from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
 
     precompute_float8_dynamic_scale_for_fsdp(model)
+
+
+def plain_float8_weights(state: Any) -> Any:
+    """``state`` (nested dicts and lists, as ``get_state_dict`` returns) with each DTensor whose
+    local shard is torchao's float8 all-gather wrapper replaced by a plain DTensor over the
+    wrapper's own tensor: same storage, so DCP reads the real values when saving and writes
+    the real parameters when loading.
+
+    With float8 all-gather each converted weight's shard is a ``WeightWithDynamicFloat8CastTensor``
+    (torchao ``float8/fsdp_utils.py``), a wrapper subclass with no storage of its own
+    (``data_ptr() == 0``) whose ``__torch_dispatch__`` keeps the subclass only for the ops in
+    ``_ops_to_preserve_subclass``. Checkpoints must not see it:
+    - staging copies a tensor without storage through ``x.new_empty(x.size())`` (torch
+      ``distributed/checkpoint/_state_dict_stager.py``, ``StateDictStager._offload_tensor``);
+      ``new_empty`` is not preserved, so the staged copy is a plain, uninitialised tensor (the
+      wrapper's ``_tensor`` is copied as an attribute beside it), and an asynchronous save
+      writes that uninitialised memory; each save also allocates it afresh;
+    - a synchronous save pickles the wrapper class itself (``torch.save`` in
+      ``filesystem.py`` ``_write_item``), which ``torch.load(weights_only=True)`` (the reader,
+      ``FileSystemReader.read_data``) refuses unless torchao's safe globals are registered, so a
+      process that has not imported ``torchao.float8`` would find the checkpoint unreadable.
+    The optimizer's moments are plain already (``zeros_like`` is not preserved either).
+    """
+    # The wrapper exists only once torchao's float8 module was imported (by the conversion):
+    # otherwise there is nothing to replace, and no reason to import it.
+    fsdp_utils = sys.modules.get("torchao.float8.fsdp_utils")
+    if fsdp_utils is None:
+        return state
+    return _replace_wrapped(state, fsdp_utils.WeightWithDynamicFloat8CastTensor)
+
+
+def _replace_wrapped(obj: Any, wrapper: type) -> Any:
+    if isinstance(obj, DTensor):
+        local = obj._local_tensor
+        if not isinstance(local, wrapper):
+            return obj
+        inner = local._tensor.detach()  # type: ignore[attr-defined]  # a view: same storage
+        return DTensor.from_local(
+            inner,
+            obj.device_mesh,
+            obj.placements,
+            shape=obj.shape,
+            stride=obj.stride(),
+            run_check=False,
+        )
+    if isinstance(obj, dict):
+        return {key: _replace_wrapped(value, wrapper) for key, value in obj.items()}
+    if isinstance(obj, list):
+        return [_replace_wrapped(value, wrapper) for value in obj]
+    return obj

@@ -241,6 +241,7 @@ class Trainer:
                 cfg.parallel.fp8_recipe,
                 emulate=cfg.parallel.fp8_emulate,
                 shard_group_size=self.mesh.size(self.mesh.ndim - 1),
+                cpu_offload=cfg.parallel.cpu_offload,
             )
         plan = ParallelPlan(
             sharding_strategy=cfg.parallel.sharding_strategy,
@@ -393,6 +394,9 @@ class Trainer:
             restore_rng_state(train_state["rng"])
         default_read = step * self.cfg.optim.gradient_accumulation_steps if train_state else 0
         self.batches_read = int(train_state.get("batches_read", default_read))
+        # The weights changed in place: float8 all-gather would otherwise cast them with the
+        # scales of the weights a rollback just discarded.
+        after_optimizer_step(self.model, self.float8)
         self._train_iter = None
         self.step = self._last_saved_step = step
         self.resumed_from = latest

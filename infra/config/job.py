@@ -378,7 +378,7 @@ class TrainingConfig(ConfigSection):
         description=(
             "With precision fp8, torchao's scaling: rowwise (per-row scales, the more accurate) "
             "or tensorwise (one scale per tensor, faster; weights all-gathered in float8 across "
-            "a shard group). Default: rowwise."
+            "a shard group, except under cpuOffload). Default: rowwise."
         ),
     )
     activation_checkpointing: Literal["auto", "full", "op", "off"] = Field(

@@ -12,8 +12,9 @@ subprocess, so its absolute times are this machine's, not S3's):
 
 * `sync`: the whole write inside `save()` (`--async_checkpoint 0`);
 * `torch default`: `dcp.async_save` as torch sets it up when given no stager, the trainer's
-  previous way: a fresh host copy of the state at every save and the write in a thread of
-  the training process (no marker written: it is the baseline);
+  previous way: the storage writer stages (both writers are a `BlockingAsyncStager`), a fresh
+  host copy of the state at every save, and the write in a thread of the training process
+  (no marker written: it is the baseline);
 * `async`: the trainer's way, host buffers staged once (pinned on a GPU) and the write in a
   separate process (trainer.checkpoint_upload).
 

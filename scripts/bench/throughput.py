@@ -319,7 +319,10 @@ def _trainer_step(args: argparse.Namespace, info: DistInfo, hf_config: Any) -> t
     if args.precision == "fp8":
         check_fp8_device(info.device, emulate=args.fp8_emulate)
         float8 = plan_float8(
-            args.fp8_recipe, emulate=args.fp8_emulate, shard_group_size=mesh.size(mesh.ndim - 1)
+            args.fp8_recipe,
+            emulate=args.fp8_emulate,
+            shard_group_size=mesh.size(mesh.ndim - 1),
+            cpu_offload=args.cpu_offload,
         )
     plan = ParallelPlan(
         sharding_strategy=args.sharding_strategy,

@@ -83,12 +83,35 @@ def test_conversion_keeps_weights_ties_and_state_dict_keys() -> None:
     assert tied.lm_head.weight is tied.model.embed_tokens.weight
 
 
-def test_float8_all_gather_only_for_tensorwise_over_several_ranks() -> None:
-    assert plan_float8("tensorwise", emulate=False, shard_group_size=8).all_gather
-    assert not plan_float8("tensorwise", emulate=False, shard_group_size=1).all_gather
-    assert not plan_float8("rowwise", emulate=False, shard_group_size=8).all_gather
+def test_float8_all_gather_only_for_tensorwise_over_several_ranks_without_offload() -> None:
+    def gathers(recipe: str, shard_group_size: int, cpu_offload: bool = False) -> bool:
+        plan = plan_float8(
+            recipe, emulate=False, shard_group_size=shard_group_size, cpu_offload=cpu_offload
+        )
+        return plan.all_gather
+
+    assert gathers("tensorwise", 8)
+    assert not gathers("tensorwise", 1)
+    assert not gathers("rowwise", 8)
+    assert not gathers("tensorwise", 8, cpu_offload=True)
     with pytest.raises(ValueError, match="--fp8_recipe 'mx'"):
         Float8Plan(recipe="mx")
+
+
+def test_a_copy_of_torchao_s_float8_weight_drops_its_precomputed_scale() -> None:
+    """Why CPU offload gathers in bf16: FSDP2 copies an offloaded shard to the GPU before its
+    all-gather (`FSDPParam.all_gather_inputs`), an `aten._to_copy` like this dtype change;
+    torchao keeps its wrapper through it, without the scale precomputed for the weight."""
+    from torchao.float8.float8_training_tensor import LinearMMConfig
+    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
+
+    weight = WeightWithDynamicFloat8CastTensor(
+        torch.ones(16, 16), LinearMMConfig(), torch.float8_e4m3fn, torch.tensor(2.0)
+    )
+    assert weight._precomputed_scale is not None
+    copied = weight.to(torch.float64)
+    assert isinstance(copied, WeightWithDynamicFloat8CastTensor)
+    assert copied._precomputed_scale is None
 
 
 def test_a_device_without_fp8_tensor_cores_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
