@@ -156,12 +156,20 @@ if tool == "pulumi":
 elif answers.get("kubectl_error"):
     sys.stderr.write(answers["kubectl_error"])
     sys.exit(1)
+elif set(args) & set(answers.get("kubectl_fails", {{}})):  # only these verbs fail
+    sys.stderr.write(answers["kubectl_fails"][min(set(args) & set(answers["kubectl_fails"]))])
+    sys.exit(1)
+elif "apply" in args or "delete" in args:
+    sys.stdin.read()
+    print(args[args.index("apply" if "apply" in args else "delete")] + "d")
 elif args[:1] == ["version"]:
     print("Client Version: v1.32.0")
 elif "logs" in args:
     sys.stdout.writelines(answers["logs"])
 elif "pytorchjob" in args:
     print(json.dumps(answers["pytorchjob"]))
+elif "job" in args:
+    print(json.dumps(answers["job"]))
 elif "pods" in args:
     print(json.dumps(answers["pods"]))
 elif "nodes" in args:

@@ -268,6 +268,30 @@ def test_validate_reaches_the_stacks_cluster_and_its_kubectl_failure_is_one_line
     )  # fmt: skip
 
 
+def test_validate_reports_a_check_pod_without_a_log_instead_of_stopping(
+    fake_cli: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A check pod that never started has no log (`kubectl logs` fails): the check fails in
+    the report, the other results are still shown, and validate exits 1 (checks failed)."""
+    set_answers(
+        fake_cli,
+        outputs={"jobName": JOB_NAME, "image": "img@sha256:0"},
+        job={"status": {"conditions": [{"type": "Failed", "status": "True"}]}},
+        kubectl_fails={
+            "logs": 'Error from server (BadRequest): container "check" in pod "x" is waiting '
+            "to start: ContainerCreating\n"
+        },
+    )
+    checked = run_cli("validate", "llama31-8b-p5", "--context", "lab", "--skip", "nccl",
+                      "--skip", "nodes", "--timeout", "5")  # fmt: skip
+    assert checked.code == 1, checked
+    assert "FAIL  nvidia-smi" in checked.out
+    assert "ended Failed" in checked.out
+    warned = [r.getMessage() for r in caplog.records if r.getMessage().startswith("no log from")]
+    assert len(warned) == 2 and "waiting to start" in warned[0], warned
+    assert ["kubectl", "--context", "lab", "delete"] == calls(fake_cli)[-1][:4]  # cleaned up
+
+
 def test_plot_of_a_local_metrics_file(tmp_path: Path) -> None:
     metrics = tmp_path / "metrics.jsonl"
     write_metrics(metrics)
