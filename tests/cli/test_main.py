@@ -103,6 +103,14 @@ def test_a_command_of_one_stack_refuses_two(no_pulumi: None) -> None:
     assert_one_line_mistake(run_cli("validate", "dev", "-s", "team-cluster"), "takes one stack")
 
 
+def test_a_command_of_one_stack_refuses_s_given_twice(no_pulumi: None) -> None:
+    """`-s` twice is two stacks, never the last one silently (as click keeps a plain option)."""
+    assert_one_line_mistake(
+        run_cli("status", "-s", "dev", "-s", "team-cluster"),
+        "takes one stack, got 2: dev, team-cluster",
+    )
+
+
 def test_an_unknown_flag_is_one_line_naming_it() -> None:
     assert_one_line_mistake(run_cli("plan", "dev", "--colour"), "--colour", "fsdp-eks plan --help")
 
