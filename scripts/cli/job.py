@@ -23,7 +23,7 @@ def _progress(line: str) -> None:
 
 
 @click.command()
-@stack_arguments()
+@stack_arguments(optional=True)
 @run_options
 @click.option("--timeout", type=click.FloatRange(min=1), help="Seconds to wait for the pods to "
               "go (default: their grace period plus two minutes).")  # fmt: skip
@@ -53,7 +53,7 @@ def stop(target: RunTarget, timeout: float | None) -> int:
 
 
 @click.command()
-@stack_arguments()
+@stack_arguments(optional=True)
 @run_options
 @click.option("--no-wait", is_flag=True, help="Resume it and return; do not wait for workers.")
 def start(target: RunTarget, no_wait: bool) -> int:

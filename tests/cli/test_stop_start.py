@@ -5,12 +5,15 @@ say the next `up` does."""
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import boto3
 import pytest
+import yaml
 
 from tests.cli.conftest import assert_one_line_mistake, run_cli, set_answers
 from tests.infra.kube_fake import ClusterApiServer, kubeconfig, serving
@@ -88,7 +91,6 @@ def test_the_commands_sign_as_pulumi_up_does(
     """The kubeconfig stop/start (and every command that reaches the cluster) use is the
     program's: DescribeCluster in the stack file's region (moto's EKS here), `aws eks
     get-token` with the stack's admin role when the caller is not that role already."""
-    import yaml
 
     from scripts.cli.support.kube import stack_cluster_access
 
@@ -119,3 +121,95 @@ def test_the_commands_sign_as_pulumi_up_does(
     assert args[args.index("--region") + 1] == "eu-west-1"  # the stack file's aws:region
     # moto's caller is not the admin role: get-token assumes it, as the program's provider does.
     assert args[args.index("--role-arn") + 1] == "arn:aws:iam::123456789012:role/ml-admins"
+
+
+def _user_kubeconfig(path: Path, server: str, *, context: str) -> Path:
+    """A kubeconfig file of the user's own whose one context is named `context`."""
+    document = json.loads(kubeconfig(server))
+    document["contexts"][0]["name"] = document["current-context"] = context
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+@pytest.fixture
+def user_kubeconfig(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[ClusterApiServer, Path]]:
+    """The cluster reached only through a context of the user's kubeconfig ("lab", in the
+    first of two KUBECONFIG files; the second names "lab" too, for another server, and loses
+    as it does for kubectl); the stack's own kubeconfig is out of reach."""
+    with serving(ClusterApiServer(namespace="training", name="exp")) as server:
+        first = _user_kubeconfig(tmp_path / "first.yaml", server.url, context="lab")
+        second = _user_kubeconfig(tmp_path / "second.yaml", "http://127.0.0.1:9", context="lab")
+        monkeypatch.setenv("KUBECONFIG", f"{first}{os.pathsep}{second}")
+
+        def unreachable(stack: str, name: str) -> Any:
+            raise AssertionError("the stack's kubeconfig was used despite --context")
+
+        monkeypatch.setattr("scripts.cli.support.kube.stack_cluster_access", unreachable)
+        yield server, first
+
+
+def test_stop_and_start_honour_context_and_job_without_a_stack(
+    user_kubeconfig: tuple[ClusterApiServer, Path], no_pulumi: None
+) -> None:
+    """`--job/--namespace/--context` name a run without a stack (no Pulumi state at hand)."""
+    cluster, _ = user_kubeconfig
+    deploy(cluster)
+    run = ["--job", "exp", "-n", "training", "--context", "lab"]
+    stopped = run_cli("stop", *run)
+    assert stopped.code == 0, stopped
+    assert cluster.suspended() and not cluster.live_pods()
+    started = run_cli("start", *run, "--no-wait")
+    assert started.code == 0, started
+    assert not cluster.suspended()
+
+
+def test_stop_of_a_stack_reaches_it_through_context(
+    user_kubeconfig: tuple[ClusterApiServer, Path], fake_cli: Path
+) -> None:
+    cluster, _ = user_kubeconfig
+    set_answers(fake_cli, outputs={"jobName": "exp", "namespace": "training", "clusterName": "x"})
+    deploy(cluster)
+    stopped = run_cli("stop", "dev", "--context", "lab")
+    assert stopped.code == 0, stopped
+    assert cluster.suspended()
+
+
+def test_an_unknown_context_is_one_line_naming_the_contexts(
+    user_kubeconfig: tuple[ClusterApiServer, Path], no_pulumi: None
+) -> None:
+    assert_one_line_mistake(
+        run_cli("stop", "--job", "exp", "--context", "prod"),
+        "--context prod: no such context in",
+        "(contexts: lab)",
+    )
+
+
+def test_a_context_with_relative_ca_and_token_files_reads_them_beside_its_kubeconfig(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """client-go resolves a kubeconfig's file paths against the folder of the file that
+    names them (`tools/clientcmd/loader.go` `ResolveLocalPaths`)."""
+    from scripts.cli.support.kube import user_context_kubeconfig
+
+    folder = tmp_path / "kube"
+    folder.mkdir()
+    (folder / "ca.crt").write_bytes(b"PEM")
+    (folder / "token").write_text("secret-token\n")
+    (folder / "config").write_text(
+        yaml.safe_dump(
+            {
+                "clusters": [
+                    {"name": "k", "cluster": {"server": "https://k", "certificate-authority": "ca.crt"}}
+                ],
+                "users": [{"name": "me", "user": {"tokenFile": "token"}}],
+                "contexts": [{"name": "lab", "context": {"cluster": "k", "user": "me"}}],
+            }
+        )
+    )
+    monkeypatch.setenv("KUBECONFIG", str(folder / "config"))
+    document = user_context_kubeconfig("lab")
+    assert document["current-context"] == "lab"
+    assert document["clusters"][0]["cluster"]["certificate-authority-data"] == "UEVN"  # b64 "PEM"
+    assert document["users"][0]["user"]["token"] == "secret-token"

@@ -71,14 +71,19 @@ class RunTarget:
         return Kubectl(kubeconfig=str(kubeconfig), namespace=namespace)
 
     def api(self) -> Any:
-        """The Kubernetes REST client (`infra.job.kube_api`) on the run's cluster, signed as
-        `pulumi up` signs (the stack's own kubeconfig; `--context` is kubectl's only)."""
+        """The Kubernetes REST client (`infra.job.kube_api`) on the run's cluster: signed as
+        `pulumi up` signs (the stack's own kubeconfig), or as `kubectl --context` would."""
         from infra.job.kube_api import KubernetesApi
-        from scripts.cli.support.kube import stack_cluster_access
+        from scripts.cli.support.kube import stack_cluster_access, user_context_kubeconfig
 
+        if self.context is not None:
+            return KubernetesApi.from_kubeconfig(user_context_kubeconfig(self.context))
         cluster = self.outputs.get("clusterName")
         if self.stack is None or not isinstance(cluster, str):
-            raise CliError("no cluster to reach: name a deployed stack (its clusterName output)")
+            raise CliError(
+                "no cluster to reach: name a deployed stack (its clusterName output), or pass "
+                "--context CONTEXT to use one of your kubeconfig"
+            )
         document, _ = stack_cluster_access(self.stack, cluster)
         return KubernetesApi.from_kubeconfig(document)
 
