@@ -20,6 +20,8 @@ from tests.infra.kube_fake import ClusterApiServer, kubeconfig, serving
 from tests.infra.ssa_model import Pulumi, job_inputs
 from tests.s3_server import moto_s3_endpoint, s3_environment
 
+STACKS = Path(__file__).resolve().parents[2] / "stacks"
+
 
 @pytest.fixture
 def cluster(fake_cli: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ClusterApiServer]:
@@ -68,6 +70,21 @@ def test_start_resumes_a_stopped_run(cluster: ClusterApiServer) -> None:
     with cluster.lock:
         cluster.reconcile()
     assert cluster.live_pods()
+
+
+def test_start_of_a_stack_whose_file_was_edited_since_waits_the_default_budget(
+    cluster: ClusterApiServer, tmp_path: Path
+) -> None:
+    """The job on the cluster is what starts: a stack file that no longer plans only costs
+    its start budget, which falls back to job.startTimeoutMinutes' default (said so)."""
+    deploy(cluster)
+    assert run_cli("stop", "dev").code == 0
+    edited = tmp_path / "Pulumi.dev.yaml"
+    edited.write_text((STACKS / "Pulumi.dev.yaml").read_text() + "  fsdp-eks:nonsense: 1\n")
+    started = run_cli("start", str(edited), "--no-wait")
+    assert started.code == 0, started
+    assert "does not plan now" in started.err and "default start budget, 60 min" in started.err
+    assert not cluster.suspended()
 
 
 def test_a_finished_job_is_one_line_naming_the_relaunch(cluster: ClusterApiServer) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from infra.config.names import stack_name
 from scripts.cli.support.errors import CliError, ToolFailedError
 from scripts.cli.support.tools import require_tool
 
@@ -233,7 +234,7 @@ def write_stack_kubeconfig(stack: str, cluster: str) -> Path:
     (mode 0600, in a directory only this user can enter); its path."""
     document, _ = stack_cluster_access(stack, cluster)
     directory = kubeconfig_dir()
-    path = directory / f"{stack.replace('/', '_')}.kubeconfig"
+    path = directory / f"{stack_name(stack)}.kubeconfig"
     # Written beside, then renamed over: never through a link someone else placed there.
     descriptor, staged = tempfile.mkstemp(dir=directory, suffix=".tmp")
     with os.fdopen(descriptor, "w", encoding="utf-8") as out:
