@@ -37,7 +37,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import click
 
-from scripts.cli.support.errors import CliError
+from scripts.cli.support.errors import CliError, CommandFailedError
 from scripts.cli.support.stacks import name_of, stack_arguments
 
 if TYPE_CHECKING:
@@ -257,7 +257,9 @@ class RunSummary:
 def summarise(records: list[dict[str, Any]]) -> RunSummary:
     train = [r for r in records if r.get("kind") == "train"]
     if not train:
-        raise CliError("the run wrote no training metrics; see the trainer's output above")
+        raise CommandFailedError(
+            "the run wrote no training metrics; see the trainer's output above"
+        )
     steps = [r["step"] for r in train]
     # The resumed run logs steps the first run already logged: the step sequence goes back.
     resumed = any(b <= a for a, b in itertools.pairwise(steps))
@@ -390,7 +392,7 @@ def local(
     elif not first.planned_exit:
         if quiet:
             _print_failure_logs(plan)
-        raise CliError(
+        raise CommandFailedError(
             f"the first launch failed (exit {first.code}) before the planned interruption"
         )
     else:
@@ -406,7 +408,9 @@ def local(
         if code != 0:
             if quiet:
                 _print_failure_logs(plan)
-            raise CliError(f"the resumed launch failed (exit {code}); see the trainer's output")
+            raise CommandFailedError(
+                f"the resumed launch failed (exit {code}); see the trainer's output"
+            )
 
     records = read_metrics(plan.metrics_file)
     summary = summarise(records)

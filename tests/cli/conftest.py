@@ -67,6 +67,17 @@ def assert_one_line_mistake(result: Ran, *fragments: str) -> None:
         assert fragment in text, text
 
 
+def assert_one_line_failure(result: Ran, *fragments: str) -> None:
+    """Exit status 1 (what the command ran or asked failed, not the user's mistake), one line
+    on stderr that says what failed, no traceback."""
+    assert result.code == 1, result
+    text = result.err.strip()
+    assert "Traceback" not in result.out + result.err
+    assert len(text.splitlines()) == 1, text
+    for fragment in fragments:
+        assert fragment in text, text
+
+
 def pytorch_job(state: str = "Running", *, master: bool = False) -> dict[str, Any]:
     """`kubectl get pytorchjob -o json` of a training-operator v1 job."""
     conditions = [

@@ -23,6 +23,7 @@ from scripts.cli.main import COMMANDS
 from tests.cli.conftest import (
     JOB_NAME,
     NAMESPACE,
+    assert_one_line_failure,
     assert_one_line_mistake,
     calls,
     run_cli,
@@ -149,6 +150,19 @@ def test_no_aws_credentials_is_one_line(no_credentials: None, no_pulumi: None) -
     )
 
 
+def test_aws_out_of_reach_is_a_failure_not_a_mistake(
+    monkeypatch: pytest.MonkeyPatch, no_pulumi: None
+) -> None:
+    """Nothing answers at the endpoint (botocore's EndpointConnectionError, a BotoCoreError):
+    one line, exit 1; missing credentials stay a mistake (exit 2, above)."""
+    for key, value in {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "testing",
+                       "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+                       "AWS_MAX_ATTEMPTS": "1"}.items():  # fmt: skip
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    assert_one_line_failure(run_cli("checkpoints", "--s3-uri", RUN), "AWS could not be reached")
+
+
 def test_a_command_whose_dependency_group_is_missing_says_which(
     monkeypatch: pytest.MonkeyPatch, no_pulumi: None
 ) -> None:
@@ -253,7 +267,8 @@ def test_validate_reaches_the_stacks_cluster_and_its_kubectl_failure_is_one_line
     fake_cli: Path,
 ) -> None:
     """validate goes through the one kubectl client (`--context` here; the stack's own
-    kubeconfig otherwise, as the other commands), and a kubectl failure is one line, exit 2."""
+    kubeconfig otherwise, as the other commands), and a kubectl failure is one line, exit 1
+    (a failure, not the user's mistake)."""
     set_answers(fake_cli, outputs={"jobName": JOB_NAME, "image": "img@sha256:0"},
                 nodes={"items": []})  # fmt: skip
     checked = run_cli("validate", "llama31-8b-p5", "--context", "lab", "--skip", "nccl",
@@ -269,7 +284,7 @@ def test_validate_reaches_the_stacks_cluster_and_its_kubectl_failure_is_one_line
         kubectl_error="E1126 memcache.go:265] couldn't get current server API group list\n" * 7
         + "Unable to connect to the server: dial tcp 10.0.0.1:443: i/o timeout\n",
     )
-    assert_one_line_mistake(
+    assert_one_line_failure(
         run_cli("validate", "llama31-8b-p5", "--context", "lab", "--skip", "nccl",
                 "--skip", "nvidia-smi"),
         "kubectl get nodes failed: Unable to connect to the server",

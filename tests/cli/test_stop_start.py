@@ -15,7 +15,12 @@ import boto3
 import pytest
 import yaml
 
-from tests.cli.conftest import assert_one_line_mistake, run_cli, set_answers
+from tests.cli.conftest import (
+    assert_one_line_failure,
+    assert_one_line_mistake,
+    run_cli,
+    set_answers,
+)
 from tests.infra.kube_fake import ClusterApiServer, kubeconfig, serving
 from tests.infra.ssa_model import Pulumi, job_inputs
 from tests.s3_server import moto_s3_endpoint, s3_environment
@@ -218,7 +223,10 @@ def test_a_context_with_relative_ca_and_token_files_reads_them_beside_its_kubeco
         yaml.safe_dump(
             {
                 "clusters": [
-                    {"name": "k", "cluster": {"server": "https://k", "certificate-authority": "ca.crt"}}
+                    {
+                        "name": "k",
+                        "cluster": {"server": "https://k", "certificate-authority": "ca.crt"},
+                    }
                 ],
                 "users": [{"name": "me", "user": {"tokenFile": "token"}}],
                 "contexts": [{"name": "lab", "context": {"cluster": "k", "user": "me"}}],
@@ -230,3 +238,24 @@ def test_a_context_with_relative_ca_and_token_files_reads_them_beside_its_kubeco
     assert document["current-context"] == "lab"
     assert document["clusters"][0]["cluster"]["certificate-authority-data"] == "UEVN"  # b64 "PEM"
     assert document["users"][0]["user"]["token"] == "secret-token"
+
+
+def test_a_cluster_that_does_not_answer_is_a_failure_and_no_credentials_a_mistake(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_pulumi: None
+) -> None:
+    """Exit 1 when the API server does not answer (a KubernetesApiError), exit 2 when the
+    kubeconfig's credential command fails (a KubernetesCredentialError: the user's to fix)."""
+    closed = _user_kubeconfig(tmp_path / "closed.yaml", "http://127.0.0.1:9", context="lab")
+    monkeypatch.setenv("KUBECONFIG", str(closed))
+    assert_one_line_failure(
+        run_cli("stop", "--job", "exp", "-n", "training", "--context", "lab"),
+        "no answer from the Kubernetes API server http://127.0.0.1:9",
+    )
+    document = json.loads(kubeconfig("http://127.0.0.1:9", exit_code=1))
+    document["contexts"][0]["name"] = document["current-context"] = "lab"
+    (tmp_path / "refused.yaml").write_text(yaml.safe_dump(document))
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "refused.yaml"))
+    assert_one_line_mistake(
+        run_cli("stop", "--job", "exp", "-n", "training", "--context", "lab"),
+        "credential command",
+    )
