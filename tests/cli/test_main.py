@@ -163,6 +163,13 @@ def test_aws_out_of_reach_is_a_failure_not_a_mistake(
     assert_one_line_failure(run_cli("checkpoints", "--s3-uri", RUN), "AWS could not be reached")
 
 
+def test_an_aws_refusal_is_a_failure(bucket: Any, no_pulumi: None) -> None:
+    """AWS answered with an error (a ClientError: no such bucket here, AccessDenied alike)."""
+    assert_one_line_failure(
+        run_cli("checkpoints", "--s3-uri", "s3://no-such-bucket/run"), "AWS refused: NoSuchBucket"
+    )
+
+
 def test_a_command_whose_dependency_group_is_missing_says_which(
     monkeypatch: pytest.MonkeyPatch, no_pulumi: None
 ) -> None:

@@ -75,7 +75,7 @@ def exit_status(error: BaseException) -> int:
     if _is(error, "infra.job.kube_api", "KubernetesCredentialError"):
         return EXIT_MISTAKE  # no usable credentials, as for AWS
     if (
-        _is(error, "botocore.exceptions", "BotoCoreError")
+        _is(error, "botocore.exceptions", "BotoCoreError", "ClientError")
         or _is(error, "infra.job.kube_api", "KubernetesApiError")
         or _is(error, "infra.job.stop_start", "PodsRemainError")
         or _is(error, "infra.job.start_rule", "JobStartError")
