@@ -12,8 +12,8 @@
 Every command takes the stack the same way: `[STACK]` or `-s STACK`, and without one the
 stack `pulumi stack select` chose. An error is one line on stderr: exit status 2 for a mistake
 (a bad flag, stack or stack file, a missing tool or credentials), 1 for a failure (a tool, the
-cluster or AWS failed); `--debug` (before the command) shows the traceback instead. Commands are imported when they run, so
-`fsdp-eks plan` does not pay for TensorBoard or boto3.
+cluster or AWS failed); `--debug` (before the command) shows the traceback instead. Commands
+are imported when they run, so `fsdp-eks plan` does not pay for TensorBoard or boto3.
 """
 
 from __future__ import annotations

@@ -319,7 +319,7 @@ def test_validate_reports_a_check_pod_without_a_log_instead_of_stopping(
     assert "ended Failed" in checked.out
     warned = [r.getMessage() for r in caplog.records if r.getMessage().startswith("no log from")]
     assert len(warned) == 2 and "waiting to start" in warned[0], warned
-    assert ["kubectl", "--context", "lab", "delete"] == calls(fake_cli)[-1][:4]  # cleaned up
+    assert calls(fake_cli)[-1][:4] == ["kubectl", "--context", "lab", "delete"]  # cleaned up
 
 
 def test_plot_of_a_local_metrics_file(tmp_path: Path) -> None:

@@ -122,7 +122,7 @@ def _kubeconfig_files() -> list[Path]:
 
 
 def _absolute(path: str, base: Path) -> str:
-    return path if not path or os.path.isabs(path) else str(base / path)
+    return path if not path or Path(path).is_absolute() else str(base / path)
 
 
 def _read_referenced(path: str, base: Path, context: str) -> bytes:
