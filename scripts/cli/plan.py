@@ -339,12 +339,16 @@ def plan_output(name: str, *, verbose: bool) -> CachedPlan:
 
 def cached_plan_output(name: str, *, verbose: bool, use_cache: bool) -> CachedPlan:
     """`plan_output`, from the plan cache when nothing it follows from has changed."""
+    from infra.config.files import display_path
     from infra.config.names import stack_file_path
 
     if not use_cache or plan_cache.cache_dir() is None:
         return plan_output(name, verbose=verbose)
     path = stack_file_path(name)
-    key = plan_cache.plan_key(path, str(path.resolve()), verbose=verbose)
+    try:
+        key = plan_cache.plan_key(path, display_path(path), verbose=verbose)
+    except OSError:  # the file cannot be read: the plan says so in its one line
+        return plan_output(name, verbose=verbose)
     kept = plan_cache.load(key)
     if kept is not None:
         return kept
