@@ -339,6 +339,10 @@ def test_trainer_flags_lists_the_trainers_flags_and_names_a_typo() -> None:
     assert_one_line_mistake(
         run_cli("trainer-flags", "loss_chunk_token"), "did you mean loss_chunk_tokens"
     )
+    dashed = run_cli("trainer-flags", "--lr")  # as the flag is written in training.extraArgs
+    assert dashed.code == 0 and dashed.out.startswith("--lr (rendered from a stack key)"), dashed
+    assert_one_line_mistake(run_cli("trainer-flags", "--lrr"), "not a trainer flag: lrr")
+    assert listed.out.startswith("usage: torchrun [...] -m trainer ")  # not `python -m trainer`
 
 
 def test_the_installed_script_as_a_user_types_it() -> None:
