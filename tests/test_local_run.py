@@ -17,6 +17,7 @@ from infra.job.flags import TRAINER_LAUNCHER, run_id
 from infra.job.manifest import render_job
 from scripts.cli import local as local_run
 from scripts.cli.support import local_topology
+from scripts.cli.support.errors import CliError
 from tests.cli.conftest import assert_one_line_mistake, run_cli
 from trainer.config import parse_args
 
@@ -256,6 +257,30 @@ def test_an_unknown_stack_is_one_line_naming_the_stacks(tmp_path: Path) -> None:
         "no stack 'llama-typo'",
         "stacks: dev, ",
     )
+
+
+def test_out_never_removes_a_folder_local_did_not_make(tmp_path: Path) -> None:
+    """`--out DIR` with a `DIR/dev` of the user's: refused in one line, nothing removed (the
+    run would start afresh by removing `DIR/dev`)."""
+    mine = tmp_path / "dev" / "thesis.tex"
+    mine.parent.mkdir()
+    mine.write_text("years of work")
+    refused = run_cli("local", "dev", "--out", str(tmp_path), "--device", "cuda", "--quiet")
+    assert_one_line_mistake(refused, f"{tmp_path / 'dev'} exists and was not made by")
+    assert mine.read_text() == "years of work"
+
+
+def test_a_run_folder_local_made_is_emptied_for_the_next_run(tmp_path: Path) -> None:
+    made = local_run.fresh_run_root(tmp_path, "dev")
+    (made / "metrics.jsonl").write_text("{}\n")
+    again = local_run.fresh_run_root(tmp_path, "dev")
+    assert again == made and sorted(p.name for p in made.iterdir()) == [local_run.RUN_MARKER]
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "linked").symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "elsewhere" / local_run.RUN_MARKER).write_text("")
+    with pytest.raises(CliError, match="not made by"):  # never through a link
+        local_run.fresh_run_root(tmp_path, "linked")
+    assert (tmp_path / "elsewhere" / local_run.RUN_MARKER).exists()
 
 
 @pytest.mark.slow

@@ -72,9 +72,21 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _r
 
 
 def load_yaml(path: Path) -> dict[str, Any]:
-    """A stack file's YAML; a syntax error or a duplicated key is one line `file:line:col: what`
-    (a StackConfigError, so every command and the program treat it as any other mistake)."""
-    text = path.read_text(encoding="utf-8")
+    """A stack file's YAML; a syntax error or a duplicated key is one line `file:line:col: what`,
+    a file that cannot be read or is not UTF-8 one line naming it (a StackConfigError, so every
+    command and the program treat it as any other mistake)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        byte = error.object[error.start]
+        raise StackFileError(
+            f"{display_path(path)}: not UTF-8 text (byte {error.start} is {byte:#04x}); stack "
+            "files are UTF-8, as Pulumi reads them"
+        ) from None
+    except OSError as error:
+        raise StackFileError(
+            f"{display_path(path)}: cannot be read: {error.strerror or error}"
+        ) from None
     try:
         document = yaml.load(text, Loader=_StrictLoader)
     except yaml.MarkedYAMLError as error:
@@ -108,7 +120,8 @@ def _indent_of(text: str, line: int) -> str:
 
 
 class StackFileError(StackConfigError):
-    """A stack file that is not valid YAML: one line that names the file, line and column."""
+    """A stack file that cannot be read or is not valid YAML: one line that names the file
+    (and the line and column of a YAML mistake)."""
 
     def __init__(self, line: str) -> None:
         super().__init__([line], source="")

@@ -41,6 +41,7 @@ from infra.job.suspension import (
     job_urn,
     set_suspended,
     suspend_owners,
+    suspend_requested,
     true_condition,
 )
 
@@ -77,6 +78,28 @@ class JobFinishedError(JobControlError):
 
 class PodsRemainError(JobControlError):
     """The job's pods did not go within the bound (the change itself was made)."""
+
+
+class SuspendUnsupportedError(JobControlError):
+    """The cluster's PyTorchJob CRD does not keep `spec.runPolicy.suspend`."""
+
+
+def _apply_suspend(api: KubernetesApi, namespace: str, name: str, suspended: bool) -> None:
+    """`set_suspended`, checked against the job the API server stored.
+
+    `runPolicy.suspend` came with training-operator v1.7.0 (`pkg/apis/kubeflow.org/v1/
+    common_types.go`: absent in v1.6.0). The API server prunes fields a structural CRD schema
+    does not declare (kubernetes/apiextensions-apiserver `pkg/apiserver/schema/pruning`) and
+    answers the apply with 200 all the same, so on an older operator the stop would wait for a
+    suspension nothing asked for and time out with the pods still running."""
+    stored = set_suspended(api, namespace, name, suspended)
+    if suspend_requested(stored) is not suspended:
+        raise SuspendUnsupportedError(
+            f"PyTorchJob {namespace}/{name}: the cluster's PyTorchJob CRD dropped "
+            f"spec.runPolicy.suspend={str(suspended).lower()} (it keeps the field from "
+            "training-operator v1.7.0; this project installs v1.9.0): nothing was changed, the "
+            "operator needs an upgrade first"
+        )
 
 
 @dataclass(frozen=True)
@@ -204,7 +227,7 @@ def stop_job(
     before = suspend_owners(job)
     # Also when already suspended: the apply makes fsdp-eks an owner of `true`, which an
     # owner Pulumi takes over (kubectl's) alone would not keep (infra.job.suspension).
-    set_suspended(api, namespace, name, True)
+    _apply_suspend(api, namespace, name, True)
     limit = stop_timeout_seconds(job) if timeout_s is None else timeout_s
     started = clock()
     deadline = started + limit
@@ -319,7 +342,7 @@ def start_job(
             stop_timeout_seconds(job) if terminating_timeout_s is None else terminating_timeout_s
         )
         _wait_for_pods_to_go(poller, limit, poll_s=poll_s, report=report, clock=clock, sleep=sleep)
-        set_suspended(api, namespace, name, False)
+        _apply_suspend(api, namespace, name, False)
         report(f"resumed PyTorchJob {namespace}/{name}: waiting for its workers")
     progress = ""
     if wait:

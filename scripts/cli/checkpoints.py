@@ -94,7 +94,7 @@ def download(
     progress: Callable[[int], None] | None = None,
 ) -> list[Path]:
     """Copy every object of `checkpoint` to `dest/<name>/`, keeping the layout, several
-    objects at a time (`scripts.cli.s3_download`); `progress(bytes)` per file."""
+    objects at a time (`scripts.cli.support.s3`); `progress(bytes)` per file."""
     if not checkpoint.complete and not allow_incomplete:
         raise CliError(
             f"{checkpoint.name} has no {COMPLETE_MARKER} marker (a save or export in progress); "

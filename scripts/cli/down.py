@@ -30,13 +30,16 @@ class Summary:
     protected: list[str]
     bucket: str | None
     kept_bucket: bool
-    bucket_named: bool
-    """Whether the stack names its bucket (storage.bucket.name): a later `up` finds it again."""
+    bucket_named: bool | None
+    """Whether the stack names its bucket (storage.bucket.name): a later `up` finds it again.
+    None: unknown, the stack file no longer validates (edited since the last `up`)."""
     usd_per_hour: float | None
     job: str | None
 
 
-def summarize(state: Mapping[str, Any], outputs: Mapping[str, Any], bucket_named: bool) -> Summary:
+def summarize(
+    state: Mapping[str, Any], outputs: Mapping[str, Any], bucket_named: bool | None
+) -> Summary:
     """What `pulumi destroy` will and will not delete, from the stack's exported state."""
     resources = [
         r
@@ -87,10 +90,16 @@ def describe(stack: str, summary: Summary, standing_per_day: float | None) -> li
             "without a final checkpoint beyond its latest (`fsdp-eks stop` saves one first)."
         )
     if summary.kept_bucket and summary.bucket and not summary.bucket_named:
+        head = (
+            "The stack file does not validate now, so whether it names its bucket is unknown; "
+            "unless it does, a later"
+            if summary.bucket_named is None
+            else "The stack does not name its bucket, so a later"
+        )
         lines.append(
-            f"The stack does not name its bucket, so a later `pulumi up` creates a new one and "
-            f"starts fresh. To resume from {summary.bucket}, put in the stack file: "
-            f"storage.bucket.create: false and storage.bucket.name: {summary.bucket}."
+            f"{head} `pulumi up` creates a new one and starts fresh. To resume from "
+            f"{summary.bucket}, put in the stack file: storage.bucket.create: false and "
+            f"storage.bucket.name: {summary.bucket}."
         )
     return lines
 
@@ -106,17 +115,13 @@ def down(stack: str, yes: bool) -> int:
         fsdp-eks down llama31-8b-p5
         fsdp-eks down llama31-8b-p5 --yes
     """
-    from infra.config import load_stack_file
     from scripts.cli.support.pulumi import stack_export, stack_outputs
     from scripts.cli.support.tools import ROOT, require_tool
 
     name = name_of(stack)
     pulumi = require_tool("pulumi")
-    config = load_stack_file(stack)
     outputs = stack_outputs(name)
-    summary = summarize(
-        stack_export(name), outputs, bucket_named=config.storage.bucket.name is not None
-    )
+    summary = summarize(stack_export(name), outputs, bucket_named=names_its_bucket(stack))
     if summary.resources == 0:
         click.echo(f"stack {name} has nothing deployed; nothing to destroy")
         return 0
@@ -130,6 +135,18 @@ def down(stack: str, yes: bool) -> int:
     command = [pulumi, "destroy", "--yes", "--stack", name]
     click.echo(f"# {' '.join(command[1:])}", err=True)
     return subprocess.run(command, cwd=ROOT, check=False).returncode
+
+
+def names_its_bucket(stack: str) -> bool | None:
+    """Whether the stack file names its bucket (storage.bucket.name); None when the file does
+    not validate now: what is deployed is destroyed all the same, so a file edited since the
+    last `pulumi up` must not block `down`."""
+    from infra.config import StackConfigError, load_stack_file
+
+    try:
+        return load_stack_file(stack).storage.bucket.name is not None
+    except StackConfigError:
+        return None
 
 
 def standing_per_day(stack: str) -> float | None:

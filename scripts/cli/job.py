@@ -23,7 +23,7 @@ def _progress(line: str) -> None:
 
 
 @click.command()
-@stack_arguments()
+@stack_arguments(optional=True)
 @run_options
 @click.option("--timeout", type=click.FloatRange(min=1), help="Seconds to wait for the pods to "
               "go (default: their grace period plus two minutes).")  # fmt: skip
@@ -53,7 +53,7 @@ def stop(target: RunTarget, timeout: float | None) -> int:
 
 
 @click.command()
-@stack_arguments()
+@stack_arguments(optional=True)
 @run_options
 @click.option("--no-wait", is_flag=True, help="Resume it and return; do not wait for workers.")
 def start(target: RunTarget, no_wait: bool) -> int:
@@ -64,21 +64,37 @@ def start(target: RunTarget, no_wait: bool) -> int:
     \b
         fsdp-eks start llama31-8b-p5
     """
-    from infra.job.stop_start import DEFAULT_START_TIMEOUT_S, start_job
+    from infra.job.stop_start import start_job
 
-    budget = DEFAULT_START_TIMEOUT_S  # a run named by --job: job.startTimeoutMinutes default
-    if target.stack is not None:
-        from infra.job.stack_checks import plan_stack_file
-
-        budget = plan_stack_file(target.stack).timeouts.start_budget_seconds
     result = start_job(
         target.api(),
         target.namespace,
         target.require_job(),
         stack=target.stack,
-        start_timeout_s=budget,
+        start_timeout_s=start_budget(target.stack_file),
         wait=not no_wait,
         on_progress=_progress,
     )
     click.echo(result.message)
     return 0
+
+
+def start_budget(stack: str | None) -> float:
+    """The stack's start budget (its run plan's); the `job.startTimeoutMinutes` default for a
+    run named by --job, or when the stack file does not plan now (edited since the last
+    `pulumi up`: the job on the cluster is what starts, so that must not block it)."""
+    from infra.config import StackConfigError
+    from infra.job.stop_start import DEFAULT_START_TIMEOUT_S
+
+    if stack is None:
+        return DEFAULT_START_TIMEOUT_S
+    from infra.job.stack_checks import plan_stack_file
+
+    try:
+        return plan_stack_file(stack).timeouts.start_budget_seconds
+    except StackConfigError as error:
+        _progress(
+            f"the stack file does not plan now ({str(error).splitlines()[0]}): waiting the "
+            f"default start budget, {DEFAULT_START_TIMEOUT_S / 60:.0f} min"
+        )
+        return DEFAULT_START_TIMEOUT_S

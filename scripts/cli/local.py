@@ -37,7 +37,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import click
 
-from scripts.cli.support.errors import CliError
+from scripts.cli.support.errors import CliError, CommandFailedError
 from scripts.cli.support.stacks import name_of, stack_arguments
 
 if TYPE_CHECKING:
@@ -49,8 +49,31 @@ logger = logging.getLogger("local_run")
 
 DEFAULT_STACK = "dev"
 DEFAULT_OUT = REPO_ROOT / ".local-run"
+RUN_MARKER = ".fsdp-eks-local"
+"""Written into each run folder `local` makes; a folder is removed for a fresh run only if it
+has one, so `--out` naming a folder of the user's never loses what is in it."""
 AGENT_GRACE_S = 60
 """How long the other agents may take to notice that one failed before they are stopped."""
+
+
+def fresh_run_root(out_dir: Path, stack_name: str) -> Path:
+    """`out_dir/<stack>`, emptied for a new run: a folder an earlier run of this command made
+    (its `RUN_MARKER`, or anywhere under the repository's own `.local-run/`) is removed, any
+    other one is refused in one line."""
+    run_root = out_dir / stack_name
+    if run_root.exists() or run_root.is_symlink():
+        ours = not run_root.is_symlink() and (
+            (run_root / RUN_MARKER).is_file() or out_dir == DEFAULT_OUT.resolve()
+        )
+        if not ours:
+            raise CliError(
+                f"--out {out_dir}: {run_root} exists and was not made by `fsdp-eks local` (no "
+                f"{RUN_MARKER} in it), so it is not removed: pass another --out, or remove it"
+            )
+        shutil.rmtree(run_root)
+    run_root.mkdir(parents=True)
+    (run_root / RUN_MARKER).write_text("made by `fsdp-eks local`; its next run removes it\n")
+    return run_root
 
 
 def local_devices(requested: str) -> tuple[str, int]:
@@ -234,7 +257,9 @@ class RunSummary:
 def summarise(records: list[dict[str, Any]]) -> RunSummary:
     train = [r for r in records if r.get("kind") == "train"]
     if not train:
-        raise CliError("the run wrote no training metrics; see the trainer's output above")
+        raise CommandFailedError(
+            "the run wrote no training metrics; see the trainer's output above"
+        )
     steps = [r["step"] for r in train]
     # The resumed run logs steps the first run already logged: the step sequence goes back.
     resumed = any(b <= a for a, b in itertools.pairwise(steps))
@@ -331,7 +356,7 @@ def local(
     stack_name = name_of(stack)
     out_dir = out.resolve()
     # Each local run starts from scratch; only the generated corpus and tokenizer are reused.
-    shutil.rmtree(out_dir / stack_name, ignore_errors=True)
+    fresh_run_root(out_dir, stack_name)
     chosen_device, nproc = local_devices(device)
     plan = plan_local_run(
         run,
@@ -367,7 +392,7 @@ def local(
     elif not first.planned_exit:
         if quiet:
             _print_failure_logs(plan)
-        raise CliError(
+        raise CommandFailedError(
             f"the first launch failed (exit {first.code}) before the planned interruption"
         )
     else:
@@ -383,7 +408,9 @@ def local(
         if code != 0:
             if quiet:
                 _print_failure_logs(plan)
-            raise CliError(f"the resumed launch failed (exit {code}); see the trainer's output")
+            raise CommandFailedError(
+                f"the resumed launch failed (exit {code}); see the trainer's output"
+            )
 
     records = read_metrics(plan.metrics_file)
     summary = summarise(records)

@@ -10,9 +10,10 @@
     fsdp-eks down llama31-8b-p5       # what is kept and what bills, then pulumi destroy
 
 Every command takes the stack the same way: `[STACK]` or `-s STACK`, and without one the
-stack `pulumi stack select` chose. A mistake is one line on stderr and exit status 2; `--debug`
-(before the command) shows the traceback instead. Commands are imported when they run, so
-`fsdp-eks plan` does not pay for TensorBoard or boto3.
+stack `pulumi stack select` chose. An error is one line on stderr: exit status 2 for a mistake
+(a bad flag, stack or stack file, a missing tool or credentials), 1 for a failure (a tool, the
+cluster or AWS failed); `--debug` (before the command) shows the traceback instead. Commands
+are imported when they run, so `fsdp-eks plan` does not pay for TensorBoard or boto3.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import click
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from scripts.cli.support.errors import EXIT_MISTAKE, explain
+from scripts.cli.support.errors import EXIT_MISTAKE, exit_status, explain
 
 COMMANDS: dict[str, tuple[str, str]] = {
     # name: (module:attribute, one line for `fsdp-eks --help`), in the order of a run's life
@@ -80,7 +81,8 @@ def cli(debug: bool) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """The console script (pyproject.toml `[project.scripts]`): run, then exit with the
-    command's status; a mistake is one line and status 2, never a traceback."""
+    command's status; an error is one line (status 2 a mistake, 1 a failure), never a
+    traceback."""
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args[: next((i for i, a in enumerate(args) if a in COMMANDS), 0)]
     try:
@@ -115,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
             sys.exit(1)
         click.echo(f"{prefix}: {line}", err=True)
-        sys.exit(EXIT_MISTAKE)
+        sys.exit(exit_status(error))
     sys.exit(status if isinstance(status, int) else 0)
 
 

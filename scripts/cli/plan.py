@@ -17,6 +17,8 @@ would refuse, found first).
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import statistics
 import time
 from collections.abc import Iterator
@@ -37,6 +39,8 @@ if TYPE_CHECKING:
     from infra.policy.offline import Violation
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+EVALUATED_LINE = re.compile(r"^(Resources \(\d+\), evaluated offline in [\d.]+s):$", re.MULTILINE)
+"""`render`'s timing line of a verbose plan."""
 
 PYTORCHJOB_TYPE = "kubernetes:kubeflow.org/v1:PyTorchJob"
 
@@ -340,18 +344,32 @@ def plan_output(name: str, *, verbose: bool) -> CachedPlan:
 
 def cached_plan_output(name: str, *, verbose: bool, use_cache: bool) -> CachedPlan:
     """`plan_output`, from the plan cache when nothing it follows from has changed."""
+    from infra.config.files import display_path
     from infra.config.names import stack_file_path
 
     if not use_cache or plan_cache.cache_dir() is None:
         return plan_output(name, verbose=verbose)
     path = stack_file_path(name)
-    key = plan_cache.plan_key(path, str(path.resolve()), verbose=verbose)
+    try:
+        key = plan_cache.plan_key(path, display_path(path), verbose=verbose)
+    except OSError:  # the file cannot be read: the plan says so in its one line
+        return plan_output(name, verbose=verbose)
     kept = plan_cache.load(key)
     if kept is not None:
-        return kept
+        return replayed(kept)
     output = plan_output(name, verbose=verbose)
     plan_cache.store(key, output)
     return output
+
+
+def replayed(kept: CachedPlan) -> CachedPlan:
+    """A kept plan as shown again: its one timing line (with `--verbose`) says when and that the
+    evaluation was not this one."""
+    if kept.evaluated_at is None:
+        return kept
+    when = kept.evaluated_at.strftime("%Y-%m-%d %H:%M UTC")
+    stdout = EVALUATED_LINE.sub(rf"\1 at {when}, shown from the plan cache:", kept.stdout, count=1)
+    return dataclasses.replace(kept, stdout=stdout)
 
 
 @click.command()

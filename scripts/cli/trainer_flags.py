@@ -1,4 +1,4 @@
-"""`fsdp-eks trainer-flags`: the trainer's flags, as `python -m trainer --help` lists them, from
+"""`fsdp-eks trainer-flags`: the trainer's flags, as the trainer's `--help` lists them, from
 any environment of the project (the parser is torch-free: `trainer.config`)."""
 
 from __future__ import annotations
@@ -6,7 +6,8 @@ from __future__ import annotations
 import click
 
 
-@click.command(context_settings={"ignore_unknown_options": False})
+# Flags may be named with their dashes (`--lr`): click passes them on as arguments.
+@click.command(context_settings={"ignore_unknown_options": True})
 @click.argument("names", nargs=-1, metavar="[FLAG]...")
 def trainer_flags(names: tuple[str, ...]) -> int:
     """The trainer's flags: what `training.extraArgs` may set (without the leading dashes),
@@ -15,6 +16,7 @@ def trainer_flags(names: tuple[str, ...]) -> int:
     \b
         fsdp-eks trainer-flags                 # all of them, by section
         fsdp-eks trainer-flags loss_chunk_tokens watchdog_factor
+        fsdp-eks trainer-flags --lr           # with dashes, as in training.extraArgs
 
     Flags the stack renders from its own keys are marked: set those keys instead.
     """
@@ -25,6 +27,7 @@ def trainer_flags(names: tuple[str, ...]) -> int:
     from trainer.config import build_parser, flag_names
 
     parser = build_parser()
+    parser.prog = "torchrun [...] -m trainer"  # how the job runs it (no venv needed to read)
     wanted = {name.lstrip("-") for name in names}
     unknown = sorted(wanted - flag_names())
     if unknown:

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from infra.job.placement import EFA_RESOURCE, GPU_RESOURCE, INSTANCE_TYPE_LABEL
-from scripts.cli.support.errors import CliError
+from scripts.cli.support.errors import CliError, ToolFailedError
 from scripts.cli.support.kube import Kubectl, to_yaml
 from scripts.cli.support.stacks import name_of, stack_arguments
 from scripts.cli.support.target import resolve_target
@@ -376,7 +376,7 @@ def run_gpu_check(
         pod_name = pod["metadata"]["name"]
         try:
             reports.append(parse_gpu_check_log(kubectl("-n", namespace, "logs", pod_name)))
-        except RuntimeError as error:
+        except ToolFailedError as error:  # a pod that never started has no log
             log.warning("no log from %s: %s", pod_name, error)
     result = check_gpu_reports(reports, expected, fsx=fsx)
     if state != "Complete":
@@ -398,7 +398,7 @@ def run_nccl_check(
     )
     try:
         text = kubectl("-n", namespace, "logs", f"{name}-worker-0", "-c", CONTAINER_NAME)
-    except RuntimeError as error:
+    except ToolFailedError as error:  # a pod that never started has no log
         text = ""
         log.warning("no log from %s-worker-0: %s", name, error)
     result = check_nccl(parse_nccl_log(text), expected)

@@ -1,7 +1,7 @@
 """Write the stack-config reference table of docs/config.md from the config model.
 
-    python scripts/tooling/config_docs.py          # rewrite the table in docs/config.md
-    python scripts/tooling/config_docs.py --check   # exit 1 when the table is stale
+    .venv-dev/bin/python scripts/tooling/config_docs.py  # rewrite the table in docs/config.md
+    .venv-dev/bin/python scripts/tooling/config_docs.py --check  # exit 1 when the table is stale
 
 The model in infra/config/ is the one place keys are defined and documented; this table is
 generated from it (key path, type, default, description), so it can never drift from what the
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         if fresh != current:
             print(
                 f"{DOC.relative_to(REPO_ROOT)} is out of date: run "
-                "python scripts/tooling/config_docs.py"
+                ".venv-dev/bin/python scripts/tooling/config_docs.py"
             )
             return 1
         return 0

@@ -67,6 +67,17 @@ def assert_one_line_mistake(result: Ran, *fragments: str) -> None:
         assert fragment in text, text
 
 
+def assert_one_line_failure(result: Ran, *fragments: str) -> None:
+    """Exit status 1 (what the command ran or asked failed, not the user's mistake), one line
+    on stderr that says what failed, no traceback."""
+    assert result.code == 1, result
+    text = result.err.strip()
+    assert "Traceback" not in result.out + result.err
+    assert len(text.splitlines()) == 1, text
+    for fragment in fragments:
+        assert fragment in text, text
+
+
 def pytorch_job(state: str = "Running", *, master: bool = False) -> dict[str, Any]:
     """`kubectl get pytorchjob -o json` of a training-operator v1 job."""
     conditions = [
@@ -156,12 +167,20 @@ if tool == "pulumi":
 elif answers.get("kubectl_error"):
     sys.stderr.write(answers["kubectl_error"])
     sys.exit(1)
+elif set(args) & set(answers.get("kubectl_fails", {{}})):  # only these verbs fail
+    sys.stderr.write(answers["kubectl_fails"][min(set(args) & set(answers["kubectl_fails"]))])
+    sys.exit(1)
+elif "apply" in args or "delete" in args:
+    sys.stdin.read()
+    print(args[args.index("apply" if "apply" in args else "delete")] + "d")
 elif args[:1] == ["version"]:
     print("Client Version: v1.32.0")
 elif "logs" in args:
     sys.stdout.writelines(answers["logs"])
 elif "pytorchjob" in args:
     print(json.dumps(answers["pytorchjob"]))
+elif "job" in args:
+    print(json.dumps(answers["job"]))
 elif "pods" in args:
     print(json.dumps(answers["pods"]))
 elif "nodes" in args:

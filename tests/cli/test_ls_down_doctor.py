@@ -17,6 +17,7 @@ from tests.cli.conftest import (
     set_answers,
 )
 
+STACKS = Path(__file__).resolve().parents[2] / "stacks"
 STATE = {
     "version": 3,
     "deployment": {
@@ -133,6 +134,21 @@ def test_down_says_what_is_kept_asks_and_destroys(fake_cli: Path) -> None:
     done = run_cli("down", "dev", "--yes")
     assert done.code == 0, done
     assert calls(fake_cli)[-1] == ["pulumi", "destroy", "--yes", "--stack", "dev"]  # no --remove
+
+
+def test_down_of_a_stack_whose_file_was_edited_since_still_destroys(
+    fake_cli: Path, tmp_path: Path
+) -> None:
+    """The file only tells whether the bucket is named: a file that no longer validates makes
+    that unknown (said so), never a refusal to take down what is deployed."""
+    edited = tmp_path / "Pulumi.dev.yaml"
+    edited.write_text((STACKS / "Pulumi.dev.yaml").read_text() + "  fsdp-eks:nonsense: 1\n")
+    set_answers(fake_cli, state=STATE, outputs={"bucketName": "storage-bucket-e2033bd"})
+    done = run_cli("down", str(edited), "--yes")
+    assert done.code == 0, done
+    assert "whether it names its bucket is unknown" in done.out
+    assert "storage.bucket.name: storage-bucket-e2033bd" in done.out
+    assert calls(fake_cli)[-1] == ["pulumi", "destroy", "--yes", "--stack", "dev"]
 
 
 def test_down_of_a_stack_with_nothing_deployed_destroys_nothing(fake_cli: Path) -> None:

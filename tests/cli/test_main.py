@@ -23,6 +23,7 @@ from scripts.cli.main import COMMANDS
 from tests.cli.conftest import (
     JOB_NAME,
     NAMESPACE,
+    assert_one_line_failure,
     assert_one_line_mistake,
     calls,
     run_cli,
@@ -103,6 +104,14 @@ def test_a_command_of_one_stack_refuses_two(no_pulumi: None) -> None:
     assert_one_line_mistake(run_cli("validate", "dev", "-s", "team-cluster"), "takes one stack")
 
 
+def test_a_command_of_one_stack_refuses_s_given_twice(no_pulumi: None) -> None:
+    """`-s` twice is two stacks, never the last one silently (as click keeps a plain option)."""
+    assert_one_line_mistake(
+        run_cli("status", "-s", "dev", "-s", "team-cluster"),
+        "takes one stack, got 2: dev, team-cluster",
+    )
+
+
 def test_an_unknown_flag_is_one_line_naming_it() -> None:
     assert_one_line_mistake(run_cli("plan", "dev", "--colour"), "--colour", "fsdp-eks plan --help")
 
@@ -138,6 +147,26 @@ def no_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 def test_no_aws_credentials_is_one_line(no_credentials: None, no_pulumi: None) -> None:
     assert_one_line_mistake(
         run_cli("checkpoints", "--s3-uri", RUN), "no AWS credentials: run `aws configure`"
+    )
+
+
+def test_aws_out_of_reach_is_a_failure_not_a_mistake(
+    monkeypatch: pytest.MonkeyPatch, no_pulumi: None
+) -> None:
+    """Nothing answers at the endpoint (botocore's EndpointConnectionError, a BotoCoreError):
+    one line, exit 1; missing credentials stay a mistake (exit 2, above)."""
+    for key, value in {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "testing",
+                       "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+                       "AWS_MAX_ATTEMPTS": "1"}.items():  # fmt: skip
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    assert_one_line_failure(run_cli("checkpoints", "--s3-uri", RUN), "AWS could not be reached")
+
+
+def test_an_aws_refusal_is_a_failure(bucket: Any, no_pulumi: None) -> None:
+    """AWS answered with an error (a ClientError: no such bucket here, AccessDenied alike)."""
+    assert_one_line_failure(
+        run_cli("checkpoints", "--s3-uri", "s3://no-such-bucket/run"), "AWS refused: NoSuchBucket"
     )
 
 
@@ -245,7 +274,8 @@ def test_validate_reaches_the_stacks_cluster_and_its_kubectl_failure_is_one_line
     fake_cli: Path,
 ) -> None:
     """validate goes through the one kubectl client (`--context` here; the stack's own
-    kubeconfig otherwise, as the other commands), and a kubectl failure is one line, exit 2."""
+    kubeconfig otherwise, as the other commands), and a kubectl failure is one line, exit 1
+    (a failure, not the user's mistake)."""
     set_answers(fake_cli, outputs={"jobName": JOB_NAME, "image": "img@sha256:0"},
                 nodes={"items": []})  # fmt: skip
     checked = run_cli("validate", "llama31-8b-p5", "--context", "lab", "--skip", "nccl",
@@ -261,11 +291,35 @@ def test_validate_reaches_the_stacks_cluster_and_its_kubectl_failure_is_one_line
         kubectl_error="E1126 memcache.go:265] couldn't get current server API group list\n" * 7
         + "Unable to connect to the server: dial tcp 10.0.0.1:443: i/o timeout\n",
     )
-    assert_one_line_mistake(
+    assert_one_line_failure(
         run_cli("validate", "llama31-8b-p5", "--context", "lab", "--skip", "nccl",
                 "--skip", "nvidia-smi"),
         "kubectl get nodes failed: Unable to connect to the server",
     )  # fmt: skip
+
+
+def test_validate_reports_a_check_pod_without_a_log_instead_of_stopping(
+    fake_cli: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A check pod that never started has no log (`kubectl logs` fails): the check fails in
+    the report, the other results are still shown, and validate exits 1 (checks failed)."""
+    set_answers(
+        fake_cli,
+        outputs={"jobName": JOB_NAME, "image": "img@sha256:0"},
+        job={"status": {"conditions": [{"type": "Failed", "status": "True"}]}},
+        kubectl_fails={
+            "logs": 'Error from server (BadRequest): container "check" in pod "x" is waiting '
+            "to start: ContainerCreating\n"
+        },
+    )
+    checked = run_cli("validate", "llama31-8b-p5", "--context", "lab", "--skip", "nccl",
+                      "--skip", "nodes", "--timeout", "5")  # fmt: skip
+    assert checked.code == 1, checked
+    assert "FAIL  nvidia-smi" in checked.out
+    assert "ended Failed" in checked.out
+    warned = [r.getMessage() for r in caplog.records if r.getMessage().startswith("no log from")]
+    assert len(warned) == 2 and "waiting to start" in warned[0], warned
+    assert calls(fake_cli)[-1][:4] == ["kubectl", "--context", "lab", "delete"]  # cleaned up
 
 
 def test_plot_of_a_local_metrics_file(tmp_path: Path) -> None:
@@ -285,6 +339,10 @@ def test_trainer_flags_lists_the_trainers_flags_and_names_a_typo() -> None:
     assert_one_line_mistake(
         run_cli("trainer-flags", "loss_chunk_token"), "did you mean loss_chunk_tokens"
     )
+    dashed = run_cli("trainer-flags", "--lr")  # as the flag is written in training.extraArgs
+    assert dashed.code == 0 and dashed.out.startswith("--lr (rendered from a stack key)"), dashed
+    assert_one_line_mistake(run_cli("trainer-flags", "--lrr"), "not a trainer flag: lrr")
+    assert listed.out.startswith("usage: torchrun [...] -m trainer ")  # not `python -m trainer`
 
 
 def test_the_installed_script_as_a_user_types_it() -> None:

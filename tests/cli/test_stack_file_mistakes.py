@@ -4,6 +4,7 @@ status 2 that names the file and line or the key, in `fsdp-eks plan` and `fsdp-e
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -118,3 +119,39 @@ def test_the_program_refuses_a_region_and_a_misplaced_key_in_the_same_words() ->
     assert any("another section" in p and "job.maxRunHours" in p for p in problems), problems
     with pytest.raises(StackConfigError, match="did you mean 'us-west-2'"):
         parse_stack_config({**values, "fsdp-eks:training": {}}, stack_name="exp")
+
+
+def unreadable(path: Path) -> Path:
+    """A stack file this process cannot read: mode 000, or where that does not stop it (root
+    reads any file), a name for a file whose read fails (`/proc/self/mem` at offset 0 is
+    unmapped: EIO)."""
+    path.write_text(DEV)
+    path.chmod(0)
+    if os.access(path, os.R_OK):
+        path.unlink()
+        path.symlink_to("/proc/self/mem")
+    return path
+
+
+@pytest.mark.parametrize("command", ["plan", "local"])
+@pytest.mark.parametrize("cache", ["off", "on"])
+def test_an_unreadable_stack_file_is_one_line_naming_it(
+    command: str, cache: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_pulumi: None
+) -> None:
+    """With the plan cache on too: the cache's key must not read the file before the stack
+    file's own check can say what is wrong with it."""
+    if cache == "on":
+        monkeypatch.setenv("FSDP_EKS_CACHE", str(tmp_path / "cache"))
+    stack = unreadable(tmp_path / "Pulumi.locked.yaml")
+    args = next(c for c in commands(stack, tmp_path) if c[0] == command)
+    assert_one_line_mistake(run_cli(*args), f"{stack}: cannot be read: ")
+
+
+@pytest.mark.parametrize("command", ["plan", "local"])
+def test_a_stack_file_that_is_not_utf8_is_one_line_naming_it(
+    command: str, tmp_path: Path, no_pulumi: None
+) -> None:
+    stack = tmp_path / "Pulumi.latin1.yaml"
+    stack.write_bytes(DEV.replace("# ", "# caf\u00e9 ", 1).encode("latin-1"))
+    args = next(c for c in commands(stack, tmp_path) if c[0] == command)
+    assert_one_line_mistake(run_cli(*args), f"{stack}: not UTF-8 text (byte ", "is 0xe9")

@@ -17,6 +17,7 @@ from infra.job.stop_start import (
     JobFinishedError,
     JobNotFoundError,
     PodsRemainError,
+    SuspendUnsupportedError,
     start_job,
     stop_job,
     stop_timeout_seconds,
@@ -162,6 +163,21 @@ def test_without_an_operator_the_stop_says_what_is_missing(
     cluster.operator.running = False
     with pytest.raises(PodsRemainError, match=r"the operator \(is it running\?\)"):
         stop_job(api, "training", "exp", timeout_s=30, poll_s=0, clock=Ticks(step=10))
+
+
+def test_an_operator_without_suspend_is_refused_at_once_not_waited_for(
+    cluster: ClusterApiServer, api: KubernetesApi
+) -> None:
+    """An old CRD prunes the field and the apply still answers 200: the stored job says so."""
+    deploy(cluster)
+    cluster.crd_without_suspend = True
+    waits: list[float] = []
+    with pytest.raises(SuspendUnsupportedError) as raised:
+        stop_job(api, cluster.namespace, cluster.name, sleep=waits.append)
+    assert "PyTorchJob CRD dropped spec.runPolicy.suspend=true" in str(raised.value)
+    assert "training-operator v1.7.0" in str(raised.value)
+    assert waits == [] and not cluster.suspended()
+    assert len(cluster.live_pods()) > 0
 
 
 def test_a_caller_without_patch_rights_is_told_which_right_it_needs(

@@ -1,4 +1,7 @@
-"""A user's mistake is one line and exit status 2; anything else says how to see more.
+"""An error is one line: exit status 2 for a mistake the user can fix (a bad flag, stack or
+stack file, a missing tool or credentials), 1 for a failure (a tool that ran and failed, a
+cluster or AWS that refused or did not answer, a run that did not start); a bug says how to
+see its traceback.
 
 Errors are told apart by their type, not by their class name: the exception types of the
 libraries a command used are looked up in `sys.modules`, so a command that never imported
@@ -14,6 +17,8 @@ import click
 
 EXIT_MISTAKE = 2
 """Exit status of a refused command: a bad flag, stack, config or missing tool."""
+EXIT_FAILURE = 1
+"""Exit status of a command that could not do its work: what it ran or asked failed."""
 
 DEPENDENCY_GROUPS = {
     "pulumi": "infra",
@@ -42,11 +47,17 @@ class CliError(click.ClickException):
         click.echo(f"{prefix}: {self.format_message()}", file=file or sys.stderr)
 
 
+class CommandFailedError(CliError):
+    """Not the user's mistake: what the command ran or asked failed. One line, exit 1."""
+
+    exit_code = EXIT_FAILURE
+
+
 class ToolMissingError(CliError):
     """A program a command runs is not installed."""
 
 
-class ToolFailedError(CliError):
+class ToolFailedError(CommandFailedError):
     """A program a command ran failed; the message is its last line of error output."""
 
 
@@ -55,6 +66,22 @@ def _is(error: BaseException, module: str, *names: str) -> bool:
     loaded = sys.modules.get(module)
     types = tuple(getattr(loaded, name) for name in names if hasattr(loaded, name))
     return bool(types) and isinstance(error, types)
+
+
+def exit_status(error: BaseException) -> int:
+    """EXIT_FAILURE for an error `explain` tells that is a failure, else EXIT_MISTAKE."""
+    if _is(error, "botocore.exceptions", "NoCredentialsError", "PartialCredentialsError"):
+        return EXIT_MISTAKE
+    if _is(error, "infra.job.kube_api", "KubernetesCredentialError"):
+        return EXIT_MISTAKE  # no usable credentials, as for AWS
+    if (
+        _is(error, "botocore.exceptions", "BotoCoreError", "ClientError")
+        or _is(error, "infra.job.kube_api", "KubernetesApiError")
+        or _is(error, "infra.job.stop_start", "PodsRemainError")
+        or _is(error, "infra.job.start_rule", "JobStartError")
+    ):
+        return EXIT_FAILURE
+    return EXIT_MISTAKE
 
 
 def explain(error: BaseException) -> str | None:

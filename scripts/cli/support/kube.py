@@ -11,6 +11,7 @@ Outposts, addressed by `--cluster-id`, is not handled.)
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -21,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from infra.config.names import stack_name
 from scripts.cli.support.errors import CliError, ToolFailedError
 from scripts.cli.support.tools import require_tool
 
@@ -110,6 +112,82 @@ class Kubectl:
         self("delete", "--ignore-not-found", "--wait=false", "-f", "-", stdin=to_yaml(manifests))
 
 
+def _kubeconfig_files() -> list[Path]:
+    """The files `kubectl` reads: those `KUBECONFIG` lists (each once), else `~/.kube/config`
+    (kubernetes/client-go `tools/clientcmd/loader.go` `NewDefaultClientConfigLoadingRules`)."""
+    listed = [p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
+    if listed:
+        return [Path(p) for p in dict.fromkeys(listed)]
+    return [Path.home() / ".kube" / "config"]
+
+
+def _absolute(path: str, base: Path) -> str:
+    return path if not path or Path(path).is_absolute() else str(base / path)
+
+
+def _read_referenced(path: str, base: Path, context: str) -> bytes:
+    """A file a kubeconfig entry names (a CA, a token), relative to its kubeconfig's folder."""
+    try:
+        return Path(_absolute(path, base)).read_bytes()
+    except OSError as error:
+        raise CliError(f"--context {context}: {error.strerror}: {error.filename}") from None
+
+
+def user_context_kubeconfig(context: str) -> dict[str, Any]:
+    """A kubeconfig of one context of the user's own, as `kubectl --context` reads it: the
+    files merged so that the first to name a context, cluster or user wins, and file paths in
+    each resolved against that file's folder (client-go `loader.go` `Load`,
+    `ResolveLocalPaths`). The cluster's CA file and the user's token file are read in, since
+    `infra.job.kube_api.KubernetesApi.from_kubeconfig` takes their data only."""
+    entries: dict[str, dict[str, tuple[dict[str, Any], Path]]] = {
+        "contexts": {},
+        "clusters": {},
+        "users": {},
+    }
+    for path in _kubeconfig_files():
+        try:
+            document = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except FileNotFoundError:
+            continue  # a missing file in the list is skipped, as kubectl skips it
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+            raise CliError(f"kubeconfig {path} cannot be read: {error}") from None
+        for kind, found in entries.items():
+            for entry in (document.get(kind) if isinstance(document, dict) else None) or []:
+                if isinstance(entry, dict) and "name" in entry:
+                    found.setdefault(str(entry["name"]), (entry, path.parent.resolve()))
+    if context not in entries["contexts"]:
+        files = ", ".join(map(str, _kubeconfig_files()))
+        known = ", ".join(entries["contexts"]) or "none"
+        raise CliError(f"--context {context}: no such context in {files} (contexts: {known})")
+    chosen = entries["contexts"][context][0].get("context") or {}
+    cluster_name, user_name = chosen.get("cluster"), chosen.get("user")
+    if cluster_name not in entries["clusters"] or user_name not in entries["users"]:
+        raise CliError(
+            f"--context {context}: its cluster {cluster_name!r} or user {user_name!r} is not "
+            "in your kubeconfig"
+        )
+    cluster_entry, cluster_base = entries["clusters"][cluster_name]
+    cluster = dict(cluster_entry.get("cluster") or {})
+    if cluster.get("certificate-authority") and not cluster.get("certificate-authority-data"):
+        ca = _read_referenced(cluster.pop("certificate-authority"), cluster_base, context)
+        cluster["certificate-authority-data"] = base64.b64encode(ca).decode()
+    user_entry, user_base = entries["users"][user_name]
+    user = dict(user_entry.get("user") or {})
+    if user.get("tokenFile") and not user.get("token"):
+        user["token"] = _read_referenced(user["tokenFile"], user_base, context).decode().strip()
+    exec_spec = user.get("exec")
+    if isinstance(exec_spec, dict) and os.sep in str(exec_spec.get("command", "")):
+        user["exec"] = {**exec_spec, "command": _absolute(str(exec_spec["command"]), user_base)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": cluster_name, "cluster": cluster}],
+        "users": [{"name": user_name, "user": user}],
+        "contexts": [{"name": context, "context": chosen}],
+        "current-context": context,
+    }
+
+
 def kubeconfig_dir() -> Path:
     """A directory only this user can enter (`$XDG_CACHE_HOME/fsdp-eks`, else
     `~/.cache/fsdp-eks`): credentials config never sits at a guessable path in a shared /tmp."""
@@ -156,7 +234,7 @@ def write_stack_kubeconfig(stack: str, cluster: str) -> Path:
     (mode 0600, in a directory only this user can enter); its path."""
     document, _ = stack_cluster_access(stack, cluster)
     directory = kubeconfig_dir()
-    path = directory / f"{stack.replace('/', '_')}.kubeconfig"
+    path = directory / f"{stack_name(stack)}.kubeconfig"
     # Written beside, then renamed over: never through a link someone else placed there.
     descriptor, staged = tempfile.mkstemp(dir=directory, suffix=".tmp")
     with os.fdopen(descriptor, "w", encoding="utf-8") as out:

@@ -7,9 +7,13 @@ a hash of everything the plan's output follows from, so a hit is the output an e
 print now, not an old one:
 
 - the stack file, and the path it is shown under;
-- every file of the program and what it reads: `infra/` (guardrails included), `trainer/`
-  (flags are parsed by its parser, presets sized by it), `docker/` (the image hash is in the run
-  id), `scripts/cli/` (how the plan is printed), `Pulumi.yaml`, `pyproject.toml`, `uv.lock`;
+- every file of the program and what it reads, with its permission bits: `infra/` (guardrails
+  included), `trainer/` (flags are parsed by its parser, presets sized by it), `docker/` and
+  the other files of the image's build source (`infra.image.source`; their hash is the image
+  tag the job runs), `scripts/cli/` (how the plan is printed), `Pulumi.yaml`;
+- the Pulumi configuration the environment adds (`PULUMI_CONFIG*`, read by the SDK's runtime
+  and the policy settings) and where Python imports from (`sys.path`: a `PYTHONPATH` or an
+  editable install can put another copy of a module first);
 - the interpreter and the exact set of installed distributions (names and versions, from the
   `*.dist-info` folders of the running environment), so an upgraded provider evaluates again;
 - the options that change the output (`--verbose`), and the UTC day (a capacity block's end is
@@ -34,11 +38,12 @@ from scripts.cli.support.tools import ROOT
 
 SOURCES = ("infra", "trainer", "docker", "scripts/cli")
 """Folders whose every file the plan may follow from."""
-FILES = ("Pulumi.yaml", "pyproject.toml", "uv.lock")
+FILES = ("Pulumi.yaml", "pyproject.toml", "uv.lock", ".dockerignore")
+"""Single files at the root the plan follows from (the image's build source among them)."""
 SKIPPED_PARTS = {"__pycache__", ".mypy_cache", ".ruff_cache"}
 KEPT_ENTRIES = 200
 """Plans kept; older ones are removed when a new one is written."""
-FORMAT = 1
+FORMAT = 2
 """Bumped when what an entry holds changes."""
 
 
@@ -49,6 +54,8 @@ class CachedPlan:
     stdout: str
     stderr: str
     status: int
+    evaluated_at: datetime | None = None
+    """When it was evaluated, for a plan read back from the cache."""
 
 
 def cache_dir() -> Path | None:
@@ -83,6 +90,10 @@ def _installed() -> list[str]:
     return sorted(found)
 
 
+def _pulumi_environment() -> dict[str, str]:
+    return {name: value for name, value in os.environ.items() if name.startswith("PULUMI_CONFIG")}
+
+
 def plan_key(stack_file: Path, shown_as: str, *, verbose: bool) -> str:
     """The hash a plan of `stack_file` is kept under; any change to its inputs changes it."""
     digest = hashlib.sha256()
@@ -98,7 +109,10 @@ def plan_key(stack_file: Path, shown_as: str, *, verbose: bool) -> str:
     add("day", datetime.now(UTC).date().isoformat().encode())
     add("python", f"{sys.executable}\0{sys.version}".encode())
     add("installed", "\n".join(_installed()).encode())
+    add("environment", json.dumps(_pulumi_environment(), sort_keys=True).encode())
+    add("sys.path", "\n".join(sys.path).encode())
     for path in _source_files():
+        add(path.relative_to(ROOT).as_posix(), f"{path.stat().st_mode:o}".encode())
         add(path.relative_to(ROOT).as_posix(), path.read_bytes())
     return digest.hexdigest()
 
@@ -109,7 +123,12 @@ def load(key: str) -> CachedPlan | None:
         return None
     try:
         data = json.loads((folder / f"{key}.json").read_text(encoding="utf-8"))
-        return CachedPlan(str(data["stdout"]), str(data["stderr"]), int(data["status"]))
+        return CachedPlan(
+            str(data["stdout"]),
+            str(data["stderr"]),
+            int(data["status"]),
+            datetime.fromisoformat(str(data["evaluated_at"])),
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return None  # absent or unreadable: evaluate
 
@@ -124,7 +143,14 @@ def store(key: str, plan: CachedPlan) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         partial = folder / f".{key}.{os.getpid()}.tmp"
         partial.write_text(
-            json.dumps({"stdout": plan.stdout, "stderr": plan.stderr, "status": plan.status}),
+            json.dumps(
+                {
+                    "stdout": plan.stdout,
+                    "stderr": plan.stderr,
+                    "status": plan.status,
+                    "evaluated_at": datetime.now(UTC).isoformat(),
+                }
+            ),
             encoding="utf-8",
         )
         partial.replace(folder / f"{key}.json")

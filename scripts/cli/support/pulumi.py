@@ -10,7 +10,7 @@ import subprocess
 from typing import Any
 
 from scripts.cli.support import tools
-from scripts.cli.support.errors import CliError
+from scripts.cli.support.errors import CommandFailedError
 from scripts.cli.support.tools import ROOT, run_tool
 
 
@@ -35,7 +35,7 @@ def _json(text: str, what: str) -> Any:
     try:
         return json.loads(text or "null")
     except json.JSONDecodeError:
-        raise CliError(f"{what} did not print JSON: {text[:200]!r}") from None
+        raise CommandFailedError(f"{what} did not print JSON: {text[:200]!r}") from None
 
 
 def stack_outputs(stack: str) -> dict[str, Any]:
@@ -51,7 +51,7 @@ def stack_outputs(stack: str) -> dict[str, Any]:
     )
     outputs = _json(text, "pulumi stack output")
     if not isinstance(outputs, dict):
-        raise CliError(f"stack {stack!r} outputs are not a JSON object: {text[:200]!r}")
+        raise CommandFailedError(f"stack {stack!r} outputs are not a JSON object: {text[:200]!r}")
     return outputs
 
 
@@ -65,7 +65,7 @@ def stack_list() -> dict[str, dict[str, Any]]:
     """
     entries = _json(run_tool("pulumi", "stack", "ls", "--json", what="pulumi stack ls"), "pulumi")
     if not isinstance(entries, list):
-        raise CliError("pulumi stack ls --json did not print a list")
+        raise CommandFailedError("pulumi stack ls --json did not print a list")
     return {str(entry.get("name", "")).rsplit("/", 1)[-1]: entry for entry in entries}
 
 
@@ -76,5 +76,5 @@ def stack_export(stack: str) -> dict[str, Any]:
     )
     state = _json(text, "pulumi stack export")
     if not isinstance(state, dict):
-        raise CliError(f"pulumi stack export -s {stack} did not print a JSON object")
+        raise CommandFailedError(f"pulumi stack export -s {stack} did not print a JSON object")
     return state

@@ -70,13 +70,13 @@ def stack_arguments(
             decorated = click.option(
                 "--all", "all_stacks", is_flag=True, help="Every stack under stacks/."
             )(decorated)
+        # Repeatable even for a command of one stack: click keeps only the last value of a
+        # plain option, so `-s a -s b` would silently mean b; `resolve` refuses it instead.
         decorated = click.option(
             "-s",
             "--stack",
             "stack_option",
-            multiple=many,
-            default=() if many else None,
-            callback=lambda _c, _p, value: tuple(value) if many else ((value,) if value else ()),
+            multiple=True,
             metavar="STACK",
             shell_complete=complete_stacks,
             help="A stack: its name, or its stack file"

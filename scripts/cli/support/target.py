@@ -38,6 +38,9 @@ class RunTarget:
     usd_per_hour: float | None
     outputs: Mapping[str, Any] = field(default_factory=dict)
     context: str | None = None
+    stack_file: str | None = None
+    """The stack as the user named it (a name, or a stack file's path): what its settings are
+    read from; `stack` is its name, as Pulumi knows it."""
 
     def require_job(self) -> str:
         if not self.job_name:
@@ -47,8 +50,8 @@ class RunTarget:
     def require_checkpoint_uri(self) -> str:
         """The flag or output, else derived from the stack's outputs and FSx settings."""
         uri = self.checkpoint_uri
-        if uri is None and self.stack is not None:
-            uri = checkpoint_uri_from_stack(self.stack, self.outputs)
+        if uri is None and self.stack_file is not None:
+            uri = checkpoint_uri_from_stack(self.stack_file, self.outputs)
         if not uri:
             raise CliError(
                 "no checkpoint location: name a stack after `pulumi up`, or pass "
@@ -62,24 +65,29 @@ class RunTarget:
         if self.context is not None:
             return Kubectl(context=self.context, namespace=namespace)
         cluster = self.outputs.get("clusterName")
-        if self.stack is None or not isinstance(cluster, str):
+        if self.stack_file is None or not isinstance(cluster, str):
             raise CliError(
                 "no cluster to reach: name a deployed stack (its clusterName output), or pass "
                 "--context CONTEXT to use one of your kubeconfig"
             )
-        kubeconfig = write_stack_kubeconfig(self.stack, cluster)
+        kubeconfig = write_stack_kubeconfig(self.stack_file, cluster)
         return Kubectl(kubeconfig=str(kubeconfig), namespace=namespace)
 
     def api(self) -> Any:
-        """The Kubernetes REST client (`infra.job.kube_api`) on the run's cluster, signed as
-        `pulumi up` signs (the stack's own kubeconfig; `--context` is kubectl's only)."""
+        """The Kubernetes REST client (`infra.job.kube_api`) on the run's cluster: signed as
+        `pulumi up` signs (the stack's own kubeconfig), or as `kubectl --context` would."""
         from infra.job.kube_api import KubernetesApi
-        from scripts.cli.support.kube import stack_cluster_access
+        from scripts.cli.support.kube import stack_cluster_access, user_context_kubeconfig
 
+        if self.context is not None:
+            return KubernetesApi.from_kubeconfig(user_context_kubeconfig(self.context))
         cluster = self.outputs.get("clusterName")
-        if self.stack is None or not isinstance(cluster, str):
-            raise CliError("no cluster to reach: name a deployed stack (its clusterName output)")
-        document, _ = stack_cluster_access(self.stack, cluster)
+        if self.stack_file is None or not isinstance(cluster, str):
+            raise CliError(
+                "no cluster to reach: name a deployed stack (its clusterName output), or pass "
+                "--context CONTEXT to use one of your kubeconfig"
+            )
+        document, _ = stack_cluster_access(self.stack_file, cluster)
         return KubernetesApi.from_kubeconfig(document)
 
 
@@ -163,6 +171,7 @@ def resolve_target(
         usd_per_hour=float(usd) if isinstance(usd, int | float) else None,
         outputs=outputs,
         context=context,
+        stack_file=stack,
     )
 
 
