@@ -146,6 +146,9 @@ args = sys.argv[1:]
 with open({calls!r}, "a") as f:
     f.write(json.dumps([tool, *args]) + "\\n")
 answers = json.load(open({answers!r}))
+stack = args[args.index("--stack") + 1] if "--stack" in args else None
+if tool == "pulumi" and stack and stack not in answers.get("deployed", [stack]):
+    sys.exit("error: no stack named '" + stack + "' found")
 if tool == "pulumi":
     if args[:2] == ["stack", "--show-name"]:
         if answers.get("selected"):

@@ -16,8 +16,10 @@ from pathlib import Path
 import click
 import pytest
 
+from scripts.cli.local import DEFAULT_OUT
 from scripts.cli.main import COMMANDS as VERBS
 from scripts.cli.main import cli
+from scripts.cli.support.local_topology import local_metrics_file
 from tests.cli.conftest import run_cli, write_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,6 +89,10 @@ def test_a_documented_offline_command_runs(
         monkeypatch.chdir(tmp_path)
         metrics = next((Path(w) for w in words[1:] if w.endswith(".jsonl")), None)
         if metrics is not None:
+            if metrics.parts[0] == DEFAULT_OUT.name:  # a local run's: where local writes it
+                stack = metrics.parts[1]
+                expected = local_metrics_file(DEFAULT_OUT, stack).relative_to(DEFAULT_OUT.parent)
+                assert metrics == expected, f"{doc}: {command}: local writes {expected}"
             (tmp_path / metrics).parent.mkdir(parents=True, exist_ok=True)
             write_metrics(tmp_path / metrics)
     result = run_cli(*words)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import json
+import os
 import subprocess
 import sys
 import tomllib
@@ -261,6 +262,15 @@ def test_status_and_logs_through_the_stack_selected_in_pulumi(fake_cli: Path) ->
     followed = run_cli("logs", "--loss", "--no-follow", "--context", "lab")
     assert followed.code == 0, followed
     assert followed.out.count("Loss:") == 2
+    # The stand-in knows only the selected stack, as Pulumi would: the outputs read are its.
+    set_answers(fake_cli, deployed=["llama31-8b-p5"])
+    assert run_cli("status", "--context", "lab").code == 0
+    other = run_cli("status", "llama32-1b-g5", "--context", "lab")
+    assert other.code == 1 and other.out == "", other
+    assert "no stack named 'llama32-1b-g5' found" in other.err
+    assert ["pulumi", "stack", "output", "--json", "--stack", "llama32-1b-g5"] in [
+        call[:6] for call in calls(fake_cli)
+    ], calls(fake_cli)
 
 
 def test_validate_renders_its_check_jobs_offline(no_pulumi: None) -> None:
@@ -358,3 +368,32 @@ def test_the_installed_script_as_a_user_types_it() -> None:
         f"{ROOT / 'stacks' / 'Pulumi.nope.yaml'}; stacks: dev, llama2-7b-p4d, llama31-8b-p5, "
         "llama32-1b-g5, mixtral-8x7b-p5, team-cluster"
     ]
+
+
+def test_shell_completion_offers_the_stacks_as_the_readme_sets_it_up() -> None:
+    """`eval "$(_FSDP_EKS_COMPLETE=bash_source fsdp-eks)"` makes bash call the script with
+    `bash_complete` and the words typed so far (click's `BashComplete`)."""
+    script = Path(sys.executable).parent / "fsdp-eks"
+    env = {**os.environ, "_FSDP_EKS_COMPLETE": "bash_complete", "COMP_CWORD": "2"}
+    typed = {"fsdp-eks plan llama3": ["plain,llama31-8b-p5", "plain,llama32-1b-g5"],
+             "fsdp-eks stop -s te": ["plain,team-cluster"]}  # fmt: skip
+    for words, offered in typed.items():
+        env["COMP_WORDS"] = words
+        env["COMP_CWORD"] = str(len(words.split()) - 1)
+        done = subprocess.run(
+            [str(script)], capture_output=True, text=True, check=False, cwd=ROOT, env=env
+        )
+        assert (done.returncode, done.stdout.splitlines(), done.stderr) == (0, offered, ""), words
+
+
+def test_a_machine_without_the_pulumi_cli_is_told_how_to_get_it(tmp_path: Path) -> None:
+    """The console script with a PATH that has no `pulumi` (nor does the venv): one line."""
+    script = Path(sys.executable).parent / "fsdp-eks"
+    assert not (script.parent / "pulumi").exists()
+    env = {**os.environ, "PATH": str(tmp_path)}  # an empty folder: no tool at all
+    done = subprocess.run(
+        [str(script), "down", "dev"], capture_output=True, text=True, check=False, cwd=ROOT, env=env
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    [line] = done.stderr.splitlines()
+    assert line.startswith("fsdp-eks down: pulumi is not installed: "), line

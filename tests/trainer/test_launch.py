@@ -130,9 +130,14 @@ def test_sigterm_to_the_pod_ends_in_a_stop_checkpoint_and_exit_143(
     assert len({r["staged_bytes"] for r in periodic}) == 1
     # A save still uploading when the signal came may have died with its upload process
     # (torchrun signals the worker's whole process group): then it was never published, and
-    # the stop checkpoint, written by the trainer itself, replaced it.
-    for lost in (r for r in periodic if r["error"] is not None):
-        assert lost["durable_s"] is None and lost["step"] > durable[-1]["step"]
+    # the stop checkpoint, written by the trainer itself, replaced it. Only one save is in
+    # flight at a time, so at most one is lost; the ranks agree on the stop a step or two
+    # after the signal, so a periodic save may still come (and land) between the two.
+    lost = [r for r in periodic if r["error"] is not None]
+    assert len(lost) <= 1, written
+    for save in lost:
+        assert save["durable_s"] is None and save["step"] < stop["step"], written
+        assert f"checkpoint: step {save['step']} lost with its upload process" in output
     assert "checkpoint: step 2 durable at " in output
 
 

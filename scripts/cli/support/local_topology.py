@@ -138,6 +138,11 @@ def local_run_dir(volume: Path, paths: RunPaths) -> Path:
     return volume.joinpath(*inside.parts)
 
 
+def local_metrics_file(out_dir: Path, stack_name: str) -> Path:
+    """Where a local run of `stack_name` writes its metrics (and beside it, its loss plot)."""
+    return out_dir / stack_name / "metrics.jsonl"
+
+
 def plan_local_run(
     run: RunPlan,
     stack_name: str,
@@ -166,8 +171,8 @@ def plan_local_run(
     paths = run_paths(run)
     cluster_command = torchrun_command(run, paths)
     assets = ensure_tiny_assets(assets_dir)
-    run_root = out_dir / stack_name
-    metrics_file = run_root / "metrics.jsonl"
+    metrics_file = local_metrics_file(out_dir, stack_name)
+    run_root = metrics_file.parent
     agent_count = local_agent_count(config.gpu_nodes.count, nproc)
     per_agent = max(1, nproc // agent_count)
     checkpoint_every = max(1, steps // 5)
