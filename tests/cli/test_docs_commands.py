@@ -34,6 +34,7 @@ LOCAL_SCALE = ["--steps", "8", "--context", "32", "--batch-size", "2", "--device
 
 
 def documented_commands() -> list[tuple[str, str]]:
+    """(the docs that show it, the command), once per distinct command."""
     found: list[tuple[str, str]] = []
     for path in DOCS:
         text = path.read_text(encoding="utf-8")
@@ -46,7 +47,10 @@ def documented_commands() -> list[tuple[str, str]]:
             command = command.replace("<stack>", "dev").replace("STACK", "dev")
             if command.startswith("fsdp-eks ") and "..." not in command and "<" not in command:
                 found.append((path.name, command))
-    return sorted(set(found))
+    shown_in: dict[str, set[str]] = {}
+    for doc, command in found:
+        shown_in.setdefault(command, set()).add(doc)
+    return sorted((", ".join(sorted(docs)), command) for command, docs in shown_in.items())
 
 
 COMMANDS = documented_commands()

@@ -26,7 +26,8 @@ from transformers import AutoModelForCausalLM
 from tests.trainer.torchrun_util import RunResult, run_trainer, tiny_args
 from trainer.tiny_assets import TinyAssets
 
-pytestmark = pytest.mark.slow
+# One xdist worker runs the module: its fixtures (a bf16 run, two fp8 runs) are made once.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("float8_torchrun")]
 
 STEPS = 12
 TOLERANCE = 0.01
