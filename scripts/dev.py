@@ -131,11 +131,11 @@ def ensure_checkov_env(python: Path) -> None:
     run(env_python, "-m", "pip", "install", "--quiet", "--requirement", requirements)
 
 
-PARALLEL = ["-n", "auto", "--dist", "loadgroup"]
-"""pytest-xdist: one worker per core; tests balanced one by one, except a module marked
-`xdist_group` (its expensive module fixtures are then made once). The multi-process trainer
-tests spend much of their time starting processes and waiting on each other, so two workers
-on two cores finish the suite in about two thirds of the serial time."""
+PARALLEL = ["-n", "auto", "--dist", "loadfile"]
+"""pytest-xdist: one worker per core, each test file on one worker, so that a file's
+module-scoped runs (the trainer's reference runs) are made once. The multi-process trainer
+tests spend much of their time starting processes and waiting on each other: on 2 cores two
+workers took 16 min where one took 22 (per test distribution: 17.5 min, the shared runs twice)."""
 
 
 def command_test(python: Path, pytest_args: list[str]) -> None:

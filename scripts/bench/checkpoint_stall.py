@@ -267,8 +267,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=8, help="steps per window")
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
-    device = init_world_of_one()
+    import torch.distributed as dist
 
+    owned = not dist.is_initialized()
+    device = init_world_of_one()
+    try:
+        return _measure_and_report(args, device)
+    finally:
+        if owned:  # called in-process (a test): leave no process group behind
+            dist.destroy_process_group()
+
+
+def _measure_and_report(args: argparse.Namespace, device: Any) -> int:
     rows: list[dict[str, Any]] = []
     common = {"width": args.width, "saves": args.saves, "steps": args.steps, "device": device}
     if args.store in ("s3", "both"):

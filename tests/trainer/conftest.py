@@ -34,3 +34,16 @@ def gloo_world_of_one(tmp_path: Path) -> Iterator[None]:
         yield
     finally:
         dist.destroy_process_group()
+
+
+@pytest.fixture(autouse=True)
+def no_process_group_left_behind(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that leaves the default process group initialised breaks the next test of its
+    worker that makes one ("initialize the default process group twice"), wherever pytest-xdist
+    happens to schedule it: fail the test that leaked it instead. A module's own group (a
+    module-scoped fixture) is that module's to destroy."""
+    before = dist.is_initialized()
+    yield
+    if not before and dist.is_initialized() and "single_rank_group" not in request.fixturenames:
+        dist.destroy_process_group()
+        pytest.fail(f"{request.node.nodeid} left the default process group initialised")

@@ -26,8 +26,7 @@ from transformers import AutoModelForCausalLM
 from tests.trainer.torchrun_util import RunResult, run_trainer, tiny_args
 from trainer.tiny_assets import TinyAssets
 
-# One xdist worker runs the module: its fixtures (a bf16 run, two fp8 runs) are made once.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("float8_torchrun")]
+pytestmark = pytest.mark.slow
 
 STEPS = 12
 TOLERANCE = 0.01
