@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -159,7 +160,8 @@ def test_a_hang_ends_in_exit_142_after_the_save_in_flight_lands(
     )
     code, output = finish(start(args, tmp_path))
     assert code == 142, output[-4000:]
-    assert "trainer.launch: rank 0 exited with 142; exiting with 142" in output
+    # The stalled rank's watchdog, or its peer's (blocked in the next collective): either.
+    assert re.search(r"trainer\.launch: rank [01] exited with 142; exiting with 142\n", output)
     assert "exitcode  : 142" in output  # torchrun's own report is kept
     assert (checkpoints / "step-3" / "COMPLETE").is_file()
     written = records(metrics)
