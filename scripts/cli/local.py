@@ -60,7 +60,9 @@ def fresh_run_root(out_dir: Path, stack_name: str) -> Path:
     """`out_dir/<stack>`, emptied for a new run: a folder an earlier run of this command made
     (its `RUN_MARKER`, or anywhere under the repository's own `.local-run/`) is removed, any
     other one is refused in one line."""
-    run_root = out_dir / stack_name
+    from scripts.cli.support.local_topology import local_run_root
+
+    run_root = local_run_root(out_dir, stack_name)
     if run_root.exists() or run_root.is_symlink():
         ours = not run_root.is_symlink() and (
             (run_root / RUN_MARKER).is_file() or out_dir == DEFAULT_OUT.resolve()

@@ -57,25 +57,24 @@ def run_cli(*args: str, stdin: str = "") -> Ran:
     return Ran(code, out.getvalue(), err.getvalue())
 
 
-def assert_one_line_mistake(result: Ran, *fragments: str) -> None:
-    """Exit status 2, one line on stderr that says what to do, no traceback."""
-    assert result.code == 2, result
+def _assert_one_line(result: Ran, code: int, fragments: tuple[str, ...]) -> None:
+    assert result.code == code, result
     text = result.err.strip()
     assert "Traceback" not in result.out + result.err
     assert len(text.splitlines()) == 1, text
     for fragment in fragments:
         assert fragment in text, text
+
+
+def assert_one_line_mistake(result: Ran, *fragments: str) -> None:
+    """Exit status 2, one line on stderr that says what to do, no traceback."""
+    _assert_one_line(result, 2, fragments)
 
 
 def assert_one_line_failure(result: Ran, *fragments: str) -> None:
     """Exit status 1 (what the command ran or asked failed, not the user's mistake), one line
     on stderr that says what failed, no traceback."""
-    assert result.code == 1, result
-    text = result.err.strip()
-    assert "Traceback" not in result.out + result.err
-    assert len(text.splitlines()) == 1, text
-    for fragment in fragments:
-        assert fragment in text, text
+    _assert_one_line(result, 1, fragments)
 
 
 def pytorch_job(state: str = "Running", *, master: bool = False) -> dict[str, Any]:

@@ -153,6 +153,28 @@ def _isolating(cluster: Cluster, pod: Endpoint, direction: str) -> list[Mapping[
     ]
 
 
+def _policies_allow(
+    cluster: Cluster,
+    direction: str,
+    pod: Endpoint,
+    other: Endpoint,
+    target: Endpoint,
+    port: int,
+    protocol: str,
+) -> bool:
+    """One direction of `pod`'s traffic with `other`: open unless a policy isolates the pod in
+    that direction, then admitted by any rule of those policies (its peers, and its ports as
+    `target` names them)."""
+    rules_key, peers_key = ("ingress", "from") if direction == "Ingress" else ("egress", "to")
+    policies = _isolating(cluster, pod, direction)
+    return not policies or any(
+        _rule_allows(rule, peers_key, other, target, port, protocol,
+                     policy["metadata"]["namespace"], cluster)
+        for policy in policies
+        for rule in policy["spec"].get(rules_key) or []
+    )  # fmt: skip
+
+
 def ingress_allowed(
     cluster: Cluster, source: Endpoint, target: Endpoint, port: int, protocol: str
 ) -> bool:
@@ -160,15 +182,7 @@ def ingress_allowed(
         return True
     if source.ip == target.node_ip:
         return True  # the agent always admits the local node (kubelet's probes)
-    policies = _isolating(cluster, target, "Ingress")
-    if not policies:
-        return True
-    return any(
-        _rule_allows(rule, "from", source, target, port, protocol,
-                     policy["metadata"]["namespace"], cluster)
-        for policy in policies
-        for rule in policy["spec"].get("ingress") or []
-    )  # fmt: skip
+    return _policies_allow(cluster, "Ingress", target, source, target, port, protocol)
 
 
 def egress_allowed(
@@ -176,15 +190,7 @@ def egress_allowed(
 ) -> bool:
     if not source.is_pod or source.host_network:
         return True
-    policies = _isolating(cluster, source, "Egress")
-    if not policies:
-        return True
-    return any(
-        _rule_allows(rule, "to", target, target, port, protocol,
-                     policy["metadata"]["namespace"], cluster)
-        for policy in policies
-        for rule in policy["spec"].get("egress") or []
-    )  # fmt: skip
+    return _policies_allow(cluster, "Egress", source, target, target, port, protocol)
 
 
 def allowed(

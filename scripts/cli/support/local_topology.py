@@ -138,9 +138,14 @@ def local_run_dir(volume: Path, paths: RunPaths) -> Path:
     return volume.joinpath(*inside.parts)
 
 
+def local_run_root(out_dir: Path, stack_name: str) -> Path:
+    """The folder a local run of `stack_name` owns under `--out`."""
+    return out_dir / stack_name
+
+
 def local_metrics_file(out_dir: Path, stack_name: str) -> Path:
     """Where a local run of `stack_name` writes its metrics (and beside it, its loss plot)."""
-    return out_dir / stack_name / "metrics.jsonl"
+    return local_run_root(out_dir, stack_name) / "metrics.jsonl"
 
 
 def plan_local_run(
