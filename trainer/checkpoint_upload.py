@@ -46,6 +46,7 @@ import atexit
 import contextlib
 import logging
 import multiprocessing
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -78,8 +79,10 @@ class StagingBuffers(DefaultStager):
 
     def stage(self, state_dict: STATE_DICT_TYPE, **kwargs: Any) -> Any:
         staged = super().stage(state_dict, **kwargs)
-        storages: dict[int, int] = {}
-        _collect_storages(staged, storages)
+        storages = {
+            tensor.untyped_storage().data_ptr(): tensor.untyped_storage().nbytes()
+            for tensor in local_tensors(staged)
+        }
         self.new_buffers = len(storages.keys() - self._storages)
         self.staged_bytes = sum(storages.values())
         self._storages = frozenset(storages)
@@ -109,36 +112,24 @@ def _drop_root_records(record: logging.LogRecord) -> bool:
     return record.name != "root"
 
 
-def _collect_storages(obj: Any, into: dict[int, int]) -> None:
-    """Every host storage under ``obj``: data pointer -> bytes."""
-    if isinstance(obj, DTensor):
-        obj = obj.to_local()
-    if isinstance(obj, torch.Tensor):
-        storage = obj.untyped_storage()
-        into[storage.data_ptr()] = storage.nbytes()
-    elif isinstance(obj, dict):
-        for value in obj.values():
-            _collect_storages(value, into)
-    elif isinstance(obj, list | tuple):
-        for value in obj:
-            _collect_storages(value, into)
-
-
-def on_device(state: Any) -> bool:
-    """Whether any tensor of ``state`` lives on an accelerator (pinned staging pays off)."""
+def local_tensors(state: Any) -> Iterator[torch.Tensor]:
+    """Every tensor of a state dict (nested dicts, lists and tuples), a DTensor as its shard."""
     stack = [state]
     while stack:
         obj = stack.pop()
         if isinstance(obj, DTensor):
-            obj = obj.to_local()
-        if isinstance(obj, torch.Tensor):
-            if obj.device.type != "cpu":
-                return True
+            yield obj.to_local()
+        elif isinstance(obj, torch.Tensor):
+            yield obj
         elif isinstance(obj, dict):
             stack.extend(obj.values())
         elif isinstance(obj, list | tuple):
             stack.extend(obj)
-    return False
+
+
+def on_device(state: Any) -> bool:
+    """Whether any tensor of ``state`` lives on an accelerator (pinned staging pays off)."""
+    return any(tensor.device.type != "cpu" for tensor in local_tensors(state))
 
 
 def stop_upload_process(timeout_s: float = 30.0) -> None:

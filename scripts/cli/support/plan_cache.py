@@ -112,8 +112,9 @@ def plan_key(stack_file: Path, shown_as: str, *, verbose: bool) -> str:
     add("environment", json.dumps(_pulumi_environment(), sort_keys=True).encode())
     add("sys.path", "\n".join(sys.path).encode())
     for path in _source_files():
-        add(path.relative_to(ROOT).as_posix(), f"{path.stat().st_mode:o}".encode())
-        add(path.relative_to(ROOT).as_posix(), path.read_bytes())
+        name = path.relative_to(ROOT).as_posix()
+        add(f"{name} mode", f"{path.stat().st_mode:o}".encode())
+        add(name, path.read_bytes())
     return digest.hexdigest()
 
 
