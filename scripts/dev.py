@@ -2,6 +2,7 @@
 
     python3 scripts/dev.py local   # the main job: a stack's training run, scaled to this machine
     python3 scripts/dev.py test    # lint, type check and the whole test suite
+    python3 scripts/dev.py test --fast   # the same without the multi-process training runs
 
 Both first make `.venv-dev/` from the project's own files: pip (new enough for PEP 735
 dependency groups) installs the group the command needs, every version pinned by the
@@ -138,13 +139,19 @@ tests spend much of their time starting processes and waiting on each other: on 
 workers took 16 min where one took 22 (per test distribution: 17.5 min, the shared runs twice)."""
 
 
-def command_test(python: Path, pytest_args: list[str]) -> None:
+FAST_TIER = ["-m", "not slow"]
+"""`test --fast`: every test but the multi-process training runs (marked `slow`; a test that
+starts one unmarked fails, tests/tiers.py), for the loop a developer runs every few minutes."""
+
+
+def command_test(python: Path, pytest_args: list[str], *, fast: bool = False) -> None:
     run(python, "-m", "ruff", "check", ".")
     run(python, "-m", "ruff", "format", "--check", ".")
     run(python, "-m", "mypy")
     # Arguments that choose the workers themselves (`-n 0` runs serially) replace the default.
     chosen = any(arg.startswith(("-n", "--numprocesses", "no:xdist")) for arg in pytest_args)
-    run(python, "-m", "pytest", *([] if chosen else PARALLEL), *pytest_args)
+    tier = FAST_TIER if fast else []
+    run(python, "-m", "pytest", *([] if chosen else PARALLEL), *tier, *pytest_args)
 
 
 def ensure_deploy_env(python: Path) -> None:
@@ -183,7 +190,8 @@ def main() -> None:
     elif options.command == "test":
         python = ensure_venv("dev")
         ensure_deploy_env(python)
-        command_test(python, options.args)
+        fast = "--fast" in options.args
+        command_test(python, [a for a in options.args if a != "--fast"], fast=fast)
     else:
         ensure_deploy_env(ensure_venv("dev"))
         command = VENV.relative_to(ROOT) / "bin" / "fsdp-eks"

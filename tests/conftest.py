@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 import pytest
+
+from tests.tiers import TIER_ENV, require_slow_tier
 
 
 @pytest.fixture(autouse=True)
@@ -10,3 +15,23 @@ def no_plan_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every plan a test makes is evaluated: a kept plan would hide what a test changed in the
     process (tests/cli/test_plan_cache.py turns the cache on for itself)."""
     monkeypatch.setenv("FSDP_EKS_CACHE", "off")
+
+
+@pytest.fixture(autouse=True)
+def local_runs_are_slow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`fsdp-eks local` launching its torchrun agents is a multi-process training run."""
+    from scripts.cli import local
+
+    launch = local.run_agents
+
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        require_slow_tier("the local rehearsal's torchrun agents")
+        return launch(*args, **kwargs)
+
+    monkeypatch.setattr(local, "run_agents", guarded)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Whether this test may start multi-process training runs (tests/tiers.py): set before
+    any of its fixtures, module-scoped ones included, are made."""
+    os.environ[TIER_ENV] = "1" if item.get_closest_marker("slow") is not None else "0"

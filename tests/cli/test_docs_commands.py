@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import shlex
 from pathlib import Path
+from typing import Any
 
 import click
 import pytest
@@ -78,10 +79,14 @@ def runs_offline(command: str) -> bool:
     return words[1] in OFFLINE
 
 
+def offline_case(doc: str, command: str) -> Any:
+    """A documented `fsdp-eks local` trains for real: the full tier only (tests/tiers.py)."""
+    marks = [pytest.mark.slow] if shlex.split(command)[1] == "local" else []
+    return pytest.param(doc, command, id=command, marks=marks)
+
+
 @pytest.mark.parametrize(
-    ("doc", "command"),
-    [c for c in COMMANDS if runs_offline(c[1])],
-    ids=[c for _, c in COMMANDS if runs_offline(c)],
+    ("doc", "command"), [offline_case(*c) for c in COMMANDS if runs_offline(c[1])]
 )
 def test_a_documented_offline_command_runs(
     doc: str, command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_pulumi: None

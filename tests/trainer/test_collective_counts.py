@@ -4,11 +4,14 @@ what a GPU step would put on the network, without timing anything."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-from tests.trainer.torchrun_util import free_port
+import pytest
+
+from tests.trainer.torchrun_util import run_torchrun_script
+
+# Multi-process runs under torchrun: the full tier only (tests/tiers.py).
+pytestmark = pytest.mark.slow
 
 SCRIPT = """
 import json
@@ -50,14 +53,7 @@ def test_a_fully_sharded_step_gathers_each_layer_twice_and_the_root_once(
     `reshard_after_forward=True` on the root defeated: 2L + 1 all-gathers instead of 2L)."""
     script = tmp_path / "count.py"
     script.write_text(SCRIPT)
-    done = subprocess.run(
-        [
-            sys.executable, "-m", "torch.distributed.run", "--standalone",
-            "--nproc_per_node=2", f"--master_port={free_port()}", str(script),
-        ],
-        capture_output=True, text=True, timeout=120, check=False,
-        cwd=Path(__file__).resolve().parents[2],
-    )  # fmt: skip
+    done = run_torchrun_script(script)
     assert done.returncode == 0, done.stderr[-3000:]
     [line] = [line for line in done.stdout.splitlines() if line.startswith("COUNTS ")]
     counts = json.loads(line.removeprefix("COUNTS "))
@@ -133,16 +129,7 @@ RING_FACTOR = {
 def _collectives(tmp_path: Path, strategy: str, accumulation: int) -> list[list]:
     script = tmp_path / f"traffic-{strategy}.py"
     script.write_text(TRAFFIC_SCRIPT)
-    done = subprocess.run(
-        [
-            sys.executable, "-m", "torch.distributed.run", "--standalone",
-            "--nproc_per_node=4", f"--master_port={free_port()}", str(script),
-            strategy, str(accumulation),
-        ],
-        capture_output=True, text=True, timeout=240, check=False,
-        cwd=Path(__file__).resolve().parents[2],
-        env={**__import__("os").environ, "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
+    done = run_torchrun_script(script, strategy, str(accumulation), nproc=4, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     [line] = [line for line in done.stdout.splitlines() if line.startswith("CALLS ")]
     return json.loads(line.removeprefix("CALLS "))

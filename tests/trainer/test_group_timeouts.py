@@ -5,13 +5,14 @@ without a timeout get `_get_default_timeout(backend)`, 10 minutes for NCCL (torc
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.trainer.torchrun_util import free_port
+from tests.trainer.torchrun_util import run_torchrun_script
+
+# Multi-process runs under torchrun: the full tier only (tests/tiers.py).
+pytestmark = pytest.mark.slow
 
 SCRIPT = """
 import datetime
@@ -36,13 +37,6 @@ exit_without_finalization(0)  # past the teardown that can abort (trainer.distri
 def test_mesh_subgroups_time_out_with_the_default_group(tmp_path: Path, strategy: str) -> None:
     script = tmp_path / "mesh.py"
     script.write_text(SCRIPT.format(strategy=strategy))
-    done = subprocess.run(
-        [
-            sys.executable, "-m", "torch.distributed.run", "--standalone",
-            "--nproc_per_node=2", f"--master_port={free_port()}", str(script),
-        ],
-        capture_output=True, text=True, timeout=120, check=False,
-        cwd=Path(__file__).resolve().parents[2],
-    )  # fmt: skip
+    done = run_torchrun_script(script)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("timeouts ok") == 2

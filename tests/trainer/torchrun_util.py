@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.tiers import require_slow_tier
 from trainer.tiny_assets import TinyAssets
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -78,6 +79,7 @@ def run_trainer(
 
     `pass_metrics_file=False` leaves the metrics where the trainer puts them by default (the
     caller reads them); `metrics_file`'s directory still holds the datasets cache."""
+    require_slow_tier(f"torchrun with {nproc} trainer processes")
     command = [
         sys.executable,
         "-m",
@@ -115,3 +117,30 @@ def run_trainer(
     if metrics_file.exists():
         metrics = [json.loads(line) for line in metrics_file.read_text().splitlines() if line]
     return RunResult(completed.returncode, completed.stdout + completed.stderr, metrics)
+
+
+def run_torchrun_script(
+    script: Path, *args: str, nproc: int = 2, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """`torchrun --standalone --nproc_per_node=nproc SCRIPT ARGS` from the repository root, for
+    tests that count what a few distributed steps do (collectives, timeouts)."""
+    require_slow_tier(f"torchrun with {nproc} processes running {script.name}")
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={nproc}",
+            f"--master_port={free_port()}",
+            str(script),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        cwd=REPO_ROOT,
+        # One thread per process: the ranks share the machine's cores.
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
