@@ -53,6 +53,7 @@ from datetime import datetime
 from typing import Any
 
 from infra.config.job import DEFAULT_START_TIMEOUT_MINUTES
+from infra.job.job_api import PYTORCHJOB
 from infra.job.manifest import CONTAINER_NAME
 from infra.job.suspension import is_suspended
 
@@ -76,7 +77,7 @@ capacity never ends."""
 
 WORKER_REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
 """Set on every pod by the operator (v1.9.0 `pkg/apis/kubeflow.org/v1/common_types.go`)."""
-JOB_NAME_LABEL = "training.kubeflow.org/job-name"
+JOB_NAME_LABEL = PYTORCHJOB.job_name_label
 
 STUCK_REASONS = frozenset(
     {
