@@ -217,9 +217,7 @@ def fake_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
-def cluster(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[ClusterApiServer]:
+def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ClusterApiServer]:
     """The run's cluster on loopback, reached through the user's contexts `lab` and `prod`
     (KUBECONFIG): the PyTorchJob running with two pods and their logs, two GPU nodes (one
     being removed by the autoscaler); no operator acts unless a test starts one."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 import json
-import stat
 from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,7 +18,6 @@ from typing import Any
 
 import boto3
 import pytest
-import yaml
 
 from scripts.cli import checkpoints, logs, plot, status
 from scripts.cli.support.errors import CliError
@@ -95,9 +93,7 @@ def test_status_of_a_finished_job_stops_the_clock() -> None:
     assert "no pods" in status.format_status(summary)
 
 
-def test_status_command_reads_the_stack_outputs(
-    fake_cli: Path, cluster: ClusterApiServer
-) -> None:
+def test_status_command_reads_the_stack_outputs(fake_cli: Path, cluster: ClusterApiServer) -> None:
     result = run_cli("status", STACK, "--context", "lab")
     assert result.code == 0, result
     assert f"job {JOB_NAME} ({NAMESPACE}): Running" in result.out and "$220.16/h" in result.out
@@ -167,9 +163,7 @@ def _log_requests(cluster: ClusterApiServer) -> list[tuple[str, dict[str, str]]]
     return [(r.path.split("/")[-2], r.query) for r in cluster.requests if r.path.endswith("/log")]
 
 
-def test_logs_follow_rank0_and_filter_loss_lines(
-    fake_cli: Path, cluster: ClusterApiServer
-) -> None:
+def test_logs_follow_rank0_and_filter_loss_lines(fake_cli: Path, cluster: ClusterApiServer) -> None:
     result = run_cli("logs", STACK, "--context", "lab", "--loss")
     assert result.code == 0, result
     assert result.lines == [

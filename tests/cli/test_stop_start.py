@@ -16,13 +16,13 @@ import boto3
 import pytest
 import yaml
 
+from infra.job.stop_start import STOP_POLL_S, Pacing
 from tests.cli.conftest import (
     assert_one_line_failure,
     assert_one_line_mistake,
     run_cli,
     set_answers,
 )
-from infra.job.stop_start import STOP_POLL_S, Pacing
 from tests.infra import kube_fake
 from tests.infra.kube_fake import ClusterApiServer, FakeClock, kubeconfig, serving
 from tests.infra.ssa_model import Pulumi, job_inputs

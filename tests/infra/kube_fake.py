@@ -558,10 +558,10 @@ class _ClusterHandler(_Handler):
         request = self._request()
         server = self.server
         with server.lock:
-            if request.path != server.job_path and request.content_type == APPLY_PATCH:
-                if request.query.get("fieldManager"):
-                    self._apply_other(request)
-                    return
+            other = request.path != server.job_path and request.content_type == APPLY_PATCH
+            if other and request.query.get("fieldManager"):
+                self._apply_other(request)
+                return
             if request.path != server.job_path:
                 self._send(404, status(404, "NotFound", "the server could not find it"))
                 return
