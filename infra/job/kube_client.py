@@ -152,10 +152,21 @@ def _user_of(config: Mapping[str, Any], context: str | None) -> Mapping[str, Any
     return user if isinstance(user, Mapping) else {}
 
 
+CREDENTIAL_KEYS = ("token", "tokenFile", "exec", "client-certificate", "client-certificate-data",
+                   "username", "auth-provider")  # fmt: skip
+"""What a kubeconfig user may sign with (client-go `tools/clientcmd/api/types.go` AuthInfo)."""
+
+
 def _require_token(
     api_client: k8s.ApiClient, user: Mapping[str, Any], captured: _CapturedErrors
 ) -> None:
-    """An exec user whose plugin gave no token would go on unauthenticated: say why now."""
+    """A user without credentials, or an exec user whose plugin gave no token, would go on
+    unauthenticated: say why now."""
+    if not any(user.get(key) for key in CREDENTIAL_KEYS):
+        raise KubernetesCredentialError(
+            "the cluster's kubeconfig has neither a token nor an exec credential plugin for "
+            "its user"
+        )
     exec_spec = user.get("exec")
     if not isinstance(exec_spec, Mapping) or api_client.configuration.api_key.get("BearerToken"):
         return

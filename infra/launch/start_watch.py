@@ -28,8 +28,8 @@ import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, ResourceProvider, UpdateResult
 
 from infra.job import start_wait
-from infra.job.kube_client import KubeClient
-from infra.job.start_rule import DEFAULT_START_TIMEOUT_S
+from infra.job.kube_client import KubeClient, KubernetesCredentialError
+from infra.job.start_rule import DEFAULT_START_TIMEOUT_S, JobStartError
 from infra.job.start_wait import DEFAULT_POLL_SECONDS, WatchedJob, wait_for_start
 
 TRIGGER_KEYS = ("namespace", "job_name", "job_uid", "workers")
@@ -62,8 +62,12 @@ class JobStartWatchProvider(ResourceProvider):
             int(props.get("backoff_limit", 3)),
             float(props.get("start_timeout_seconds") or DEFAULT_START_TIMEOUT_S),
         )
+        try:
+            client = KubeClient.from_kubeconfig(props["kubeconfig"])
+        except KubernetesCredentialError as err:  # the plugin runs as the client is built
+            raise JobStartError(str(err)) from None
         progress = wait_for_start(
-            KubeClient.from_kubeconfig(props["kubeconfig"]),
+            client,
             job,
             poll_s=float(props.get("poll_seconds") or DEFAULT_POLL_SECONDS),
         )

@@ -102,6 +102,7 @@ def pod_lines(
 ) -> Iterator[str]:
     """The pods' log lines as they come; with `prefixed`, each led by `[pod/NAME/pytorch] `
     as `kubectl logs --prefix` writes it, one stream per pod on its own thread."""
+
     def stream(pod: str) -> Iterator[str]:
         return client.pod_log_lines(
             namespace, pod, CONTAINER, follow=follow, tail=tail, previous=previous

@@ -124,6 +124,13 @@ def kubeconfig(server: str, *, exit_code: int = 0) -> str:
     )
 
 
+def config_with_user(server: str, user: dict[str, Any]) -> dict[str, Any]:
+    """`kubeconfig(server)` as a document whose user is `user` (a token, nothing, ...)."""
+    document: dict[str, Any] = json.loads(kubeconfig(server))
+    document["users"][0]["user"] = user
+    return document
+
+
 @dataclass(frozen=True)
 class Request:
     method: str
