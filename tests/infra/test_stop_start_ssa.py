@@ -3,10 +3,11 @@
 The job lives in the field-management model (`tests.infra.ssa_model`, held to
 structured-merge-diff's own test tables by `test_ssa_model.py`), served over HTTP by
 `tests.infra.kube_fake.ClusterApiServer`; `stop_job` / `start_job` are the real functions,
-talking to it through the one cluster client (`KubeClient`); `pulumi up` is the model of pulumi-kubernetes over the
-same object. Each scenario fails if the design were wrong in the way it names: a stop that
-does not force, a manager name pulumi-kubernetes takes over, a merge-patch stop, a program that
-renders `suspend`, a start that relinquishes the field instead of applying false.
+talking to it through the one cluster client (`KubeClient`); `pulumi up` is the model of
+pulumi-kubernetes over the same object. Each scenario fails if the design were wrong in the way
+it names: a stop that does not force, a manager name pulumi-kubernetes takes over, a
+merge-patch stop, a program that renders `suspend`, a start that relinquishes the field
+instead of applying false.
 """
 
 from __future__ import annotations
