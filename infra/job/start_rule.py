@@ -315,13 +315,13 @@ def assess(
         for p in pods
         if p.get("metadata", {}).get("labels", {}).get(WORKER_REPLICA_TYPE_LABEL) == "worker"
     ]
-    failed = _condition(status, "Failed")
+    failed = _condition(status, PYTORCHJOB.failed_condition)
     if failed is not None:
         reason = f"PyTorchJob {name} failed ({failed.get('reason', 'Failed')}): "
         reason += str(failed.get("message", "")).strip() or "no message"
         last = _last_termination(worker_pods) or (history.last_exit if history else None)
         return Verdict(False, reason + (f"; last worker exit: {last}" if last else ""), "failed")
-    if _condition(status, "Succeeded") is not None:
+    if _condition(status, PYTORCHJOB.succeeded_condition) is not None:
         return Verdict(True, None, f"PyTorchJob {name} succeeded")
     if is_suspended(job):
         return Verdict(

@@ -24,7 +24,7 @@ GPU_POOL_SELECTOR = "fsdp-eks/node-pool=gpu"
 SCALE_DOWN_TAINT = "ToBeDeletedByClusterAutoscaler"
 """The taint Cluster Autoscaler puts on a node it is removing (kubernetes/autoscaler
 `cluster-autoscaler/utils/taints/taints.go`)."""
-_TERMINAL = ("Succeeded", "Failed")
+_TERMINAL = (PYTORCHJOB.succeeded_condition, PYTORCHJOB.failed_condition)
 
 
 @dataclass(frozen=True)
