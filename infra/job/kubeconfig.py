@@ -27,9 +27,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from infra.config.stack import StackConfig
+if TYPE_CHECKING:  # the offline runtime imports the builder without the schema
+    from infra.config.stack import StackConfig
 
 
 @dataclass(frozen=True)

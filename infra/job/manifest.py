@@ -20,14 +20,15 @@ from infra.job.flags import (
     run_paths,
     torchrun_command,
 )
+from infra.job.job_api import PYTORCHJOB
 from infra.job.placement import EFA_RESOURCE, GPU_RESOURCE, gpu_placement
 
 if TYPE_CHECKING:
     from infra.config import StackConfig
     from infra.estimates.run_plan import RunPlan
 
-API_VERSION = "kubeflow.org/v1"
-KIND = "PyTorchJob"
+API_VERSION = PYTORCHJOB.api_version
+KIND = PYTORCHJOB.kind
 CONTAINER_NAME = "pytorch"  # the training operator finds the trainer container by this name
 HF_TOKEN_SECRET_KEY = "HF_TOKEN"
 HF_TOKEN_VOLUME = "hf-token"
@@ -522,7 +523,7 @@ def rendezvous_conf(start_timeout_s: int) -> dict[str, str]:
     return {"join_timeout": str(start_timeout_s), "read_timeout": str(start_timeout_s)}
 
 
-JOB_NAME_LABEL = "training.kubeflow.org/job-name"
+JOB_NAME_LABEL = PYTORCHJOB.job_name_label
 """The label training operator v1.9 puts on every pod of a job, valued with the job's name
 (kubeflow/trainer v1.9.0 `pkg/apis/kubeflow.org/v1/common_types.go` `JobNameLabel`, set by
 `pkg/controller.v1/common/job_controller.go` `GenLabels`)."""

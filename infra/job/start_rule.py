@@ -53,6 +53,7 @@ from datetime import datetime
 from typing import Any
 
 from infra.config.job import DEFAULT_START_TIMEOUT_MINUTES
+from infra.job.job_api import PYTORCHJOB
 from infra.job.manifest import CONTAINER_NAME
 from infra.job.suspension import is_suspended
 
@@ -76,7 +77,7 @@ capacity never ends."""
 
 WORKER_REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
 """Set on every pod by the operator (v1.9.0 `pkg/apis/kubeflow.org/v1/common_types.go`)."""
-JOB_NAME_LABEL = "training.kubeflow.org/job-name"
+JOB_NAME_LABEL = PYTORCHJOB.job_name_label
 
 STUCK_REASONS = frozenset(
     {
@@ -314,13 +315,13 @@ def assess(
         for p in pods
         if p.get("metadata", {}).get("labels", {}).get(WORKER_REPLICA_TYPE_LABEL) == "worker"
     ]
-    failed = _condition(status, "Failed")
+    failed = _condition(status, PYTORCHJOB.failed_condition)
     if failed is not None:
         reason = f"PyTorchJob {name} failed ({failed.get('reason', 'Failed')}): "
         reason += str(failed.get("message", "")).strip() or "no message"
         last = _last_termination(worker_pods) or (history.last_exit if history else None)
         return Verdict(False, reason + (f"; last worker exit: {last}" if last else ""), "failed")
-    if _condition(status, "Succeeded") is not None:
+    if _condition(status, PYTORCHJOB.succeeded_condition) is not None:
         return Verdict(True, None, f"PyTorchJob {name} succeeded")
     if is_suspended(job):
         return Verdict(

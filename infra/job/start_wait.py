@@ -19,16 +19,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from infra.job.kube_api import KubernetesApi, KubernetesApiError, KubernetesCredentialError
+from infra.job.job_api import PYTORCHJOB
+from infra.job.kube_client import KubeClient, KubernetesApiError, KubernetesCredentialError
 from infra.job.start_rule import (
     DEFAULT_START_TIMEOUT_S,
-    JOB_NAME_LABEL,
     STABLE_RUNNING_S,
     JobStartError,
     StartHistory,
     assess,
 )
-from infra.job.suspension import job_path, job_urn, set_suspended
+from infra.job.suspension import job_urn, set_suspended
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class WatchedJob:
         return self.stack or "<stack>"
 
 
-def release_gpus(api: KubernetesApi, job: WatchedJob) -> str:
+def release_gpus(api: KubeClient, job: WatchedJob) -> str:
     """All or nothing: a job that cannot start all its workers must not hold the nodes it got.
 
     Suspending the PyTorchJob makes the operator delete its pods and services (training-
@@ -90,7 +90,7 @@ def _pending(pods: list[dict[str, Any]]) -> bool:
 
 
 def wait_for_start(
-    api: KubernetesApi,
+    api: KubeClient,
     job: WatchedJob,
     *,
     limit_s: float | None = None,
@@ -105,27 +105,24 @@ def wait_for_start(
     report = on_progress or (lambda line: logger.info("%s", line))
     if limit_s is None:
         limit_s = wait_limit_seconds(job.start_timeout_s)
-    path = job_path(job.namespace, job.name)
-    pods_path = f"/api/v1/namespaces/{job.namespace}/pods"
-    events_path = f"/api/v1/namespaces/{job.namespace}/events"
-    selector = {"labelSelector": f"{JOB_NAME_LABEL}={job.name}"}
+    selector = PYTORCHJOB.pod_selector(job.name)
     # Event field selectors: pkg/registry/core/event/strategy.go `ToSelectableFields`.
-    warnings = {"fieldSelector": "involvedObject.kind=Pod,type=Warning"}
+    warnings = "involvedObject.kind=Pod,type=Warning"
     read_events = True
     history = StartHistory()
     deadline = clock() + limit_s
     transient = 0
     last_progress = ""
-    follow = f"kubectl -n {job.namespace} describe pytorchjob {job.name}"
+    follow = f"kubectl -n {job.namespace} describe {PYTORCHJOB.kubectl_name} {job.name}"
     urn = job_urn(job.stack) if job.stack else "<the PyTorchJob's URN>"
     while True:
         try:
-            document = api.get(path)
-            pods = api.get(pods_path, selector).get("items") or []
+            document = api.get_job(PYTORCHJOB, job.namespace, job.name)
+            pods = api.list_pods(job.namespace, selector)
             events: list[dict[str, Any]] = []
             if read_events and _pending(pods):
                 try:
-                    events = api.get(events_path, warnings).get("items") or []
+                    events = api.list_events(job.namespace, warnings)
                 except KubernetesApiError as err:
                     if err.status is None or err.status in TRANSIENT_HTTP:
                         raise

@@ -25,8 +25,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from infra.job.kube_api import KubernetesApi, KubernetesApiError, KubernetesCredentialError
-from infra.job.start_rule import DEFAULT_START_TIMEOUT_S, JOB_NAME_LABEL
+from infra.job.job_api import PYTORCHJOB
+from infra.job.kube_client import KubeClient, KubernetesApiError, KubernetesCredentialError
+from infra.job.start_rule import DEFAULT_START_TIMEOUT_S
 from infra.job.start_wait import (
     DEFAULT_POLL_SECONDS,
     MAX_TRANSIENT_ERRORS,
@@ -37,7 +38,6 @@ from infra.job.start_wait import (
 from infra.job.suspension import (
     finished,
     is_suspended,
-    job_path,
     job_urn,
     set_suspended,
     suspend_owners,
@@ -64,6 +64,17 @@ STOPPED_AND_PULUMI = (
 )
 
 
+@dataclass(frozen=True)
+class Pacing:
+    """How stop/start poll and tell time: the real intervals and clock unless a caller (a
+    test) hands in a clock whose sleep only advances it."""
+
+    poll_s: float = STOP_POLL_S
+    watch_poll_s: float = DEFAULT_POLL_SECONDS
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+
+
 class JobControlError(RuntimeError):
     """The job cannot be stopped or started as asked; the message says why, for the user."""
 
@@ -84,7 +95,7 @@ class SuspendUnsupportedError(JobControlError):
     """The cluster's PyTorchJob CRD does not keep `spec.runPolicy.suspend`."""
 
 
-def _apply_suspend(api: KubernetesApi, namespace: str, name: str, suspended: bool) -> None:
+def _apply_suspend(api: KubeClient, namespace: str, name: str, suspended: bool) -> None:
     """`set_suspended`, checked against the job the API server stored.
 
     `runPolicy.suspend` came with training-operator v1.7.0 (`pkg/apis/kubeflow.org/v1/
@@ -140,9 +151,9 @@ def stop_timeout_seconds(job: Mapping[str, Any]) -> float:
     return grace_seconds(job) + STOP_MARGIN_S
 
 
-def _read_job(api: KubernetesApi, namespace: str, name: str, stack: str | None) -> dict[str, Any]:
+def _read_job(api: KubeClient, namespace: str, name: str, stack: str | None) -> dict[str, Any]:
     try:
-        return api.get(job_path(namespace, name))
+        return api.get_job(PYTORCHJOB, namespace, name)
     except KubernetesApiError as err:
         if err.status != 404:
             raise
@@ -170,18 +181,17 @@ def _refuse_finished(job: Mapping[str, Any], verb: str, stack: str | None) -> No
 class _Poller:
     """Reads the job and its pods, riding out a few transient API errors."""
 
-    def __init__(self, api: KubernetesApi, namespace: str, name: str) -> None:
+    def __init__(self, api: KubeClient, namespace: str, name: str) -> None:
         self.api = api
-        self.path = job_path(namespace, name)
-        self.pods_path = f"/api/v1/namespaces/{namespace}/pods"
-        self.selector = {"labelSelector": f"{JOB_NAME_LABEL}={name}"}
+        self.namespace, self.name = namespace, name
+        self.selector = PYTORCHJOB.pod_selector(name)
         self.transient = 0
 
     def read(self) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
         """(job, pods), or None after a transient error (raises after too many)."""
         try:
-            job = self.api.get(self.path)
-            pods = list(self.api.get(self.pods_path, self.selector).get("items") or [])
+            job = self.api.get_job(PYTORCHJOB, self.namespace, self.name)
+            pods = self.api.list_pods(self.namespace, self.selector)
         except KubernetesCredentialError:
             raise
         except KubernetesApiError as err:
@@ -203,7 +213,7 @@ def _pods_line(pods: list[dict[str, Any]]) -> str:
 
 
 def stop_job(
-    api: KubernetesApi,
+    api: KubeClient,
     namespace: str,
     name: str,
     *,
@@ -237,7 +247,7 @@ def stop_job(
         state = poller.read()
         if state is not None:
             job, pods = state
-            suspended = true_condition(job, "Suspended") is not None
+            suspended = true_condition(job, PYTORCHJOB.suspended_condition) is not None
             if suspended and not pods:
                 break
             line = _pods_line(pods) if pods else "waiting for the operator to mark it Suspended"
@@ -249,7 +259,7 @@ def stop_job(
                 f"PyTorchJob {namespace}/{name} is suspended, but {limit:.0f} s later: "
                 f"{last or 'the API server did not answer'}; the operator (is it running?) or "
                 f"the kubelet has not finished: see `kubectl -n {namespace} get pods -l "
-                f"{JOB_NAME_LABEL}={name}`"
+                f"{PYTORCHJOB.pod_selector(name)}`"
             )
         sleep(poll_s)
     waited = clock() - started
@@ -297,7 +307,7 @@ def _wait_for_pods_to_go(
 
 
 def start_job(
-    api: KubernetesApi,
+    api: KubeClient,
     namespace: str,
     name: str,
     *,

@@ -39,15 +39,17 @@ no opinion on it: its diff compares inputs with the live object pruned to the in
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from infra.job.kube_api import KubernetesApi
-from infra.job.manifest import API_VERSION, KIND
+from infra.job.job_api import PYTORCHJOB, JobApi
+
+if TYPE_CHECKING:  # the start rule reads jobs without the client
+    from infra.job.kube_client import KubeClient
 
 FIELD_MANAGER = "fsdp-eks"
 """The field manager `fsdp-eks stop` / `start` and the start watch's release apply as."""
 
-SUSPEND_FIELD = ("spec", "runPolicy", "suspend")
+SUSPEND_FIELD = PYTORCHJOB.suspend_path
 
 JOB_URN = (
     "urn:pulumi:{stack}::fsdp-eks::fsdp-eks:job:TrainingJob"
@@ -62,26 +64,21 @@ def job_urn(stack: str) -> str:
     return JOB_URN.format(stack=stack)
 
 
-def job_path(namespace: str, name: str) -> str:
-    return f"/apis/{API_VERSION}/namespaces/{namespace}/pytorchjobs/{name}"
-
-
 def suspend_patch(namespace: str, name: str, suspended: bool) -> dict[str, Any]:
     """The apply configuration: the object's identity and `spec.runPolicy.suspend` only."""
-    return {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"runPolicy": {"suspend": suspended}},
-    }
+    return PYTORCHJOB.suspend_patch(namespace, name, suspended)
 
 
-def set_suspended(api: KubernetesApi, namespace: str, name: str, suspended: bool) -> dict[str, Any]:
+def set_suspended(
+    client: KubeClient, namespace: str, name: str, suspended: bool, api: JobApi = PYTORCHJOB
+) -> dict[str, Any]:
     """Suspend (True) or resume (False) the job: a forced apply of only that field as
     `FIELD_MANAGER`. Returns the job as stored; raises `KubernetesApiError`."""
-    return api.apply(
-        job_path(namespace, name),
-        suspend_patch(namespace, name, suspended),
+    return client.apply_job(
+        api,
+        namespace,
+        name,
+        api.suspend_patch(namespace, name, suspended),
         field_manager=FIELD_MANAGER,
         force=True,
     )
@@ -99,8 +96,7 @@ def true_condition(job: Mapping[str, Any], kind: str) -> Mapping[str, Any] | Non
 def suspend_requested(job: Mapping[str, Any]) -> bool | None:
     """`spec.runPolicy.suspend` as stored (None when absent: never on a real job, which the
     CRD defaults to false)."""
-    value = ((job.get("spec") or {}).get("runPolicy") or {}).get("suspend")
-    return None if value is None else bool(value)
+    return PYTORCHJOB.suspend_requested(job)
 
 
 def is_suspended(job: Mapping[str, Any]) -> bool:
@@ -110,13 +106,13 @@ def is_suspended(job: Mapping[str, Any]) -> bool:
     requested = suspend_requested(job)
     if requested is not None:
         return requested
-    return true_condition(job, "Suspended") is not None
+    return true_condition(job, PYTORCHJOB.suspended_condition) is not None
 
 
 def finished(job: Mapping[str, Any]) -> str | None:
     """`Succeeded` or `Failed` for a finished job: the operator then ignores `suspend`
     (v1.9.0 `ReconcileJobs` handles finished jobs before suspension)."""
-    for kind in ("Succeeded", "Failed"):
+    for kind in (PYTORCHJOB.succeeded_condition, PYTORCHJOB.failed_condition):
         if true_condition(job, kind) is not None:
             return kind
     return None

@@ -8,7 +8,8 @@ created), failed (`up` fails with the operator's or kubelet's reason) or the sta
 spent.
 
 It reaches the API server exactly as the stack's Kubernetes provider does: from the same
-kubeconfig (`Cluster.kubeconfig`), through `infra.job.kube_api.KubernetesApi`. The deployer
+kubeconfig (`Cluster.kubeconfig`), through `infra.job.kube_client.KubeClient` (the Kubernetes
+project's Python client, in the infra dependency group and so in Pulumi's `.venv`). The deployer
 therefore needs nothing beyond what the Kubernetes provider already needs (what the wait
 reads and patches: `infra.job.start_wait`).
 
@@ -27,8 +28,8 @@ import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, ResourceProvider, UpdateResult
 
 from infra.job import start_wait
-from infra.job.kube_api import KubernetesApi
-from infra.job.start_rule import DEFAULT_START_TIMEOUT_S
+from infra.job.kube_client import KubeClient, KubernetesCredentialError
+from infra.job.start_rule import DEFAULT_START_TIMEOUT_S, JobStartError
 from infra.job.start_wait import DEFAULT_POLL_SECONDS, WatchedJob, wait_for_start
 
 TRIGGER_KEYS = ("namespace", "job_name", "job_uid", "workers")
@@ -61,8 +62,12 @@ class JobStartWatchProvider(ResourceProvider):
             int(props.get("backoff_limit", 3)),
             float(props.get("start_timeout_seconds") or DEFAULT_START_TIMEOUT_S),
         )
+        try:
+            client = KubeClient.from_kubeconfig(props["kubeconfig"])
+        except KubernetesCredentialError as err:  # the plugin runs as the client is built
+            raise JobStartError(str(err)) from None
         progress = wait_for_start(
-            KubernetesApi.from_kubeconfig(props["kubeconfig"]),
+            client,
             job,
             poll_s=float(props.get("poll_seconds") or DEFAULT_POLL_SECONDS),
         )

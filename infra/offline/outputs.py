@@ -21,6 +21,7 @@ from pulumi.runtime import mocks as pulumi_mocks
 
 from infra.facts.eks_versions import DEFAULT_KUBERNETES_VERSION
 from infra.facts.instances import INSTANCE_FACTS
+from infra.job.kubeconfig import exec_kubeconfig
 
 ACCOUNT_ID = "123456789012"
 DEFAULT_REGION = "us-west-2"
@@ -111,33 +112,11 @@ def _eks_cluster(name: str, inputs: dict[str, Any]) -> dict[str, Any]:
 
 def _pulumi_eks_cluster(name: str, inputs: dict[str, Any]) -> dict[str, Any]:
     eks = _eks_cluster(name, inputs)
-    kubeconfig = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "kubernetes",
-                "cluster": {
-                    "server": eks["endpoint"],
-                    "certificate-authority-data": eks["certificateAuthority"]["data"],
-                },
-            }
-        ],
-        "contexts": [{"name": "aws", "context": {"cluster": "kubernetes", "user": "aws"}}],
-        "current-context": "aws",
-        "users": [
-            {
-                "name": "aws",
-                "user": {
-                    "exec": {
-                        "apiVersion": "client.authentication.k8s.io/v1beta1",
-                        "command": "aws",
-                        "args": ["eks", "get-token", "--cluster-name", eks["name"]],
-                    }
-                },
-            }
-        ],
-    }
+    # pulumi-eks's own kubeconfig output, in the shape of the project's one builder: the
+    # program reads neither (it builds its provider's from `aws.eks.get_cluster`).
+    kubeconfig = exec_kubeconfig(
+        eks["name"], eks["endpoint"], eks["certificateAuthority"]["data"], _region.name
+    )
     issuer = eks["identities"][0]["oidcs"][0]["issuer"]
     return {
         "kubeconfig": kubeconfig,

@@ -12,10 +12,25 @@ starting a run").
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from scripts.cli.support.stacks import stack_arguments
 from scripts.cli.support.target import RunTarget, run_options
+
+if TYPE_CHECKING:
+    from infra.job.stop_start import Pacing
+
+PACING: Pacing | None = None
+"""The waits' poll intervals and clock (None: `infra.job.stop_start.Pacing()`, the real
+ones); the tests set one whose sleep only advances its clock."""
+
+
+def _pacing() -> Pacing:
+    from infra.job.stop_start import Pacing
+
+    return PACING or Pacing()
 
 
 def _progress(line: str) -> None:
@@ -40,13 +55,17 @@ def stop(target: RunTarget, timeout: float | None) -> int:
     """
     from infra.job.stop_start import stop_job
 
+    pace = _pacing()
     result = stop_job(
-        target.api(),
+        target.client(),
         target.namespace,
         target.require_job(),
         stack=target.stack,
         timeout_s=timeout,
         on_progress=_progress,
+        poll_s=pace.poll_s,
+        clock=pace.clock,
+        sleep=pace.sleep,
     )
     click.echo(result.message)
     return 0
@@ -66,14 +85,19 @@ def start(target: RunTarget, no_wait: bool) -> int:
     """
     from infra.job.stop_start import start_job
 
+    pace = _pacing()
     result = start_job(
-        target.api(),
+        target.client(),
         target.namespace,
         target.require_job(),
         stack=target.stack,
         start_timeout_s=start_budget(target.stack_file),
         wait=not no_wait,
         on_progress=_progress,
+        poll_s=pace.poll_s,
+        watch_poll_s=pace.watch_poll_s,
+        clock=pace.clock,
+        sleep=pace.sleep,
     )
     click.echo(result.message)
     return 0

@@ -7,18 +7,22 @@ are workers only: the operator makes worker 0 the rendezvous master). The contai
 
 from __future__ import annotations
 
+import queue
 import re
-import subprocess
 import sys
-from collections.abc import Iterable, Mapping
-from typing import IO, Any
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from typing import IO, TYPE_CHECKING, Any
 
 import click
 
+from infra.job.job_api import PYTORCHJOB
 from scripts.cli.support.errors import CliError
-from scripts.cli.support.kube import Kubectl
 from scripts.cli.support.stacks import stack_arguments
 from scripts.cli.support.target import RunTarget, run_options
+
+if TYPE_CHECKING:
+    from infra.job.kube_client import KubeClient
 
 CONTAINER = "pytorch"
 LOSS_LINE = re.compile(r"Loss:")
@@ -28,7 +32,7 @@ ERROR_LINE = re.compile(
 )
 """Lines worth seeing when something went wrong: Python errors and tracebacks, torchrun's
 failed-worker reports (`exitcode`), NCCL warnings, OOMs, the trainer's NaN and hang reports."""
-JOB_NAME_LABEL = "training.kubeflow.org/job-name"
+JOB_NAME_LABEL = PYTORCHJOB.job_name_label
 """Set on every pod of a PyTorchJob by the training operator."""
 MAX_LOG_REQUESTS = 64
 """Pods `--node all` follows at once (kubectl's default is 5)."""
@@ -57,14 +61,15 @@ def worker_pod(job: Mapping[str, Any], index: int) -> str:
 
 def logs_command(
     target: RunTarget,
-    kubectl: Kubectl,
     pod: str | None,
     *,
     follow: bool = True,
     tail: int | None = None,
     previous: bool = False,
 ) -> list[str]:
-    """`kubectl logs` of one pod, or (`pod` None) of every pod of the job, prefixed."""
+    """The `kubectl logs` a person would type for the same lines (printed as a hint)."""
+    base = ["kubectl", *(["--context", target.context] if target.context else [])]
+    base += ["-n", target.namespace]
     if pod is None:
         args = [
             "logs",
@@ -82,7 +87,57 @@ def logs_command(
         args.append(f"--tail={tail}")
     if previous:
         args.append("--previous")  # the container before its last restart
-    return kubectl.command(*args)
+    return [*base, *args]
+
+
+def pod_lines(
+    client: KubeClient,
+    namespace: str,
+    pods: list[str],
+    *,
+    prefixed: bool,
+    follow: bool,
+    tail: int | None,
+    previous: bool,
+) -> Iterator[str]:
+    """The pods' log lines as they come; with `prefixed`, each led by `[pod/NAME/pytorch] `
+    as `kubectl logs --prefix` writes it, one stream per pod on its own thread."""
+
+    def stream(pod: str) -> Iterator[str]:
+        return client.pod_log_lines(
+            namespace, pod, CONTAINER, follow=follow, tail=tail, previous=previous
+        )
+
+    if not prefixed:
+        for pod in pods:
+            yield from stream(pod)
+        return
+    if len(pods) > MAX_LOG_REQUESTS:
+        raise CliError(
+            f"--node all: {len(pods)} pods, more than the {MAX_LOG_REQUESTS} log streams "
+            "followed at once: name one with --node N"
+        )
+    lines: queue.Queue[tuple[str, str | BaseException | None]] = queue.Queue()
+
+    def copy(pod: str) -> None:
+        try:
+            for line in stream(pod):
+                lines.put((pod, f"[pod/{pod}/{CONTAINER}] {line}"))
+        except BaseException as error:  # handed to the reader, which raises it
+            lines.put((pod, error))
+        lines.put((pod, None))
+
+    for pod in pods:
+        threading.Thread(target=copy, args=(pod,), daemon=True).start()
+    open_streams = len(pods)
+    while open_streams:
+        _pod, item = lines.get()
+        if item is None:
+            open_streams -= 1
+        elif isinstance(item, BaseException):
+            raise item
+        else:
+            yield item
 
 
 def copy_lines(
@@ -136,16 +191,28 @@ def logs(
         raise click.BadParameter(
             f"{node!r}: a worker index (0, 1, ...) or `all`", param_hint="--node"
         )
-    kubectl = target.kubectl()
-    job = kubectl.json("get", "pytorchjob", target.require_job())
+    client = target.client()
+    name = target.require_job()
+    job = client.get_job(PYTORCHJOB, target.namespace, name)
     pod = None if node == "all" else worker_pod(job, int(node))
-    command = logs_command(target, kubectl, pod, follow=not no_follow, tail=tail, previous=previous)
+    command = logs_command(target, pod, follow=not no_follow, tail=tail, previous=previous)
     click.echo(f"# {' '.join(command)}", err=True)
-    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True, bufsize=1) as process:
-        assert process.stdout is not None
-        try:
-            copy_lines(process.stdout, sys.stdout, only_loss=only_loss, only_errors=only_errors)
-        except KeyboardInterrupt:  # Ctrl-C ends the follow, not the run
-            process.terminate()
-            return 0
-    return process.returncode
+    if pod is None:
+        found = client.list_pods(target.namespace, PYTORCHJOB.pod_selector(name))
+        pods = sorted(str(p["metadata"]["name"]) for p in found)
+    else:
+        pods = [pod]
+    lines = pod_lines(
+        client,
+        target.namespace,
+        pods,
+        prefixed=pod is None,
+        follow=not no_follow,
+        tail=tail,
+        previous=previous,
+    )
+    try:
+        copy_lines(lines, sys.stdout, only_loss=only_loss, only_errors=only_errors)
+    except KeyboardInterrupt:  # Ctrl-C ends the follow, not the run
+        return 0
+    return 0

@@ -13,17 +13,18 @@ from typing import Any
 
 import click
 
-from scripts.cli.support.errors import CliError, ToolFailedError
+from infra.job.job_api import PYTORCHJOB
+from scripts.cli.support.errors import CliError
 from scripts.cli.support.stacks import stack_arguments
 from scripts.cli.support.target import RunTarget, run_options
 
-JOB_LABEL = "training.kubeflow.org/job-name"
+JOB_LABEL = PYTORCHJOB.job_name_label
 GPU_POOL_SELECTOR = "fsdp-eks/node-pool=gpu"
 """The GPU node group's label (`infra.platform.gpu_nodes.gpu_labels`)."""
 SCALE_DOWN_TAINT = "ToBeDeletedByClusterAutoscaler"
 """The taint Cluster Autoscaler puts on a node it is removing (kubernetes/autoscaler
 `cluster-autoscaler/utils/taints/taints.go`)."""
-_TERMINAL = ("Succeeded", "Failed")
+_TERMINAL = (PYTORCHJOB.succeeded_condition, PYTORCHJOB.failed_condition)
 
 
 @dataclass(frozen=True)
@@ -217,16 +218,16 @@ def gpu_node_summary(nodes: list[NodeRow]) -> str:
 
 def fetch_status(target: RunTarget, *, now: datetime | None = None) -> JobStatus:
     name = target.require_job()
-    kubectl = target.kubectl()
-    job = kubectl.json("get", "pytorchjob", name)
-    pods = kubectl.json("get", "pods", "-l", f"{JOB_LABEL}={name}")
+    client = target.client()
+    job = client.get_job(PYTORCHJOB, target.namespace, name)
+    pods = {"items": client.list_pods(target.namespace, f"{JOB_LABEL}={name}")}
     summary = summarize(job, pods, now=now or datetime.now(UTC), usd_per_hour=target.usd_per_hour)
     summary = replace(summary, restarts=read_restarts(target))
+    from infra.job.kube_client import KubernetesApiError
+
     try:
-        nodes = node_rows(
-            target.kubectl(namespaced=False).json("get", "nodes", "-l", GPU_POOL_SELECTOR)
-        )
-    except ToolFailedError:
+        nodes = node_rows({"items": client.list_nodes(GPU_POOL_SELECTOR)})
+    except KubernetesApiError:
         return summary  # listing nodes is cluster-wide: a namespaced user may not
     return replace(summary, gpu_nodes=nodes)
 

@@ -15,9 +15,9 @@ Pulumi program:
 launched by torchrun like the trainer) and reports bus bandwidth and the transport NCCL chose:
    `NET/OFI` with the `efa` provider (EFA) or `NET/Socket` (the silent TCP fallback).
 
-Exit status 0 when every check passes, 1 when one fails. Checks that need a cluster use
-`kubectl`; the parsers of their output are plain functions (unit-tested on captured-format
-text).
+Exit status 0 when every check passes, 1 when one fails. Checks that need a cluster use the
+one cluster client (`infra.job.kube_client`); the parsers of what it reads are plain functions
+(unit-tested on captured-format text).
 """
 
 from __future__ import annotations
@@ -34,15 +34,17 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from infra.job.job_api import PYTORCHJOB
 from infra.job.placement import EFA_RESOURCE, GPU_RESOURCE, INSTANCE_TYPE_LABEL
-from scripts.cli.support.errors import CliError, ToolFailedError
-from scripts.cli.support.kube import Kubectl, to_yaml
+from scripts.cli.support.errors import CliError
+from scripts.cli.support.kube import to_yaml
 from scripts.cli.support.stacks import name_of, stack_arguments
 from scripts.cli.support.target import resolve_target
 
 if TYPE_CHECKING:
     from infra.config import StackConfig
     from infra.job.cluster_checks import ExpectedNodeResources
+    from infra.job.kube_client import KubeClient
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONTAINER_NAME = "pytorch"  # the training operator finds the container by this name
@@ -349,34 +351,37 @@ def job_state(job: dict[str, Any]) -> str | None:
 # -- the checks ----------------------------------------------------------------------------------
 
 
-def run_node_check(kubectl: Kubectl, expected: ExpectedNodeResources) -> CheckResult:
+def run_node_check(kubectl: KubeClient, expected: ExpectedNodeResources) -> CheckResult:
     nodes = parse_nodes(
-        kubectl.json("get", "nodes", "-l", f"{INSTANCE_TYPE_LABEL}={expected.instance_type}")
+        {"items": kubectl.list_nodes(f"{INSTANCE_TYPE_LABEL}={expected.instance_type}")}
     )
     return check_nodes(nodes, expected)
 
 
 def run_gpu_check(
-    kubectl: Kubectl,
+    kubectl: KubeClient,
     job: dict[str, Any],
     expected: ExpectedNodeResources,
     timeout_s: float,
     *,
     fsx: bool = False,
 ) -> CheckResult:
+    from infra.job.kube_client import KubernetesApiError
+
     name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
     state = wait_until(
-        lambda: job_state(kubectl.json("-n", namespace, "get", "job", name)),
+        lambda: job_state(kubectl.get_batch_job(namespace, name)),
         timeout_s=timeout_s,
         what=f"job {name} (nvidia-smi on every GPU node)",
     )
-    pods = kubectl.json("-n", namespace, "get", "pods", "-l", f"job-name={name}")
+    pods = {"items": kubectl.list_pods(namespace, f"job-name={name}")}
     reports = []
     for pod in pods.get("items", []):
         pod_name = pod["metadata"]["name"]
         try:
-            reports.append(parse_gpu_check_log(kubectl("-n", namespace, "logs", pod_name)))
-        except ToolFailedError as error:  # a pod that never started has no log
+            text = "".join(kubectl.pod_log_lines(namespace, pod_name, None))
+            reports.append(parse_gpu_check_log(text))
+        except KubernetesApiError as error:  # a pod that never started has no log
             log.warning("no log from %s: %s", pod_name, error)
     result = check_gpu_reports(reports, expected, fsx=fsx)
     if state != "Complete":
@@ -388,17 +393,19 @@ def run_gpu_check(
 
 
 def run_nccl_check(
-    kubectl: Kubectl, job: dict[str, Any], expected: ExpectedNodeResources, timeout_s: float
+    kubectl: KubeClient, job: dict[str, Any], expected: ExpectedNodeResources, timeout_s: float
 ) -> tuple[CheckResult, str]:
+    from infra.job.kube_client import KubernetesApiError
+
     name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
     state = wait_until(
-        lambda: job_state(kubectl.json("-n", namespace, "get", "pytorchjob", name)),
+        lambda: job_state(kubectl.get_job(PYTORCHJOB, namespace, name)),
         timeout_s=timeout_s,
         what=f"PyTorchJob {name} (the NCCL all-reduce)",
     )
     try:
-        text = kubectl("-n", namespace, "logs", f"{name}-worker-0", "-c", CONTAINER_NAME)
-    except ToolFailedError as error:  # a pod that never started has no log
+        text = "".join(kubectl.pod_log_lines(namespace, f"{name}-worker-0", CONTAINER_NAME))
+    except KubernetesApiError as error:  # a pod that never started has no log
         text = ""
         log.warning("no log from %s-worker-0: %s", name, error)
     result = check_nccl(parse_nccl_log(text), expected)
@@ -449,7 +456,7 @@ def _format_report(results: Sequence[CheckResult]) -> str:
 @click.option("--render-only", is_flag=True, help="Print the manifests and exit (offline).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the results as JSON here.")  # fmt: skip
-@click.option("-v", "--verbose", is_flag=True, help="Every kubectl call.")
+@click.option("-v", "--verbose", is_flag=True, help="Every request to the cluster.")
 def validate(
     stack: str,
     image: str | None,
@@ -500,7 +507,7 @@ def validate(
         click.echo(to_yaml([*policies, gpu_job, bench, nccl]))
         return 0
 
-    kubectl = target.kubectl(namespaced=False)
+    kubectl = target.client()
     results: list[CheckResult] = []
     created: list[dict[str, Any]] = []
     try:

@@ -1,7 +1,8 @@
 """The `fsdp-eks` command as a user types it: `run_cli` calls its real entry point
 (`scripts.cli.main.main`, what the console script runs) with the output captured and the exit
-status kept, and `fake_cli` puts stand-in `kubectl` and `pulumi` executables on PATH that
-answer with recorded-shape JSON and log every call."""
+status kept; `fake_cli` puts a stand-in `pulumi` (and `aws eks get-token`) on PATH that answers with
+recorded-shape JSON and logs every call, and `cluster` serves the run's cluster on loopback
+(`tests.infra.kube_fake`) under the user's kubeconfig contexts `lab` and `prod`."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from typing import Any
 import boto3
 import pytest
 
+from tests.infra.kube_fake import TOKEN, ClusterApiServer, serving, user_kubeconfig
 from tests.s3_server import moto_s3_endpoint
 
 JOB_NAME = "llama31-8b-p5"
@@ -125,6 +127,14 @@ def pod_list() -> dict[str, Any]:
     }
 
 
+LOG_LINES = [
+    "[rank0] starting\n",
+    "Batch 10 Loss: 9.87000, Speed: 12.5 samples/sec, lr: 1e-05\n",
+    "debug line\n",
+    "Batch 20 Loss: 8.12000, Speed: 12.9 samples/sec, lr: 2e-05\n",
+]
+
+
 def gpu_node(name: str, *, ready: bool, removing: bool = False) -> dict[str, Any]:
     """A node as `kubectl get nodes -o json` shows it; Cluster Autoscaler taints a node it
     removes with ToBeDeletedByClusterAutoscaler."""
@@ -166,36 +176,19 @@ if tool == "pulumi":
         print("Destroying (" + args[-1] + ")")
     else:
         sys.exit("unexpected pulumi " + " ".join(args))
-elif answers.get("kubectl_error"):
-    sys.stderr.write(answers["kubectl_error"])
-    sys.exit(1)
-elif set(args) & set(answers.get("kubectl_fails", {{}})):  # only these verbs fail
-    sys.stderr.write(answers["kubectl_fails"][min(set(args) & set(answers["kubectl_fails"]))])
-    sys.exit(1)
-elif "apply" in args or "delete" in args:
-    sys.stdin.read()
-    print(args[args.index("apply" if "apply" in args else "delete")] + "d")
-elif args[:1] == ["version"]:
-    print("Client Version: v1.32.0")
-elif "logs" in args:
-    sys.stdout.writelines(answers["logs"])
-elif "pytorchjob" in args:
-    print(json.dumps(answers["pytorchjob"]))
-elif "job" in args:
-    print(json.dumps(answers["job"]))
-elif "pods" in args:
-    print(json.dumps(answers["pods"]))
-elif "nodes" in args:
-    print(json.dumps(answers["nodes"]))
+elif tool == "aws" and args[:2] == ["eks", "get-token"]:  # the kubeconfig's exec plugin
+    print(json.dumps({{"apiVersion": "client.authentication.k8s.io/v1beta1",
+                      "kind": "ExecCredential", "status": {{"token": {token!r}}}}}))
 else:
-    sys.exit("unexpected kubectl " + " ".join(args))
+    sys.exit("unexpected " + tool + " " + " ".join(args))
 """
 
 
 @pytest.fixture
 def fake_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """`kubectl` and `pulumi` on PATH; each call's argv is appended to calls.jsonl and the
-    answers come from answers.json (a test may rewrite it)."""
+    """`pulumi` (and `aws eks get-token`, the kubeconfig's credential plugin) on PATH; each
+    call's argv is appended to calls.jsonl and the answers come from
+    answers.json (a test may rewrite it)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     calls = tmp_path / "calls.jsonl"
@@ -203,36 +196,47 @@ def fake_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     answers.write_text(
         json.dumps(
             {
-                "pytorchjob": pytorch_job(),
-                "pods": pod_list(),
-                "nodes": {
-                    "items": [
-                        gpu_node("ip-10-0-1-1", ready=True),
-                        gpu_node("ip-10-0-1-2", ready=True, removing=True),
-                    ]
-                },
                 "outputs": {
                     "jobName": JOB_NAME,
                     "namespace": NAMESPACE,
                     "checkpointS3Uri": RUN_URI,
                     "cost": {"usdPerHour": 220.16},
                 },
-                "logs": [
-                    "[rank0] starting\n",
-                    "Batch 10 Loss: 9.87000, Speed: 12.5 samples/sec, lr: 1e-05\n",
-                    "debug line\n",
-                    "Batch 20 Loss: 8.12000, Speed: 12.9 samples/sec, lr: 2e-05\n",
-                ],
             }
         )
     )
-    program = STAND_IN.format(python=sys.executable, calls=str(calls), answers=str(answers))
-    for name in ("kubectl", "pulumi"):
+    program = STAND_IN.format(
+        python=sys.executable, calls=str(calls), answers=str(answers), token=TOKEN
+    )
+    for name in ("pulumi", "aws"):
         path = bin_dir / name
         path.write_text(program)
         path.chmod(path.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     return tmp_path
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ClusterApiServer]:
+    """The run's cluster on loopback, reached through the user's contexts `lab` and `prod`
+    (KUBECONFIG): the PyTorchJob running with two pods and their logs, two GPU nodes (one
+    being removed by the autoscaler); no operator acts unless a test starts one."""
+    with serving(ClusterApiServer(namespace=NAMESPACE, name=JOB_NAME)) as server:
+        server.operator.running = False
+        server.put_job(pytorch_job())
+        for pod in pod_list()["items"]:
+            pod["metadata"].update(
+                namespace=NAMESPACE, labels={"training.kubeflow.org/job-name": JOB_NAME}
+            )
+            server.pods[pod["metadata"]["name"]] = pod
+            server.logs[pod["metadata"]["name"]] = list(LOG_LINES)
+        server.nodes = [
+            gpu_node("ip-10-0-1-1", ready=True),
+            gpu_node("ip-10-0-1-2", ready=True, removing=True),
+        ]
+        config = user_kubeconfig(tmp_path / "kubeconfig", server.url, contexts=("lab", "prod"))
+        monkeypatch.setenv("KUBECONFIG", str(config))
+        yield server
 
 
 def answers(fake: Path) -> dict[str, Any]:

@@ -174,7 +174,8 @@ def test_doctor_reports_each_tool_and_what_it_is_for(
     result = run_cli("doctor")
     lines = {line.split()[1]: line for line in result.lines if line[:2] in ("ok", "--")}
     assert lines["pulumi"].startswith("ok") and "v3.200.0" in lines["pulumi"]
-    assert lines["kubectl"].startswith("ok")
+    assert lines["kubectl"].startswith("ok")  # optional: only the printed hints use it
+    assert lines["kubernetes"].startswith("ok") and "Python client" in lines["kubernetes"]
     assert lines["selected"].startswith("ok") and lines["selected"].endswith("dev")
     assert lines[".venv-dev"].startswith("ok") and "dev" in lines[".venv-dev"]
     assert lines["AWS"].startswith("--") and "no AWS credentials" in lines["AWS"]

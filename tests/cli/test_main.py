@@ -31,6 +31,7 @@ from tests.cli.conftest import (
     set_answers,
     write_metrics,
 )
+from tests.infra.kube_fake import ClusterApiServer, user_kubeconfig
 from tests.s3_server import moto_s3_endpoint, s3_environment
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -126,12 +127,13 @@ def test_a_config_in_a_misspelt_namespace_is_refused(tmp_path: Path, no_pulumi: 
     assert "Traceback" not in result.err
 
 
-def test_logs_without_kubectl_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_logs_need_no_kubectl(monkeypatch: pytest.MonkeyPatch, cluster: ClusterApiServer) -> None:
+    """The commands reach the cluster through the Python client: no kubectl installed is
+    fine (it only appears in the hints they print)."""
     monkeypatch.setattr("scripts.cli.support.tools.find_tool", lambda name: None)
-    assert_one_line_mistake(
-        run_cli("logs", "--job", "exp", "-n", "training", "--context", "lab"),
-        "kubectl is not installed: install kubectl",
-    )
+    shown = run_cli("logs", "--job", JOB_NAME, "-n", NAMESPACE, "--context", "lab", "--no-follow")
+    assert shown.code == 0, shown
+    assert shown.out.count("Loss:") == 2
 
 
 @pytest.fixture
@@ -253,7 +255,9 @@ def test_tools_beside_the_interpreter_are_found_before_path(
     assert find_tool("tensorboard") == str(beside)
 
 
-def test_status_and_logs_through_the_stack_selected_in_pulumi(fake_cli: Path) -> None:
+def test_status_and_logs_through_the_stack_selected_in_pulumi(
+    fake_cli: Path, cluster: ClusterApiServer
+) -> None:
     """No stack: the one `pulumi stack select` chose (the stand-in answers), as `pulumi` does."""
     set_answers(fake_cli, selected="llama31-8b-p5")
     shown = run_cli("status", "--context", "lab")
@@ -280,56 +284,53 @@ def test_validate_renders_its_check_jobs_offline(no_pulumi: None) -> None:
     assert "PyTorchJob" in kinds and "Job" in kinds
 
 
-def test_validate_reaches_the_stacks_cluster_and_its_kubectl_failure_is_one_line(
-    fake_cli: Path,
+def test_validate_reaches_the_stacks_cluster_and_its_failure_is_one_line(
+    fake_cli: Path, cluster: ClusterApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """validate goes through the one kubectl client (`--context` here; the stack's own
-    kubeconfig otherwise, as the other commands), and a kubectl failure is one line, exit 1
-    (a failure, not the user's mistake)."""
-    set_answers(fake_cli, outputs={"jobName": JOB_NAME, "image": "img@sha256:0"},
-                nodes={"items": []})  # fmt: skip
+    """validate goes through the one cluster client (`--context` here; the stack's own
+    kubeconfig otherwise, as the other commands), and a cluster out of reach is one line,
+    exit 1 (a failure, not the user's mistake)."""
+    set_answers(fake_cli, outputs={"jobName": JOB_NAME, "image": "img@sha256:0"})
+    cluster.nodes = []
     checked = run_cli("validate", "llama31-8b-p5", "--context", "lab", "--skip", "nccl",
                       "--skip", "nvidia-smi")  # fmt: skip
     assert checked.code == 1, checked  # no GPU node is ready: the node check fails
     assert "FAIL  nodes" in checked.out
-    assert calls(fake_cli)[-1] == [
-        "kubectl", "--context", "lab", "get", "nodes", "-l",
-        "node.kubernetes.io/instance-type=p5.48xlarge", "-o", "json",
-    ]  # fmt: skip
-    set_answers(
-        fake_cli,
-        kubectl_error="E1126 memcache.go:265] couldn't get current server API group list\n" * 7
-        + "Unable to connect to the server: dial tcp 10.0.0.1:443: i/o timeout\n",
-    )
+    last = cluster.requests[-1]
+    assert (last.method, last.path, last.query) == (
+        "GET", "/api/v1/nodes", {"labelSelector": "node.kubernetes.io/instance-type=p5.48xlarge"}
+    )  # fmt: skip
+    closed = user_kubeconfig(tmp_path / "closed.yaml", "http://127.0.0.1:9")
+    monkeypatch.setenv("KUBECONFIG", str(closed))
     assert_one_line_failure(
         run_cli("validate", "llama31-8b-p5", "--context", "lab", "--skip", "nccl",
                 "--skip", "nvidia-smi"),
-        "kubectl get nodes failed: Unable to connect to the server",
+        "list nodes: no answer from the Kubernetes API server http://127.0.0.1:9",
     )  # fmt: skip
 
 
 def test_validate_reports_a_check_pod_without_a_log_instead_of_stopping(
-    fake_cli: Path, caplog: pytest.LogCaptureFixture
+    fake_cli: Path, cluster: ClusterApiServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A check pod that never started has no log (`kubectl logs` fails): the check fails in
-    the report, the other results are still shown, and validate exits 1 (checks failed)."""
-    set_answers(
-        fake_cli,
-        outputs={"jobName": JOB_NAME, "image": "img@sha256:0"},
-        job={"status": {"conditions": [{"type": "Failed", "status": "True"}]}},
-        kubectl_fails={
-            "logs": 'Error from server (BadRequest): container "check" in pod "x" is waiting '
-            "to start: ContainerCreating\n"
-        },
-    )
+    """A check pod that never started has no log (the API server answers 400 BadRequest): the
+    check fails in the report, the other results are still shown, and validate exits 1
+    (checks failed); what it applied is deleted."""
+    set_answers(fake_cli, outputs={"jobName": JOB_NAME, "image": "img@sha256:0"})
+    cluster.outcomes["Job"] = "Failed"
     checked = run_cli("validate", "llama31-8b-p5", "--context", "lab", "--skip", "nccl",
                       "--skip", "nodes", "--timeout", "5")  # fmt: skip
     assert checked.code == 1, checked
     assert "FAIL  nvidia-smi" in checked.out
     assert "ended Failed" in checked.out
     warned = [r.getMessage() for r in caplog.records if r.getMessage().startswith("no log from")]
-    assert len(warned) == 2 and "waiting to start" in warned[0], warned
-    assert calls(fake_cli)[-1][:4] == ["kubectl", "--context", "lab", "delete"]  # cleaned up
+    applied = [r for r in cluster.requests if r.method == "PATCH"]
+    check_pods = [
+        p for p in cluster.pods if p not in (f"{JOB_NAME}-worker-0", f"{JOB_NAME}-worker-1")
+    ]
+    assert len(warned) == len(check_pods) > 0 and "waiting to start" in warned[0], warned
+    assert all(r.query["fieldManager"] == "fsdp-eks-validate" for r in applied)
+    deleted = [r.path for r in cluster.requests if r.method == "DELETE"]
+    assert sorted(deleted) == sorted(r.path for r in applied) and not cluster.objects
 
 
 def test_plot_of_a_local_metrics_file(tmp_path: Path) -> None:

@@ -1,16 +1,16 @@
 """The commands for a run after `pulumi up`: status, logs, checkpoints, plot, tensorboard,
 typed as a user types them (`fsdp-eks ...`).
 
-kubectl and pulumi are stand-in executables on PATH that answer with recorded-shape JSON and
-log what they were asked; S3 is moto's server on loopback (a real S3 API, not a mock object);
-the metrics file is written by the trainer's own JSONL sink.
+pulumi is a stand-in executable on PATH that answers with recorded-shape JSON and logs what it
+was asked; the cluster is the loopback API fake (`tests.infra.kube_fake`) that the real
+Kubernetes client reaches through the user's kubeconfig; S3 is moto's server on loopback (a
+real S3 API, not a mock object); the metrics file is written by the trainer's own JSONL sink.
 """
 
 from __future__ import annotations
 
 import io
 import json
-import stat
 from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,7 +18,6 @@ from typing import Any
 
 import boto3
 import pytest
-import yaml
 
 from scripts.cli import checkpoints, logs, plot, status
 from scripts.cli.support.errors import CliError
@@ -26,6 +25,7 @@ from scripts.cli.support.s3 import split_s3_uri
 from scripts.cli.support.target import RunTarget, export_uri, resolve_target
 from tests.cli.conftest import (
     JOB_NAME,
+    LOG_LINES,
     NAMESPACE,
     RUN_URI,
     STACK,
@@ -38,6 +38,7 @@ from tests.cli.conftest import (
     set_answers,
     write_metrics,
 )
+from tests.infra.kube_fake import TOKEN, ClusterApiServer
 from tests.s3_server import s3_environment
 
 # --- status ---------------------------------------------------------------------------------
@@ -92,25 +93,37 @@ def test_status_of_a_finished_job_stops_the_clock() -> None:
     assert "no pods" in status.format_status(summary)
 
 
-def test_status_command_reads_the_stack_outputs(fake_cli: Path) -> None:
+def test_status_command_reads_the_stack_outputs(fake_cli: Path, cluster: ClusterApiServer) -> None:
     result = run_cli("status", STACK, "--context", "lab")
     assert result.code == 0, result
     assert f"job {JOB_NAME} ({NAMESPACE}): Running" in result.out and "$220.16/h" in result.out
     assert "GPU nodes: 1 ready, 1 removing" in result.out
+    assert f"{JOB_NAME}-worker-0  Running    0         ip-10-0-64-10" in result.out
     made = calls(fake_cli)
-    assert made[0] == ["pulumi", "stack", "output", "--json", "--stack", STACK]
-    assert made[1:] == [
-        ["kubectl", "--context", "lab", "-n", NAMESPACE, "get", "pytorchjob", JOB_NAME, "-o",
-         "json"],
-        ["kubectl", "--context", "lab", "-n", NAMESPACE, "get", "pods", "-l",
-         f"training.kubeflow.org/job-name={JOB_NAME}", "-o", "json"],
-        ["kubectl", "--context", "lab", "get", "nodes", "-l", "fsdp-eks/node-pool=gpu", "-o",
-         "json"],
+    assert made == [["pulumi", "stack", "output", "--json", "--stack", STACK]]
+    asked = [(r.method, r.path, r.query.get("labelSelector")) for r in cluster.requests]
+    assert asked == [
+        ("GET", f"/apis/kubeflow.org/v1/namespaces/{NAMESPACE}/pytorchjobs/{JOB_NAME}", None),
+        ("GET", f"/api/v1/namespaces/{NAMESPACE}/pods",
+         f"training.kubeflow.org/job-name={JOB_NAME}"),
+        ("GET", "/api/v1/nodes", "fsdp-eks/node-pool=gpu"),
     ]  # fmt: skip
 
 
-def test_status_command_fails_for_a_failed_job_and_without_a_target(fake_cli: Path) -> None:
-    set_answers(fake_cli, pytorchjob=pytorch_job("Failed"))
+def test_status_without_the_right_to_list_nodes_leaves_the_lease_out(
+    fake_cli: Path, cluster: ClusterApiServer
+) -> None:
+    """Listing nodes is cluster-wide: a user bound to the namespace gets the rest."""
+    cluster.forbidden.add(("list", "nodes"))
+    result = run_cli("status", STACK, "--context", "lab")
+    assert result.code == 0, result
+    assert "Running" in result.out and "GPU nodes:" not in result.out
+
+
+def test_status_command_fails_for_a_failed_job_and_without_a_target(
+    fake_cli: Path, cluster: ClusterApiServer
+) -> None:
+    cluster.store.update_status(JOB_NAME, pytorch_job("Failed")["status"], "manager")
     failed = run_cli("status", "--job", JOB_NAME, "-n", NAMESPACE, "--context", "lab", "--json")
     assert failed.code == 1 and json.loads(failed.out)["state"] == "Failed"
     # No stack named, none selected (the stand-in pulumi has no selection): one line.
@@ -126,11 +139,9 @@ def test_rank0_is_worker_0_unless_there_is_a_master() -> None:
 
 
 def test_logs_command_line() -> None:
-    from scripts.cli.support.kube import Kubectl
-
+    """The `kubectl logs` a person would type for the same lines (the printed hint)."""
     target = RunTarget(None, JOB_NAME, NAMESPACE, None, None, context="prod")
-    kubectl = Kubectl(context="prod", namespace=NAMESPACE, runner=lambda argv, stdin: "")
-    assert logs.logs_command(target, kubectl, "p-worker-0", tail=100, previous=True) == [
+    assert logs.logs_command(target, "p-worker-0", tail=100, previous=True) == [
         "kubectl",
         "--context",
         "prod",
@@ -144,41 +155,68 @@ def test_logs_command_line() -> None:
         "--tail=100",
         "--previous",
     ]
-    no_follow = logs.logs_command(target, kubectl, "p", follow=False)
+    no_follow = logs.logs_command(target, "p", follow=False)
     assert "--follow" not in no_follow
 
 
-def test_logs_follow_rank0_and_filter_loss_lines(fake_cli: Path) -> None:
+def _log_requests(cluster: ClusterApiServer) -> list[tuple[str, dict[str, str]]]:
+    return [(r.path.split("/")[-2], r.query) for r in cluster.requests if r.path.endswith("/log")]
+
+
+def test_logs_follow_rank0_and_filter_loss_lines(fake_cli: Path, cluster: ClusterApiServer) -> None:
     result = run_cli("logs", STACK, "--context", "lab", "--loss")
     assert result.code == 0, result
     assert result.lines == [
         "Batch 10 Loss: 9.87000, Speed: 12.5 samples/sec, lr: 1e-05",
         "Batch 20 Loss: 8.12000, Speed: 12.9 samples/sec, lr: 2e-05",
     ]
-    last = calls(fake_cli)[-1]
-    assert last[-5:] == ["logs", f"{JOB_NAME}-worker-0", "-c", "pytorch", "--follow"]
+    assert result.err.splitlines()[0] == (
+        f"# kubectl --context lab -n {NAMESPACE} logs {JOB_NAME}-worker-0 -c pytorch --follow"
+    )
+    assert _log_requests(cluster) == [
+        (f"{JOB_NAME}-worker-0", {"container": "pytorch", "follow": "true"})
+    ]
     plain = run_cli("logs", "--job", JOB_NAME, "-n", NAMESPACE, "--context", "lab", "--no-follow")
-    assert plain.code == 0 and len(plain.lines) == 4
+    assert plain.code == 0 and plain.lines == [line.rstrip("\n") for line in LOG_LINES]
+    assert _log_requests(cluster)[-1][1] == {"container": "pytorch"}
+    tail = run_cli("logs", STACK, "--context", "lab", "--no-follow", "--tail", "1", "--previous")
+    assert tail.lines == [LOG_LINES[-1].rstrip("\n")]
+    assert _log_requests(cluster)[-1][1] == {
+        "container": "pytorch", "tailLines": "1", "previous": "true"
+    }  # fmt: skip
 
 
-def test_logs_of_every_node_prefixed_and_only_errors(fake_cli: Path) -> None:
-    """`--node all` is one kubectl follow of every pod of the job, each line prefixed with
-    its pod; `--errors` keeps what a failure leaves (tracebacks, NCCL warnings)."""
+def test_logs_of_every_node_prefixed_and_only_errors(
+    fake_cli: Path, cluster: ClusterApiServer
+) -> None:
+    """`--node all` follows every pod of the job at once, each line prefixed with its pod as
+    `kubectl logs --prefix` does; `--errors` keeps what a failure leaves (tracebacks, NCCL
+    warnings)."""
     result = run_cli("logs", STACK, "--context", "lab", "--node", "all", "--errors")
     assert result.code == 0 and result.out == ""  # the fake pods' lines hold no error
-    assert calls(fake_cli)[-1][5:] == [
+    assert result.err.split()[6:] == [
         "logs", f"--selector=training.kubeflow.org/job-name={JOB_NAME}",
         "-c", "pytorch", "--prefix", "--max-log-requests=64", "--follow",
     ]  # fmt: skip
+    assert sorted(pod for pod, _ in _log_requests(cluster)) == [
+        f"{JOB_NAME}-worker-0", f"{JOB_NAME}-worker-1"
+    ]  # fmt: skip
+    every = run_cli("logs", STACK, "--context", "lab", "--node", "all", "--loss")
+    assert sorted(every.lines) == sorted(
+        f"[pod/{JOB_NAME}-worker-{i}/pytorch] {line.rstrip()}"
+        for i in (0, 1) for line in LOG_LINES if "Loss:" in line
+    )  # fmt: skip
     assert run_cli("logs", STACK, "--context", "lab", "--node", "1", "--no-follow").code == 0
-    assert calls(fake_cli)[-1][6] == f"{JOB_NAME}-worker-1"
+    assert _log_requests(cluster)[-1][0] == f"{JOB_NAME}-worker-1"
     lines = ["[pod/w-1/pytorch] ok\n", "[pod/w-1/pytorch] Traceback (most recent call last):\n"]
     kept = io.StringIO()
     assert logs.copy_lines(lines, kept, only_loss=False, only_errors=True) == 1
     assert "Traceback" in kept.getvalue()
 
 
-def test_a_node_the_job_does_not_have_is_one_line(fake_cli: Path) -> None:
+def test_a_node_the_job_does_not_have_is_one_line(
+    fake_cli: Path, cluster: ClusterApiServer
+) -> None:
     assert_one_line_mistake(
         run_cli("logs", STACK, "--context", "lab", "--node", "9"), "--node 9: PyTorchJob"
     )
@@ -299,7 +337,7 @@ def test_plot_command_writes_a_png(tmp_path: Path) -> None:
 
 
 def test_status_command_reads_the_restarts_from_the_runs_metrics_file_in_s3(
-    s3: Any, fake_cli: Path
+    s3: Any, fake_cli: Path, cluster: ClusterApiServer
 ) -> None:
     bucket, prefix = split_s3_uri(RUN_URI)
     start = {
@@ -366,13 +404,14 @@ def test_checkpoint_uri_is_derived_from_the_stack_outputs_and_fsx_settings(fake_
 
 
 def test_ops_commands_reach_the_stacks_cluster_not_the_current_context(
-    s3_endpoint: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fake_cli: Path
+    s3_endpoint: str, monkeypatch: pytest.MonkeyPatch, fake_cli: Path, cluster: ClusterApiServer
 ) -> None:
-    """With a `clusterName` output, kubectl gets a kubeconfig of that cluster (endpoint and CA
-    from EKS DescribeCluster, moto's server here; the token from `aws eks get-token`) in the
-    stack file's region; an explicit --context still wins."""
+    """With a `clusterName` output, the client gets a kubeconfig of that cluster (endpoint and
+    CA from EKS DescribeCluster, moto's server here; the token from `aws eks get-token`, run by
+    the client as the exec plugin) in the stack file's region, kept in memory; an explicit
+    --context still wins."""
     # moto's server answers EKS too; the region comes from the stack file, not the environment.
-    for key, value in {**s3_environment(s3_endpoint), "XDG_CACHE_HOME": str(tmp_path)}.items():
+    for key, value in s3_environment(s3_endpoint).items():
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("AWS_PROFILE", raising=False)
     eks = boto3.session.Session(region_name="us-west-2").client("eks")
@@ -384,24 +423,14 @@ def test_ops_commands_reach_the_stacks_cluster_not_the_current_context(
     set_answers(
         fake_cli, outputs={"clusterName": "team-gpu", "jobName": JOB_NAME, "namespace": NAMESPACE}
     )
-    target = resolve_target("llama31-8b-p5")
-    kubectl = target.kubectl()
-    assert kubectl.command("get", "pods")[1:5] == ["--kubeconfig", kubectl.kubeconfig, "-n",
-                                                   NAMESPACE]  # fmt: skip
-    config_path = Path(str(kubectl.kubeconfig))
-    assert config_path.parent == tmp_path / "fsdp-eks"
-    assert stat.S_IMODE(config_path.stat().st_mode) == 0o600
-    assert stat.S_IMODE(config_path.parent.stat().st_mode) == 0o700
-    config = yaml.safe_load(config_path.read_text())
-    (cluster,) = config["clusters"]
-    assert cluster["cluster"]["server"] == created["endpoint"]
-    (user,) = config["users"]
-    assert user["user"]["exec"]["args"] == [
-        "eks", "get-token", "--cluster-name", "team-gpu", "--region", "us-west-2",
+    client = resolve_target("llama31-8b-p5").client()
+    assert client.server == created["endpoint"].rstrip("/")  # the client drops the slash
+    assert client.api_client.configuration.api_key["BearerToken"] == f"Bearer {TOKEN}"
+    assert calls(fake_cli)[-1] == [
+        "aws", "eks", "get-token", "--cluster-name", "team-gpu", "--region", "us-west-2",
         "--output", "json",
     ]  # fmt: skip
-    explicit = resolve_target("llama31-8b-p5", context="prod").kubectl()
-    assert explicit.kubeconfig is None and "--context" in explicit.command("get", "pods")
+    assert resolve_target("llama31-8b-p5", context="prod").client().server == cluster.url
 
 
 def test_a_cluster_still_being_created_is_one_line(

@@ -1,7 +1,8 @@
 """`fsdp-eks stop` / `start` as typed, against a cluster on loopback that keeps the PyTorchJob
 in the field-management model (`tests.infra.kube_fake`, `tests.infra.ssa_model`) and plays the
 training operator; then the modelled `pulumi up` of the same job, to hold what the commands
-say the next `up` does."""
+say the next `up` does. The waits poll at their real intervals on a clock that only advances
+when they sleep (`scripts.cli.job.PACING`), so no test sleeps."""
 
 from __future__ import annotations
 
@@ -15,17 +16,26 @@ import boto3
 import pytest
 import yaml
 
+from infra.job.stop_start import STOP_POLL_S, Pacing
 from tests.cli.conftest import (
     assert_one_line_failure,
     assert_one_line_mistake,
     run_cli,
     set_answers,
 )
-from tests.infra.kube_fake import ClusterApiServer, kubeconfig, serving
+from tests.infra import kube_fake
+from tests.infra.kube_fake import ClusterApiServer, FakeClock, kubeconfig, serving
 from tests.infra.ssa_model import Pulumi, job_inputs
 from tests.s3_server import moto_s3_endpoint, s3_environment
 
 STACKS = Path(__file__).resolve().parents[2] / "stacks"
+
+
+@pytest.fixture(autouse=True)
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    fake = FakeClock()
+    monkeypatch.setattr("scripts.cli.job.PACING", Pacing(clock=fake, sleep=fake.sleep))
+    return fake
 
 
 @pytest.fixture
@@ -51,10 +61,13 @@ def deploy(cluster: ClusterApiServer) -> Pulumi:
     return pulumi
 
 
-def test_stop_then_an_unchanged_pulumi_up_leaves_the_run_stopped(cluster: ClusterApiServer) -> None:
+def test_stop_then_an_unchanged_pulumi_up_leaves_the_run_stopped(
+    cluster: ClusterApiServer, clock: FakeClock
+) -> None:
     pulumi = deploy(cluster)
     stopped = run_cli("stop", "dev")
     assert stopped.code == 0, stopped
+    assert clock.slept == [STOP_POLL_S] * 2  # polls while the pods went, at the real interval
     assert cluster.suspended() and not cluster.live_pods()
     assert "Stopped PyTorchJob training/exp" in stopped.out
     assert "`fsdp-eks start dev` resumes it" in stopped.out
@@ -147,10 +160,7 @@ def test_the_commands_sign_as_pulumi_up_does(
 
 def _user_kubeconfig(path: Path, server: str, *, context: str) -> Path:
     """A kubeconfig file of the user's own whose one context is named `context`."""
-    document = json.loads(kubeconfig(server))
-    document["contexts"][0]["name"] = document["current-context"] = context
-    path.write_text(yaml.safe_dump(document))
-    return path
+    return kube_fake.user_kubeconfig(path, server, contexts=(context,))
 
 
 @pytest.fixture
@@ -213,7 +223,7 @@ def test_a_context_with_relative_ca_and_token_files_reads_them_beside_its_kubeco
 ) -> None:
     """client-go resolves a kubeconfig's file paths against the folder of the file that
     names them (`tools/clientcmd/loader.go` `ResolveLocalPaths`)."""
-    from scripts.cli.support.kube import user_context_kubeconfig
+    from infra.job.kube_client import KubeClient
 
     folder = tmp_path / "kube"
     folder.mkdir()
@@ -234,10 +244,10 @@ def test_a_context_with_relative_ca_and_token_files_reads_them_beside_its_kubeco
         )
     )
     monkeypatch.setenv("KUBECONFIG", str(folder / "config"))
-    document = user_context_kubeconfig("lab")
-    assert document["current-context"] == "lab"
-    assert document["clusters"][0]["cluster"]["certificate-authority-data"] == "UEVN"  # b64 "PEM"
-    assert document["users"][0]["user"]["token"] == "secret-token"
+    configuration = KubeClient.from_user_context("lab").api_client.configuration
+    assert configuration.host == "https://k"
+    assert Path(configuration.ssl_ca_cert).read_bytes() == b"PEM"
+    assert configuration.api_key["BearerToken"] == "Bearer secret-token"
 
 
 def test_a_cluster_that_does_not_answer_is_a_failure_and_no_credentials_a_mistake(

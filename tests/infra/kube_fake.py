@@ -1,9 +1,10 @@
-"""Kubernetes API servers on loopback, reached the way the provider reaches EKS.
+"""Kubernetes API servers on loopback: the one fake every cluster test talks to.
 
-Both speak HTTP to `infra.job.kube_api.KubernetesApi` through a kubeconfig whose user is an
-`exec` credential plugin (`kubeconfig()`), so every token a test sees came from running that
-plugin exactly as client-go would (ExecCredential JSON on stdout, `status.token`). Nothing is
-faked inside the code under test.
+Both serve the project's one cluster client (`infra.job.kube_client.KubeClient`, the
+Kubernetes project's Python client) over HTTP, through a kubeconfig whose user is an `exec`
+credential plugin (`kubeconfig()`), so every token a test sees came from the library running
+that plugin (ExecCredential JSON on stdout, `status.token`). Nothing is faked inside the code
+under test.
 
 * `ScriptedApiServer` serves PyTorchJob / Pod documents in turn, one state per poll: the
   start watch's cases, where each poll must show a chosen state.
@@ -19,6 +20,10 @@ faked inside the code under test.
   `ReconcileJobs`): suspended, it deletes the pods gracefully (a `deletionTimestamp`, gone a
   few reads later as the kubelet finishes) and sets `Running=False`, `Suspended=True`;
   resumed, it sets `Suspended=False` and a new `startTime` and creates new pods (new uids).
+  It also serves what status, logs and validate read: nodes (label selectors), container logs
+  (`pods/NAME/log`, streamed line by line when followed), and any other object applied,
+  read or deleted at its path (validate's check workloads), a batch Job getting the pods its
+  controller would label `job-name` (`outcomes` says how each kind of workload ends).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
@@ -52,6 +58,38 @@ User-Agent's first word, the binary's name."""
 
 def stamp(seconds_ago: float = 0) -> str:
     return (datetime.now(UTC) - timedelta(seconds=seconds_ago)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class FakeClock:
+    """Time that passes only when slept: the waits poll at their real intervals, instantly,
+    and the test can count the sleeps instead of timing them."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def job_path(namespace: str, name: str) -> str:
+    """Where the API server serves a PyTorchJob."""
+    return f"/apis/kubeflow.org/v1/namespaces/{namespace}/pytorchjobs/{name}"
+
+
+def user_kubeconfig(path: Path, server: str, *, contexts: tuple[str, ...] = ("lab",)) -> Path:
+    """A kubeconfig of the user's own at `path` whose `contexts` all reach `server`."""
+    document = json.loads(kubeconfig(server))
+    document["contexts"] = [
+        {"name": name, "context": {"cluster": "c", "user": "aws"}} for name in contexts
+    ]
+    document["current-context"] = contexts[0]
+    path.write_text(yaml.safe_dump(document))
+    return path
 
 
 def kubeconfig(server: str, *, exit_code: int = 0) -> str:
@@ -84,6 +122,13 @@ def kubeconfig(server: str, *, exit_code: int = 0) -> str:
             ],
         }
     )
+
+
+def config_with_user(server: str, user: dict[str, Any]) -> dict[str, Any]:
+    """`kubeconfig(server)` as a document whose user is `user` (a token, nothing, ...)."""
+    document: dict[str, Any] = json.loads(kubeconfig(server))
+    document["users"][0]["user"] = user
+    return document
 
 
 @dataclass(frozen=True)
@@ -269,6 +314,13 @@ def _set_condition(
     ]  # fmt: skip
 
 
+def _selected(obj: dict[str, Any], query: dict[str, str]) -> bool:
+    """Whether `obj` matches the request's `labelSelector` (equality terms, comma-joined)."""
+    labels = obj["metadata"].get("labels") or {}
+    terms = [t for t in query.get("labelSelector", "").split(",") if t]
+    return all(labels.get(k) == v for k, _, v in (t.partition("=") for t in terms))
+
+
 def _is_true(conditions: list[dict[str, Any]], kind: str) -> bool:
     return any(c["type"] == kind and c["status"] == "True" for c in conditions)
 
@@ -287,6 +339,13 @@ class ClusterApiServer(LoopbackApiServer):
         self.forbidden: set[tuple[str, str]] = set()
         """(verb, resource) pairs RBAC refuses, e.g. ("patch", "pytorchjobs")."""
         self.user = "arn:aws:sts::123456789012:assumed-role/ml-admins/ci"
+        self.nodes: list[dict[str, Any]] = []
+        self.logs: dict[str, list[str]] = {}
+        """Each pod's container log; a pod without one answers as a container not started."""
+        self.objects: dict[str, dict[str, Any]] = {}
+        """Anything else applied, by its path (validate's check workloads)."""
+        self.outcomes: dict[str, str] = {"Job": "Complete", "PyTorchJob": "Succeeded"}
+        """The condition each kind of applied workload ends with."""
         self.crd_without_suspend = False
         """An operator older than v1.7.0: the API server prunes `spec.runPolicy.suspend`, a
         field the CRD's structural schema does not declare, and answers 200
@@ -302,6 +361,12 @@ class ClusterApiServer(LoopbackApiServer):
 
     def job(self) -> dict[str, Any]:
         return self.store.get(self.name)
+
+    def put_job(self, job: dict[str, Any]) -> None:
+        """`job` as deployed (created by Pulumi, its status written by the operator)."""
+        self.store.create(job, "pulumi-kubernetes")
+        if job.get("status"):
+            self.store.update_status(self.name, job["status"], OPERATOR_MANAGER)
 
     def suspended(self) -> bool:
         return ssa_model.suspended(self.store)
@@ -434,21 +499,76 @@ class _ClusterHandler(_Handler):
             elif request.path == server.pods_path:
                 if self._refused(request, "list", "pods", ""):
                     return
-                selector = request.query.get("labelSelector", "")
-                key, _, value = selector.partition("=")
-                items = [p for p in server.live_pods() if p["metadata"]["labels"].get(key) == value]
+                items = [p for p in server.live_pods() if _selected(p, request.query)]
                 self._send(200, {"kind": "PodList", "apiVersion": "v1", "items": items})
             elif request.path == f"/api/v1/namespaces/{server.namespace}/events":
                 if self._refused(request, "list", "events", ""):
                     return
                 self._send(200, {"kind": "EventList", "items": server.events})
+            elif request.path == "/api/v1/nodes":
+                if self._refused(request, "list", "nodes", ""):
+                    return
+                items = [n for n in server.nodes if _selected(n, request.query)]
+                self._send(200, {"kind": "NodeList", "apiVersion": "v1", "items": items})
+            elif request.path.startswith(server.pods_path + "/") and request.path.endswith("/log"):
+                self._log(request)
+            elif request.path in server.objects:
+                self._send(200, server.objects[request.path])
             else:
                 self._send(404, status(404, "NotFound", "the server could not find it"))
+
+    def _log(self, request: Request) -> None:
+        pod = request.path.split("/")[-2]
+        lines = self.server.logs.get(pod)
+        if lines is None:
+            message = f'container "pytorch" in pod "{pod}" is waiting to start: ContainerCreating'
+            self._send(400, status(400, "BadRequest", message))
+            return
+        if "tailLines" in request.query:
+            lines = lines[len(lines) - int(request.query["tailLines"]) :]
+        # Streamed in pieces, as a followed log arrives, split inside lines.
+        payload = "".join(lines).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        for start in range(0, len(payload), 7):
+            self.wfile.write(payload[start : start + 7])
+            self.wfile.flush()
+
+    def do_DELETE(self) -> None:
+        request = self._request()
+        with self.server.lock:
+            if self.server.objects.pop(request.path, None) is None:
+                self._send(404, status(404, "NotFound", "the server could not find it"))
+                return
+            self._send(200, status(200, "", "deleted") | {"status": "Success"})
+
+    def _apply_other(self, request: Request) -> None:
+        """Apply of any object but the job: stored whole; a workload gets its outcome."""
+        server = self.server
+        body = copy.deepcopy(request.body)
+        kind = body.get("kind", "")
+        if kind in server.outcomes:
+            condition = {"type": server.outcomes[kind], "status": "True"}
+            body["status"] = {"conditions": [condition]}
+        if kind == "Job":  # the Job controller labels its pods `job-name`
+            name = body["metadata"]["name"]
+            for index in range(int(body.get("spec", {}).get("parallelism", 1))):
+                pod = server._new_pod(f"{name}-{index}")
+                pod["metadata"]["labels"] = {"job-name": name}
+                server.pods[pod["metadata"]["name"]] = pod
+        server.objects[request.path] = body
+        self._send(200, body)
 
     def do_PATCH(self) -> None:
         request = self._request()
         server = self.server
         with server.lock:
+            other = request.path != server.job_path and request.content_type == APPLY_PATCH
+            if other and request.query.get("fieldManager"):
+                self._apply_other(request)
+                return
             if request.path != server.job_path:
                 self._send(404, status(404, "NotFound", "the server could not find it"))
                 return

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from infra.job.kube_api import KubernetesApi
+from infra.job.kube_client import KubeClient
 from infra.job.start_rule import JobStartError
 from infra.job.start_wait import WatchedJob, wait_for_start
 from infra.job.suspension import FIELD_MANAGER
@@ -101,7 +101,7 @@ RELEASE = (JOB_PATH, APPLY_PATCH, {"fieldManager": FIELD_MANAGER, "force": "true
 
 
 def watch(server: ScriptedApiServer, **kwargs: Any) -> str:
-    api = KubernetesApi.from_kubeconfig(kubeconfig(server.url))
+    api = KubeClient.from_kubeconfig(kubeconfig(server.url))
     return wait_for_start(api, WatchedJob("training", "exp", 2), poll_s=0, **kwargs)
 
 
@@ -160,7 +160,7 @@ def test_the_job_s_start_budget_bounds_the_wait(serve: Any) -> None:
     running = job_doc(("Created", "c"), ("Running", "r"))
     server = serve([(200, running, [worker(0, 300)])])
     ticks = iter(range(0, 100_000, 60))  # one poll a minute
-    api = KubernetesApi.from_kubeconfig(kubeconfig(server.url))
+    api = KubeClient.from_kubeconfig(kubeconfig(server.url))
     job = WatchedJob("training", "exp", 2, start_timeout_s=600)
     with pytest.raises(JobStartError, match=r"not every worker started within 11 min"):
         wait_for_start(api, job, poll_s=0, clock=lambda: float(next(ticks)))
@@ -188,10 +188,15 @@ def test_transient_server_errors_are_retried(serve: Any) -> None:
 
 
 def test_a_failing_credential_plugin_is_one_clear_error(serve: Any) -> None:
+    """The client runs the plugin as it is built: the watch fails `up` with why."""
     server = serve([(200, job_doc(("Created", "c")), [])])
-    api = KubernetesApi.from_kubeconfig(kubeconfig(server.url, exit_code=3))
-    with pytest.raises(JobStartError, match=r"credential command .* failed \(exit 3\)"):
-        wait_for_start(api, WatchedJob("training", "exp", 2), poll_s=0)
+    props = {"kubeconfig": kubeconfig(server.url, exit_code=3), "namespace": "training",
+             "job_name": "exp", "workers": 2}  # fmt: skip
+    with pytest.raises(
+        JobStartError, match=r"credential command .* failed \(exec: process returned 3"
+    ):
+        JobStartWatchProvider().create(props)
+    assert server.requests == []
 
 
 def test_only_a_new_job_makes_up_wait_again() -> None:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from infra.job.kube_api import KubernetesApi, KubernetesApiError
+from infra.job.job_api import PYTORCHJOB
+from infra.job.kube_client import KubeClient, KubernetesApiError
 from infra.job.start_rule import JobStartError
 from infra.job.stop_start import (
     STOP_MARGIN_S,
@@ -27,6 +28,7 @@ from tests.infra.kube_fake import (
     APPLY_PATCH,
     OPERATOR_MANAGER,
     ClusterApiServer,
+    config_with_user,
     kubeconfig,
     serving,
 )
@@ -42,8 +44,8 @@ def cluster() -> Iterator[ClusterApiServer]:
 
 
 @pytest.fixture
-def api(cluster: ClusterApiServer) -> KubernetesApi:
-    return KubernetesApi.from_kubeconfig(kubeconfig(cluster.url))
+def api(cluster: ClusterApiServer) -> KubeClient:
+    return KubeClient.from_kubeconfig(kubeconfig(cluster.url))
 
 
 def deploy(cluster: ClusterApiServer, grace_s: int | None = None) -> Pulumi:
@@ -82,7 +84,7 @@ def finish(cluster: ClusterApiServer, kind: str) -> None:
 
 
 def test_stop_suspends_and_returns_once_the_operator_has_removed_every_pod(
-    cluster: ClusterApiServer, api: KubernetesApi
+    cluster: ClusterApiServer, api: KubeClient
 ) -> None:
     deploy(cluster)
     cluster.operator.grace_reads = 3  # pods terminate over three polls
@@ -104,7 +106,7 @@ def test_stop_suspends_and_returns_once_the_operator_has_removed_every_pod(
 
 
 def test_stopping_a_stopped_job_says_so_and_holds_it(
-    cluster: ClusterApiServer, api: KubernetesApi
+    cluster: ClusterApiServer, api: KubeClient
 ) -> None:
     deploy(cluster)
     stop_job(api, "training", "exp", poll_s=0)
@@ -115,7 +117,7 @@ def test_stopping_a_stopped_job_says_so_and_holds_it(
 
 
 def test_stop_of_a_missing_job_names_the_command_that_recreates_it(
-    cluster: ClusterApiServer, api: KubernetesApi
+    cluster: ClusterApiServer, api: KubeClient
 ) -> None:
     with pytest.raises(JobNotFoundError) as error:
         stop_job(api, "training", "exp", stack="exp", poll_s=0)
@@ -128,7 +130,7 @@ def test_stop_of_a_missing_job_names_the_command_that_recreates_it(
 
 @pytest.mark.parametrize("kind", ["Succeeded", "Failed"])
 def test_a_finished_job_is_neither_stopped_nor_started(
-    cluster: ClusterApiServer, api: KubernetesApi, kind: str
+    cluster: ClusterApiServer, api: KubeClient, kind: str
 ) -> None:
     deploy(cluster)
     finish(cluster, kind)
@@ -141,7 +143,7 @@ def test_a_finished_job_is_neither_stopped_nor_started(
 
 
 def test_the_stop_waits_at_most_the_pods_grace_period_plus_a_margin(
-    cluster: ClusterApiServer, api: KubernetesApi
+    cluster: ClusterApiServer, api: KubeClient
 ) -> None:
     deploy(cluster, grace_s=330)
     assert stop_timeout_seconds(cluster.job()) == 330 + STOP_MARGIN_S
@@ -157,7 +159,7 @@ def test_the_stop_waits_at_most_the_pods_grace_period_plus_a_margin(
 
 
 def test_without_an_operator_the_stop_says_what_is_missing(
-    cluster: ClusterApiServer, api: KubernetesApi
+    cluster: ClusterApiServer, api: KubeClient
 ) -> None:
     deploy(cluster)
     cluster.operator.running = False
@@ -166,7 +168,7 @@ def test_without_an_operator_the_stop_says_what_is_missing(
 
 
 def test_an_operator_without_suspend_is_refused_at_once_not_waited_for(
-    cluster: ClusterApiServer, api: KubernetesApi
+    cluster: ClusterApiServer, api: KubeClient
 ) -> None:
     """An old CRD prunes the field and the apply still answers 200: the stored job says so."""
     deploy(cluster)
@@ -181,7 +183,7 @@ def test_an_operator_without_suspend_is_refused_at_once_not_waited_for(
 
 
 def test_a_caller_without_patch_rights_is_told_which_right_it_needs(
-    cluster: ClusterApiServer, api: KubernetesApi
+    cluster: ClusterApiServer, api: KubeClient
 ) -> None:
     deploy(cluster)
     cluster.forbidden.add(("patch", "pytorchjobs"))
@@ -202,7 +204,9 @@ def test_a_caller_the_cluster_does_not_know_is_told_about_access_entries(
     cluster: ClusterApiServer,
 ) -> None:
     deploy(cluster)
-    stranger = KubernetesApi(cluster.url, lambda: "k8s-aws-v1.someone-else")
+    stranger = KubeClient.from_kubeconfig(
+        config_with_user(cluster.url, {"token": "k8s-aws-v1.someone-else"})
+    )
     with pytest.raises(KubernetesApiError) as error:
         stop_job(stranger, "training", "exp", poll_s=0)
     assert error.value.status == 401
@@ -214,7 +218,7 @@ def test_a_caller_the_cluster_does_not_know_is_told_about_access_entries(
 def test_an_api_server_that_does_not_answer_is_one_error_without_a_status() -> None:
     with serving(ClusterApiServer()) as server:
         url = server.url
-    api = KubernetesApi(url, lambda: "token", timeout_s=2)
+    api = KubeClient.from_kubeconfig(config_with_user(url, {"token": "token"}))
     with pytest.raises(KubernetesApiError) as error:
         stop_job(api, "training", "exp", poll_s=0)
     assert error.value.status is None
@@ -223,11 +227,11 @@ def test_an_api_server_that_does_not_answer_is_one_error_without_a_status() -> N
 
 
 def test_the_fake_refuses_an_apply_without_a_field_manager_as_the_api_server_does(
-    cluster: ClusterApiServer, api: KubernetesApi
+    cluster: ClusterApiServer, api: KubeClient
 ) -> None:
     deploy(cluster)
     with pytest.raises(KubernetesApiError) as error:
-        api.apply(cluster.job_path, {"spec": {}}, field_manager="", force=True)
+        api.apply_job(PYTORCHJOB, "training", "exp", {"spec": {}}, field_manager="", force=True)
     assert error.value.status == 422
     assert "fieldManager: Required value: is required for apply patch" in str(error.value)
 
@@ -236,7 +240,7 @@ def test_the_fake_refuses_an_apply_without_a_field_manager_as_the_api_server_doe
 
 
 def test_start_resumes_and_waits_for_every_worker(
-    cluster: ClusterApiServer, api: KubernetesApi
+    cluster: ClusterApiServer, api: KubeClient
 ) -> None:
     deploy(cluster)
     first = {pod["metadata"]["uid"] for pod in cluster.pods.values()}
@@ -257,7 +261,7 @@ def test_start_resumes_and_waits_for_every_worker(
 
 
 def test_start_waits_for_terminating_pods_before_resuming(
-    cluster: ClusterApiServer, api: KubernetesApi
+    cluster: ClusterApiServer, api: KubeClient
 ) -> None:
     deploy(cluster)
     cluster.operator.grace_reads = 3
@@ -272,9 +276,7 @@ def test_start_waits_for_terminating_pods_before_resuming(
     assert not cluster.suspended()
 
 
-def test_start_gives_up_on_pods_that_do_not_go(
-    cluster: ClusterApiServer, api: KubernetesApi
-) -> None:
+def test_start_gives_up_on_pods_that_do_not_go(cluster: ClusterApiServer, api: KubeClient) -> None:
     deploy(cluster)
     cluster.operator.pods_removable = False
     stop = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "exp"},
@@ -285,9 +287,7 @@ def test_start_gives_up_on_pods_that_do_not_go(
     assert cluster.suspended() and cluster.patches == []
 
 
-def test_starting_a_running_job_changes_nothing(
-    cluster: ClusterApiServer, api: KubernetesApi
-) -> None:
+def test_starting_a_running_job_changes_nothing(cluster: ClusterApiServer, api: KubeClient) -> None:
     deploy(cluster)
     result = start_job(api, "training", "exp", poll_s=0, watch_poll_s=0)
     assert result.was_running and result.progress.startswith("2/2 workers running")
@@ -295,7 +295,7 @@ def test_starting_a_running_job_changes_nothing(
 
 
 def test_a_start_whose_workers_do_not_come_releases_the_nodes_again(
-    cluster: ClusterApiServer, api: KubernetesApi
+    cluster: ClusterApiServer, api: KubeClient
 ) -> None:
     deploy(cluster)
     stop_job(api, "training", "exp", poll_s=0)

@@ -3,10 +3,11 @@
 The job lives in the field-management model (`tests.infra.ssa_model`, held to
 structured-merge-diff's own test tables by `test_ssa_model.py`), served over HTTP by
 `tests.infra.kube_fake.ClusterApiServer`; `stop_job` / `start_job` are the real functions,
-talking to it through `KubernetesApi`; `pulumi up` is the model of pulumi-kubernetes over the
-same object. Each scenario fails if the design were wrong in the way it names: a stop that
-does not force, a manager name pulumi-kubernetes takes over, a merge-patch stop, a program that
-renders `suspend`, a start that relinquishes the field instead of applying false.
+talking to it through the one cluster client (`KubeClient`); `pulumi up` is the model of
+pulumi-kubernetes over the same object. Each scenario fails if the design were wrong in the way
+it names: a stop that does not force, a manager name pulumi-kubernetes takes over, a
+merge-patch stop, a program that renders `suspend`, a start that relinquishes the field
+instead of applying false.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pytest
 from infra.config import load_stack_file
 from infra.config.names import stack_names
 from infra.estimates.run_plan import plan_run
-from infra.job.kube_api import KubernetesApi
+from infra.job.kube_client import KubeClient
 from infra.job.manifest import render_job
 from infra.job.start_wait import WatchedJob, wait_for_start
 from infra.job.stop_start import JobNotFoundError, start_job, stop_job
@@ -61,8 +62,8 @@ def cluster() -> Iterator[ClusterApiServer]:
 
 
 @pytest.fixture
-def api(cluster: ClusterApiServer) -> KubernetesApi:
-    return KubernetesApi.from_kubeconfig(kubeconfig(cluster.url))
+def api(cluster: ClusterApiServer) -> KubeClient:
+    return KubeClient.from_kubeconfig(kubeconfig(cluster.url))
 
 
 def deploy(cluster: ClusterApiServer, job: dict[str, Any] | None = None) -> Pulumi:
@@ -75,12 +76,12 @@ def deploy(cluster: ClusterApiServer, job: dict[str, Any] | None = None) -> Pulu
     return pulumi
 
 
-def stop(cluster: ClusterApiServer, api: KubernetesApi) -> None:
+def stop(cluster: ClusterApiServer, api: KubeClient) -> None:
     stop_job(api, cluster.namespace, cluster.name, stack="dev", poll_s=0)
     assert cluster.suspended() and not cluster.pods
 
 
-def start(cluster: ClusterApiServer, api: KubernetesApi) -> None:
+def start(cluster: ClusterApiServer, api: KubeClient) -> None:
     start_job(api, cluster.namespace, cluster.name, stack="dev", poll_s=0, watch_poll_s=0)
     assert not cluster.suspended() and cluster.pods
 
@@ -90,7 +91,7 @@ def start(cluster: ClusterApiServer, api: KubernetesApi) -> None:
 
 @pytest.mark.parametrize("refresh", [False, True])
 def test_an_unchanged_up_leaves_a_stopped_run_stopped(
-    cluster: ClusterApiServer, api: KubernetesApi, refresh: bool
+    cluster: ClusterApiServer, api: KubeClient, refresh: bool
 ) -> None:
     pulumi = deploy(cluster)
     stop(cluster, api)
@@ -108,7 +109,7 @@ def test_an_unchanged_up_leaves_a_stopped_run_stopped(
 
 
 def test_the_stop_is_a_forced_apply_of_suspend_alone_which_unforced_would_conflict(
-    cluster: ClusterApiServer, api: KubernetesApi
+    cluster: ClusterApiServer, api: KubeClient
 ) -> None:
     inputs = dev_job()
     deploy(cluster, inputs)
@@ -132,7 +133,7 @@ def test_the_stop_is_a_forced_apply_of_suspend_alone_which_unforced_would_confli
 
 
 def test_an_in_place_up_after_a_stop_keeps_it_stopped(
-    cluster: ClusterApiServer, api: KubernetesApi
+    cluster: ClusterApiServer, api: KubeClient
 ) -> None:
     pulumi = deploy(cluster)
     stop(cluster, api)
@@ -177,7 +178,7 @@ def test_why_the_name_matters_a_kubectl_named_stop_is_undone_by_an_in_place_up(
 
 
 def test_stopping_a_job_suspended_by_kubectl_patch_holds_it_through_an_in_place_up(
-    cluster: ClusterApiServer, api: KubernetesApi
+    cluster: ClusterApiServer, api: KubeClient
 ) -> None:
     pulumi = deploy(cluster)
     # `kubectl patch pytorchjob exp --type merge -p ...`: manager kubectl-patch, an Update.
@@ -208,7 +209,7 @@ def test_why_an_apply_a_merge_patch_stop_over_kubectl_patch_is_undone() -> None:
 
 
 def test_a_changed_up_replaces_a_stopped_job_which_starts_at_once(
-    cluster: ClusterApiServer, api: KubernetesApi
+    cluster: ClusterApiServer, api: KubeClient
 ) -> None:
     pulumi = deploy(cluster)
     first_uid = cluster.store.uid
@@ -272,7 +273,7 @@ def legacy_release(cluster: ClusterApiServer) -> None:
 
 
 def test_start_resumes_a_job_whose_stop_has_two_owners(
-    cluster: ClusterApiServer, api: KubernetesApi
+    cluster: ClusterApiServer, api: KubeClient
 ) -> None:
     deploy(cluster)
     legacy_release(cluster)
@@ -297,7 +298,7 @@ def test_why_apply_false_a_relinquishing_start_leaves_the_other_owners_true() ->
 
 
 def test_after_a_start_pulumi_leaves_the_running_job_alone(
-    cluster: ClusterApiServer, api: KubernetesApi
+    cluster: ClusterApiServer, api: KubeClient
 ) -> None:
     pulumi = deploy(cluster)
     stop(cluster, api)
@@ -311,7 +312,7 @@ def test_after_a_start_pulumi_leaves_the_running_job_alone(
 
 
 def test_a_deleted_job_is_recreated_only_by_a_refreshing_up(
-    cluster: ClusterApiServer, api: KubernetesApi
+    cluster: ClusterApiServer, api: KubeClient
 ) -> None:
     pulumi = deploy(cluster)
     cluster.store.delete(cluster.name)  # kubectl delete pytorchjob

@@ -2,7 +2,6 @@
 PyTorchJob CRD schema and Kubernetes shapes), expected device counts from the instance table,
 and the parsing of node lists, nvidia-smi output and NCCL logs into a verdict."""
 
-import json
 import os
 import socket
 import subprocess
@@ -24,12 +23,12 @@ from infra.job.cluster_checks import (
     nccl_job,
     validation_manifests,
 )
+from infra.job.kube_client import KubeClient
 from infra.job.payloads import nccl_allreduce
 from scripts.cli import validate as validate_cluster
 from scripts.cli.support.errors import CliError
 from scripts.cli.validate import (
     GpuCheckReport,
-    Kubectl,
     NodeResources,
     check_gpu_reports,
     check_nccl,
@@ -43,6 +42,7 @@ from scripts.cli.validate import (
     wait_until,
 )
 from tests.cli.conftest import run_cli
+from tests.infra.kube_fake import ClusterApiServer, kubeconfig, serving
 
 REPO = Path(__file__).resolve().parents[2]
 FORBIDDEN_ENV = {"NCCL_SOCKET_IFNAME", "NCCL_PROTO", "NCCL_ALGO", "NCCL_P2P_DISABLE"}
@@ -578,22 +578,11 @@ def test_benchmark_runs_under_torchrun_and_its_output_parses():
     assert all(b >= 0 for b in report.busbw) and report.busbw[-1] > 0
 
 
-# -- orchestration with a scripted kubectl --------------------------------------------------------
+# -- orchestration against the loopback API fake ----------------------------------------------
 
 
-class FakeKubectl:
-    """Answers kubectl argv with canned output, recording every call."""
-
-    def __init__(self, answers: dict[tuple[str, ...], str]) -> None:
-        self.answers = answers
-        self.calls: list[list[str]] = []
-
-    def __call__(self, argv, stdin=None) -> str:
-        self.calls.append(list(argv))
-        for prefix, answer in self.answers.items():
-            if tuple(argv[1 : 1 + len(prefix)]) == prefix:
-                return answer
-        raise RuntimeError(f"unexpected kubectl call {argv}")
+def _check_pod(name: str, job: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "training", "labels": {"job-name": job}}}
 
 
 def test_wait_until_times_out_without_real_sleeping():
@@ -648,48 +637,35 @@ def test_job_state_reads_batch_and_pytorchjob_conditions():
 def test_gpu_check_collects_every_pods_log():
     job = gpu_check_job(P5, image="img:1", run_id="validate-1")
     second = GPU_CHECK_LOG.replace("ip-10-0-64-12", "ip-10-0-64-7")
-    fake = FakeKubectl(
-        {
-            ("-n", "training", "get", "job", "validate-1-gpu-check"): json.dumps(
-                {"status": {"conditions": [{"type": "Complete", "status": "True"}]}}
-            ),
-            ("-n", "training", "get", "pods"): json.dumps(
-                {"items": [{"metadata": {"name": "p-0"}}, {"metadata": {"name": "p-1"}}]}
-            ),
-            ("-n", "training", "logs", "p-0"): GPU_CHECK_LOG,
-            ("-n", "training", "logs", "p-1"): second,
-        }
-    )
-    result = run_gpu_check(Kubectl(runner=fake), job, expected_node_resources(P5), timeout_s=5)
+    done = {"status": {"conditions": [{"type": "Complete", "status": "True"}]}}
+    with serving(ClusterApiServer(namespace="training")) as server:
+        server.objects["/apis/batch/v1/namespaces/training/jobs/validate-1-gpu-check"] = done
+        for name, log in (("p-0", GPU_CHECK_LOG), ("p-1", second)):
+            server.pods[name] = _check_pod(name, "validate-1-gpu-check")
+            server.logs[name] = log.splitlines(keepends=True)
+        client = KubeClient.from_kubeconfig(kubeconfig(server.url))
+        result = run_gpu_check(client, job, expected_node_resources(P5), timeout_s=5)
     assert result.passed, result.problems
-    assert [
-        "kubectl",
-        "-n",
-        "training",
-        "get",
-        "pods",
-        "-l",
-        "job-name=validate-1-gpu-check",
-        "-o",
-        "json",
-    ] in fake.calls
+    listed = [r.query for r in server.requests if r.path.endswith("/pods")]
+    assert listed == [{"labelSelector": "job-name=validate-1-gpu-check"}]
+    logs = [r.path.split("/")[-2] for r in server.requests if r.path.endswith("/log")]
+    assert logs == ["p-0", "p-1"]
 
 
 def test_nccl_check_reads_worker_0_and_fails_a_failed_job():
     job = nccl_job(plan_run(P5), image="img:1", run_id="validate-1")
-    fake = FakeKubectl(
-        {
-            ("-n", "training", "get", "pytorchjob", "validate-1-nccl"): json.dumps(
-                {"status": {"conditions": [{"type": "Failed", "status": "True"}]}}
-            ),
-            ("-n", "training", "logs", "validate-1-nccl-worker-0", "-c", "pytorch"): NCCL_EFA_LOG,
-        }
-    )
-    result, text = run_nccl_check(
-        Kubectl(runner=fake), job, expected_node_resources(P5), timeout_s=5
-    )
+    failed = {"status": {"conditions": [{"type": "Failed", "status": "True"}]}}
+    with serving(ClusterApiServer(namespace="training")) as server:
+        server.objects["/apis/kubeflow.org/v1/namespaces/training/pytorchjobs/validate-1-nccl"] = (
+            failed
+        )
+        server.logs["validate-1-nccl-worker-0"] = NCCL_EFA_LOG.splitlines(keepends=True)
+        client = KubeClient.from_kubeconfig(kubeconfig(server.url))
+        result, text = run_nccl_check(client, job, expected_node_resources(P5), timeout_s=5)
     assert text == NCCL_EFA_LOG
     assert not result.passed and "ended Failed" in result.problems[0]
+    (log,) = [r for r in server.requests if r.path.endswith("/log")]
+    assert log.query == {"container": "pytorch"}
 
 
 def test_image_comes_from_the_flag_then_the_stack_config():

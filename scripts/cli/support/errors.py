@@ -27,6 +27,7 @@ DEPENDENCY_GROUPS = {
     "pulumi_kubernetes": "infra",
     "boto3": "infra",
     "botocore": "infra",
+    "kubernetes": "infra",
     "torch": "trainer",
     "transformers": "trainer",
     "datasets": "trainer",
@@ -72,11 +73,11 @@ def exit_status(error: BaseException) -> int:
     """EXIT_FAILURE for an error `explain` tells that is a failure, else EXIT_MISTAKE."""
     if _is(error, "botocore.exceptions", "NoCredentialsError", "PartialCredentialsError"):
         return EXIT_MISTAKE
-    if _is(error, "infra.job.kube_api", "KubernetesCredentialError"):
+    if _is(error, "infra.job.kube_client", "KubernetesCredentialError"):
         return EXIT_MISTAKE  # no usable credentials, as for AWS
     if (
         _is(error, "botocore.exceptions", "BotoCoreError", "ClientError")
-        or _is(error, "infra.job.kube_api", "KubernetesApiError")
+        or _is(error, "infra.job.kube_client", "KubernetesApiError")
         or _is(error, "infra.job.stop_start", "PodsRemainError")
         or _is(error, "infra.job.start_rule", "JobStartError")
     ):
@@ -100,7 +101,7 @@ def explain(error: BaseException) -> str | None:
         return f"AWS refused: {details.get('Code', '?')}: {details.get('Message', error)}"
     if _is(error, "botocore.exceptions", "BotoCoreError"):
         return f"AWS could not be reached: {error}"
-    if _is(error, "infra.job.kube_api", "KubernetesApiError"):
+    if _is(error, "infra.job.kube_client", "KubernetesApiError"):
         return str(error)
     if _is(error, "infra.job.stop_start", "JobControlError"):
         return str(error)

@@ -12,14 +12,17 @@ import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from scripts.cli.support.errors import CliError
-from scripts.cli.support.kube import Kubectl, write_stack_kubeconfig
+from scripts.cli.support.kube import cluster_client
 from scripts.cli.support.pulumi import stack_outputs
 from scripts.cli.support.stacks import name_of
+
+if TYPE_CHECKING:
+    from infra.job.kube_client import KubeClient
 
 # Output names, first match wins (the program exports the first of each).
 JOB_NAME_KEYS = ("jobName", "job_name")
@@ -59,36 +62,10 @@ class RunTarget:
             )
         return uri
 
-    def kubectl(self, *, namespaced: bool = True) -> Kubectl:
-        """kubectl on the run's cluster: the stack's own kubeconfig, or `--context`."""
-        namespace = self.namespace if namespaced else None
-        if self.context is not None:
-            return Kubectl(context=self.context, namespace=namespace)
-        cluster = self.outputs.get("clusterName")
-        if self.stack_file is None or not isinstance(cluster, str):
-            raise CliError(
-                "no cluster to reach: name a deployed stack (its clusterName output), or pass "
-                "--context CONTEXT to use one of your kubeconfig"
-            )
-        kubeconfig = write_stack_kubeconfig(self.stack_file, cluster)
-        return Kubectl(kubeconfig=str(kubeconfig), namespace=namespace)
-
-    def api(self) -> Any:
-        """The Kubernetes REST client (`infra.job.kube_api`) on the run's cluster: signed as
-        `pulumi up` signs (the stack's own kubeconfig), or as `kubectl --context` would."""
-        from infra.job.kube_api import KubernetesApi
-        from scripts.cli.support.kube import stack_cluster_access, user_context_kubeconfig
-
-        if self.context is not None:
-            return KubernetesApi.from_kubeconfig(user_context_kubeconfig(self.context))
-        cluster = self.outputs.get("clusterName")
-        if self.stack_file is None or not isinstance(cluster, str):
-            raise CliError(
-                "no cluster to reach: name a deployed stack (its clusterName output), or pass "
-                "--context CONTEXT to use one of your kubeconfig"
-            )
-        document, _ = stack_cluster_access(self.stack_file, cluster)
-        return KubernetesApi.from_kubeconfig(document)
+    def client(self) -> KubeClient:
+        """The one cluster client on the run's cluster: signed as `pulumi up` signs (the
+        stack's own kubeconfig), or as `kubectl --context` would."""
+        return cluster_client(self.stack_file, self.outputs.get("clusterName"), self.context)
 
 
 def first(outputs: Mapping[str, Any], keys: Sequence[str]) -> Any:
