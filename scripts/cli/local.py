@@ -346,6 +346,7 @@ def local(
     from scripts.cli.support.local_topology import (
         agent_command,
         describe_topology,
+        metrics_line,
         plan_local_run,
     )
 
@@ -382,6 +383,7 @@ def local(
     say("  torchrun " + shlex.join([*agent_command(plan, plan.agents[0])[3:]]) + "\n")
     if len(plan.agents) > 1:
         say(f"  (and {len(plan.agents) - 1} more agent(s) like it, joining its rendezvous)\n")
+    say(metrics_line(plan) + "\n")
     say(
         f"The first launch stops on purpose at step {plan.fail_at_step} (--fail_at_step), as "
         "a failed node would; the second resumes from its latest checkpoint.\n"
