@@ -11,8 +11,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tests.trainer.torchrun_util import free_port
+from trainer.config import parse_args
 from trainer.telemetry import RunLabels, Telemetry, launch_metrics_dir, start_telemetry
-from trainer.telemetry_names import LABELS, RUN_STATES, TRAINER_METRICS
+from trainer.telemetry_names import DEFAULT_METRICS_PORT, LABELS, RUN_STATES, TRAINER_METRICS
 
 LABELS_RANK0 = {"stack": "llama-p5", "run": "llama-p5-1a2b3c4d", "node": "ip-10-0-1-1", "rank": "0"}
 
@@ -221,3 +222,21 @@ def test_a_port_in_use_is_one_warning_and_the_run_goes_on(
         telemetry.close()
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and f"cannot serve on port {port}" in warnings[0], warnings
+
+
+def test_metrics_off_is_one_warning_and_nothing_served(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        telemetry = start_telemetry(port=0, rank=0, local_rank=0, checkpoint_dir=None)
+    telemetry.step_completed(1)
+    assert telemetry._server is None
+    telemetry.close()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warnings == ["metrics: --metrics_port 0, no Prometheus metrics are served"]
+
+
+def test_a_bad_metrics_port_is_one_line_naming_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse_args(["--metrics_port", "70000"])
+    assert exited.value.code == 2
+    assert "--metrics_port must be in [0, 65535], got 70000" in capsys.readouterr().err
+    assert parse_args([]).logging.metrics_port == DEFAULT_METRICS_PORT
