@@ -33,6 +33,7 @@ A port in use, or no port (`--metrics_port 0`), costs one warning line; training
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -102,6 +103,33 @@ def launch_metrics_dir(env: Mapping[str, str] = os.environ) -> Path:
     if "TORCHELASTIC_RUN_ID" in env:
         return root / f"agent-{os.getppid()}-restart-{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     return root / f"process-{os.getpid()}"
+
+
+def remove_stale_dirs(current: Path) -> list[Path]:
+    """The directories beside `current` no process writes any more: an earlier restart of the
+    same agent, or a launcher or process that has exited (their files would otherwise pile up
+    in /tmp, a few sparse MiB each). Run by the process that serves `current`."""
+    removed = []
+    for sibling in current.parent.glob("*-*"):
+        kind, _, rest = sibling.name.partition("-")
+        owner = rest.partition("-restart-")[0]
+        if sibling == current or kind not in ("agent", "process") or not owner.isdigit():
+            continue
+        earlier_restart = sibling.name.startswith(current.name.partition("-restart-")[0] + "-")
+        if earlier_restart or not _alive(int(owner)):
+            shutil.rmtree(sibling, ignore_errors=True)
+            removed.append(sibling)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive, and not ours to clean
+        return True
+    return True
 
 
 def prepare_process(port: int) -> None:
@@ -301,6 +329,8 @@ def start_telemetry(
         return telemetry
     served = own
     if shared is not None:
+        if shared.parent == launch_metrics_dir().parent:  # ours, not a directory the user set
+            remove_stale_dirs(shared)
         served = CollectorRegistry()
         MultiProcessCollector(served, path=str(shared))
     assert served is not None

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import logging
+import os
 import socket
+import subprocess
+import sys
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,7 +16,13 @@ from prometheus_client import CollectorRegistry
 
 from tests.trainer.torchrun_util import free_port
 from trainer.config import parse_args
-from trainer.telemetry import RunLabels, Telemetry, launch_metrics_dir, start_telemetry
+from trainer.telemetry import (
+    RunLabels,
+    Telemetry,
+    launch_metrics_dir,
+    remove_stale_dirs,
+    start_telemetry,
+)
 from trainer.telemetry_names import DEFAULT_METRICS_PORT, LABELS, RUN_STATES, TRAINER_METRICS
 
 LABELS_RANK0 = {"stack": "llama-p5", "run": "llama-p5-1a2b3c4d", "node": "ip-10-0-1-1", "rank": "0"}
@@ -240,3 +250,18 @@ def test_a_bad_metrics_port_is_one_line_naming_the_flag(capsys: pytest.CaptureFi
     assert exited.value.code == 2
     assert "--metrics_port must be in [0, 65535], got 70000" in capsys.readouterr().err
     assert parse_args([]).logging.metrics_port == DEFAULT_METRICS_PORT
+
+
+def test_the_serving_rank_removes_directories_no_process_writes(tmp_path: Path) -> None:
+    """An earlier restart of this agent, and any launcher that exited, leave files nobody
+    reads; another live launcher's directory (a second run on this machine) stays."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    live = os.getpid()
+    current = tmp_path / f"agent-{live}-restart-2"
+    kept = [current, tmp_path / f"agent-{os.getppid()}-restart-0", tmp_path / "unrelated"]
+    stale = [tmp_path / f"agent-{live}-restart-1", tmp_path / f"process-{dead.pid}"]
+    for directory in kept + stale:
+        directory.mkdir()
+    assert sorted(remove_stale_dirs(current)) == sorted(stale)
+    assert sorted(p for p in tmp_path.iterdir()) == sorted(kept)
