@@ -9,8 +9,9 @@ scaled to this machine: the `tiny` model preset, a small corpus and tokenizer ge
 (no network), a short context, CPU processes with gloo (or this machine's GPUs), a few hundred
 steps. The run is interrupted on purpose half way (`--fail_at_step`, announced, its torchrun
 report collapsed to one line) and started again with the *same* commands, which resume from
-the latest checkpoint, as restarted pods do on the cluster. At the end it prints loss and
-throughput and writes a loss plot (PNG).
+the latest checkpoint, as restarted pods do on the cluster. Each agent serves the trainer's
+Prometheus metrics as a pod does, on a port of its own (one line says where). At the end it
+prints loss and throughput and writes a loss plot (PNG).
 
 Needs only the `local` dependency group (torch, transformers, datasets, matplotlib, pydantic,
 pyyaml): no pulumi, no AWS credentials.
