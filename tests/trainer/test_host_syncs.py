@@ -73,7 +73,8 @@ def test_only_logging_steps_sync(
     # The first log line also gathers every rank's batch fingerprint; the next does not.
     assert [kind for kind, step in syncs if kind == "all_gather_object"] == ["all_gather_object"]
     # Every step reached the metrics, the logging steps' figures too, and the run finished.
-    registry: CollectorRegistry = run.telemetry.metrics.registry
+    registry = run.telemetry.metrics.registry
+    assert isinstance(registry, CollectorRegistry)  # in-process: its own registry
     labels = dict(zip(LABELS, run.telemetry.labels.values(), strict=True))
     assert registry.get_sample_value("fsdp_train_step", labels) == 6
     assert registry.get_sample_value("fsdp_train_loss", labels) is not None
