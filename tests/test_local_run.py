@@ -165,7 +165,32 @@ def test_a_multi_node_fsx_stack_is_rehearsed_as_agents_sharing_one_directory(
             "--max-restarts=0",
             "-m",
         ]
-    assert plan.agents[0].args == plan.agents[1].args
+    assert without_port(plan.agents[0].args) == without_port(plan.agents[1].args)
+
+
+def without_port(args: list[str]) -> list[str]:
+    """An agent's trainer arguments less `--metrics_port`, the one flag that differs."""
+    at = args.index("--metrics_port")
+    return args[:at] + args[at + 2 :]
+
+
+def test_each_agent_serves_the_trainers_metrics_on_its_own_port_and_says_where(
+    tmp_path: Path,
+) -> None:
+    """Pods share a port on different addresses; agents share an address, so each gets a
+    port of its own, and the labels the pod template gives (stack, node) come in env."""
+    plan = _plan(load_stack_file("llama31-8b-p5"), "llama31-8b-p5", tmp_path)
+    ports = [parse_args(agent.args).logging.metrics_port for agent in plan.agents]
+    assert ports == [a.metrics_port for a in plan.agents] == [9450, 9451]
+    envs = [local_topology.agent_env(plan, a, endpoint="127.0.0.1:1") for a in plan.agents]
+    assert [(e["FSDP_EKS_STACK"], e["NODE_NAME"]) for e in envs] == [
+        ("llama31-8b-p5", "local-node-0"),
+        ("llama31-8b-p5", "local-node-1"),
+    ]
+    assert local_topology.metrics_line(plan) == (
+        "Trainer metrics (Prometheus, every rank of a node on its port): "
+        "http://127.0.0.1:9450/metrics (node 0), http://127.0.0.1:9451/metrics (node 1)"
+    )
 
 
 def test_agents_join_through_the_rendezvous_the_job_renders(tmp_path: Path) -> None:
@@ -179,8 +204,10 @@ def test_agents_join_through_the_rendezvous_the_job_renders(tmp_path: Path) -> N
     conf = ",".join(f"{c['key']}={c['value']}" for c in policy["rdzvConf"])
     assert "join_timeout=" in conf
     envs = [local_topology.agent_env(plan, a, endpoint="127.0.0.1:29400") for a in plan.agents]
-    for env, is_host in zip(envs, ("1", "0"), strict=True):
+    for index, (env, is_host) in enumerate(zip(envs, ("1", "0"), strict=True)):
         assert env == {
+            "FSDP_EKS_STACK": "llama31-8b-p5",  # the metrics' labels (trainer.telemetry)
+            "NODE_NAME": f"local-node-{index}",
             "PET_RDZV_ENDPOINT": "127.0.0.1:29400",
             "PET_RDZV_BACKEND": policy["rdzvBackend"],
             "PET_RDZV_ID": policy["rdzvId"],
@@ -225,7 +252,7 @@ def test_a_stack_without_fsx_is_rehearsed_with_one_directory_playing_its_s3_pref
     two_nodes = one.model_copy(update={"gpu_nodes": one.gpu_nodes.model_copy(update={"count": 2})})
     two = _plan(two_nodes, "dev2", tmp_path)
     assert [a.volume_dir for a in two.agents] == [tmp_path / "dev2" / "shared"] * 2
-    assert two.agents[0].args == two.agents[1].args  # one --checkpoint_dir for both
+    assert without_port(two.agents[0].args) == without_port(two.agents[1].args)  # one dir
 
 
 def test_the_rehearsal_runs_the_plans_checks_before_anything_starts(tmp_path: Path) -> None:

@@ -14,6 +14,10 @@ CHECKPOINT_ERROR_EXIT_CODE = 1
 
 def main(argv: Sequence[str] | None = None) -> int:
     cfg = parse_args(sys.argv[1:] if argv is None else argv)
+    # Before prometheus_client is imported: the local ranks share one metrics directory.
+    from trainer.telemetry import prepare_process
+
+    prepare_process(cfg.logging.metrics_port)
     # Imported after parsing so that `--help` and flag errors answer without loading torch.
     from trainer.checkpoint import CheckpointError
     from trainer.data import DataConfigError

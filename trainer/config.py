@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from trainer.presets import PRESETS, ModelShape, get_preset
+from trainer.telemetry_names import DEFAULT_METRICS_PORT
 
 # The FSDP sample's names for model families (`--model_type`), mapped to the preset that
 # stands for them when no --model is given.
@@ -405,8 +406,15 @@ class LoggingConfig:
     progress_bar: bool | None = _flag(
         None, "tqdm progress bar; default: on when stderr is a terminal."
     )
+    metrics_port: int = _flag(
+        DEFAULT_METRICS_PORT,
+        "Serve Prometheus metrics for every rank of this node on this port, from local rank 0 "
+        "(trainer/telemetry.py); 0: none. A port in use is a warning, not an error.",
+    )
 
     def __post_init__(self) -> None:
+        if not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"--metrics_port must be in [0, 65535], got {self.metrics_port}")
         _require_positive(self, "logging_freq")
         _require_positive(self, "digest_freq")
         _require_positive(self, "validation_batches")

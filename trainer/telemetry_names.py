@@ -17,6 +17,18 @@ LABELS: tuple[str, ...] = ("stack", "run", "node", "rank")
 """Every series carries these: the stack (experiment), the run id (its checkpoint directory's
 name), the Kubernetes node the pod runs on, and the global rank of the process."""
 
+DEFAULT_METRICS_PORT = 9450
+"""The port each pod's local rank 0 serves `/metrics` on (`--metrics_port`; 0 turns it off).
+Clear of the exporters a GPU node already runs (node_exporter 9100, DCGM exporter 9400)."""
+METRICS_PORT_NAME = "metrics"
+"""The trainer container's named port (infra/job/manifest.py): what a scrape config selects."""
+STACK_ENV = "FSDP_EKS_STACK"
+"""The pod's environment variable that holds the `stack` label (the job's name)."""
+NODE_ENV = "NODE_NAME"
+"""The `node` label: the pod template sets it from `spec.nodeName` (downward API)."""
+RUN_ENV = "FSDP_EKS_RUN_ID"
+"""Overrides the `run` label, which is otherwise the name of `--checkpoint_dir` (the run id)."""
+
 RUN_STATES: tuple[str, ...] = (
     "starting",
     "training",
@@ -26,7 +38,13 @@ RUN_STATES: tuple[str, ...] = (
     "finished",
     "failed",
 )
-"""The values of `fsdp_run_state`'s `state` label (a prometheus_client Enum)."""
+"""The values of `fsdp_run_state`'s `state` label: one gauge per state, 1 for the current one.
+
+Served as a labelled gauge, not prometheus_client's `Enum`: an Enum names its label after the
+metric (`fsdp_run_state="training"`), and it does not work in multiprocess mode
+(prometheus_client 0.26 `metrics.py` `Enum`), which serves the ranks of a pod (trainer.telemetry).
+The text exposition is the same as an Enum's: a gauge sample per state."""
+STATE_LABEL = "state"
 
 
 @dataclass(frozen=True)
@@ -34,10 +52,13 @@ class MetricName:
     name: str
     kind: Literal["gauge", "counter", "enum"]
     help: str
+    per_rank: bool = False
+    """Served by every rank (what each rank measures itself); otherwise by global rank 0 only
+    (figures of the whole run: one series per run, not one per GPU)."""
 
 
 TRAINER_METRICS: tuple[MetricName, ...] = (
-    MetricName("fsdp_train_step", "gauge", "Last completed optimizer step."),
+    MetricName("fsdp_train_step", "gauge", "Last completed optimizer step.", per_rank=True),
     MetricName("fsdp_train_max_steps", "gauge", "Optimizer steps the run trains to."),
     MetricName("fsdp_train_loss", "gauge", "Mean training loss over ranks at the last log."),
     MetricName(
@@ -47,12 +68,16 @@ TRAINER_METRICS: tuple[MetricName, ...] = (
         "fsdp_train_mfu_ratio", "gauge", "Model FLOPs utilisation, 0..1 (last log; GPU only)."
     ),
     MetricName(
-        "fsdp_train_step_duration_seconds", "gauge", "Mean wall time of a step since the last log."
+        "fsdp_train_step_duration_seconds",
+        "gauge",
+        "Mean wall time of a step since the last log.",
+        per_rank=True,
     ),
     MetricName(
         "fsdp_train_data_wait_seconds",
         "gauge",
         "Mean time a step waited for its batches since the last log.",
+        per_rank=True,
     ),
     MetricName("fsdp_train_grad_norm", "gauge", "Global gradient norm at the last log."),
     MetricName("fsdp_train_learning_rate", "gauge", "Learning rate at the last log."),
@@ -60,6 +85,7 @@ TRAINER_METRICS: tuple[MetricName, ...] = (
         "fsdp_train_last_step_timestamp_seconds",
         "gauge",
         "Unix time the last step completed: its age is how long nothing trained.",
+        per_rank=True,
     ),
     MetricName(
         "fsdp_train_skipped_steps_total", "counter", "Updates skipped for a non-finite gradient."
@@ -88,7 +114,9 @@ TRAINER_METRICS: tuple[MetricName, ...] = (
         "gauge",
         "Share of wall time since the first start not lost to restarts, 0..1.",
     ),
-    MetricName("fsdp_run_state", "enum", "What the run is doing (one state label is 1)."),
+    MetricName(
+        "fsdp_run_state", "enum", "What the run is doing (one state label is 1).", per_rank=True
+    ),
 )
 
 

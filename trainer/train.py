@@ -50,6 +50,7 @@ from trainer.float8 import (
 from trainer.log import get_logger, setup_logging
 from trainer.loss import install_chunked_loss
 from trainer.metrics import (
+    MultiSink,
     StepTimer,
     ThroughputModel,
     build_sinks,
@@ -71,6 +72,7 @@ from trainer.parallelize import (
 from trainer.preemption import StopRequests, control_group
 from trainer.preflight import Expectations, run_preflight
 from trainer.restarts import account_start, read_records
+from trainer.telemetry import start_telemetry
 from trainer.watchdog import HangWatchdog
 
 logger = get_logger("train")
@@ -154,6 +156,13 @@ class Trainer:
         if not self.dist.is_main:
             quiet_libraries()
         self.device = self.dist.device
+        # Prometheus metrics from here on, so a long setup shows as `starting`.
+        self.telemetry = start_telemetry(
+            port=cfg.logging.metrics_port,
+            rank=self.dist.rank,
+            local_rank=self.dist.local_rank,
+            checkpoint_dir=cfg.checkpoint.checkpoint_dir,
+        )
         # Tests' injected faults (none in a real run), called at fixed points of the loop.
         self.faults = FaultInjector(
             cfg.faults, rank=self.dist.rank, world_size=self.dist.world_size
@@ -316,11 +325,12 @@ class Trainer:
         # What this start cost (read before this start appends to the file).
         earlier = read_records(metrics_local) if self.dist.is_main else []
         self.start = account_start(earlier, resumed_step=self.step, now=time.time())
-        self.sinks = build_sinks(
+        files = build_sinks(
             is_main=self.dist.is_main,
             metrics_file=metrics_local,
             tensorboard_dir=tensorboard_local,
         )
+        self.sinks = MultiSink([files, self.telemetry])  # every rank's records feed its metrics
         accumulation = cfg.optim.gradient_accumulation_steps
         self.throughput = ThroughputModel(
             samples_per_step=cfg.data.train_batch_size * accumulation * self.dist.world_size,
@@ -449,12 +459,14 @@ class Trainer:
         """Run from the current step to exactly `--max_steps`, then save and export."""
         cfg = self.cfg
         timer = StepTimer(start_step=self.step, max_steps=cfg.optim.max_steps)
+        self.telemetry.set_state("training")
         with self._progress_bar() as progress:
             while self.step < cfg.optim.max_steps:
                 self.stops.begin_step()
                 result = self.train_step()
                 self.step += 1
                 step = self.step
+                self.telemetry.step_completed(step)
                 reason: str | None = None
                 if step % cfg.logging.logging_freq == 0 or step == cfg.optim.max_steps:
                     mean_loss = self._log_train(step, result, timer)
@@ -494,6 +506,7 @@ class Trainer:
             self.export(Path(self.export_dir))
         if self.dist.is_main:
             self.outputs.sync()
+        self.telemetry.set_state("finished")
 
     def _on_hang(self, reason: str) -> None:
         """On the watchdog's thread: let a save in flight land, record the hang, exit."""
@@ -518,6 +531,7 @@ class Trainer:
         Those batches (the ones an earlier rollback to the same checkpoint skipped included)
         are the likely cause, so each rollback to one checkpoint skips more than the one
         before, and a bad patch of data just beyond the first window is not met again."""
+        self.telemetry.set_state("rolling_back")
         if self.checkpoints is not None:
             self.checkpoints.wait()  # a save in flight is the newest good state
         latest = self.checkpoints.latest() if self.checkpoints is not None else None
@@ -551,10 +565,12 @@ class Trainer:
             self.step,
             window,
         )
+        self.telemetry.set_state("training")
 
     def _stop(self, step: int) -> None:
         """Every rank agreed to stop after `step`: save it (unless just saved), record, raise."""
         stop = self.stops.stop(step)
+        self.telemetry.set_state("stopping")
         saved = self.checkpoints is not None
         self._save_last(step)
         self._record_saves()
@@ -573,7 +589,9 @@ class Trainer:
         for micro in range(accumulation):
             if self.defer_all_reduce and accumulation > 1:
                 self.fsdp.set_requires_all_reduce(micro == accumulation - 1)
+            waiting = time.perf_counter()
             batch = next(self._train_batches())
+            self.telemetry.data_waited(time.perf_counter() - waiting)
             self.batches_read += 1
             if micro == 0:
                 digest = batch_digest(batch["input_ids"])
@@ -743,6 +761,7 @@ class Trainer:
             "step": step,
             "batches_read": self.batches_read,
         }
+        resume_state = self.telemetry.set_state("checkpointing")
         try:
             self.checkpoints.save(
                 step,
@@ -755,6 +774,7 @@ class Trainer:
             )
         finally:  # the save before it, failed or not, is in the metrics before any exit
             self._record_saves()
+            self.telemetry.set_state(resume_state)
         self._last_saved_step = step
         if self.dist.is_main:
             self.outputs.sync()

@@ -22,6 +22,7 @@ from infra.job.flags import (
 )
 from infra.job.job_api import PYTORCHJOB
 from infra.job.placement import EFA_RESOURCE, GPU_RESOURCE, gpu_placement
+from trainer.telemetry_names import DEFAULT_METRICS_PORT, METRICS_PORT_NAME, STACK_ENV
 
 if TYPE_CHECKING:
     from infra.config import StackConfig
@@ -54,6 +55,19 @@ created."""
 TRITON_CACHE_DIR = "/tmp/triton_cache"
 RENDEZVOUS_PORT_NAME = "pytorchjob-port"  # the operator reads the rendezvous port by this name
 RENDEZVOUS_PORT = 23456  # the operator's default for that port
+
+
+def container_ports(config: StackConfig) -> list[dict[str, Any]]:
+    """The rendezvous port, and the one local rank 0 serves the trainer's metrics on
+    (trainer/telemetry.py; `--metrics_port`, unrendered, so its default unless extraArgs
+    sets it), named so that a scrape selects it by name."""
+    ports: list[dict[str, Any]] = [{"name": RENDEZVOUS_PORT_NAME, "containerPort": RENDEZVOUS_PORT}]
+    metrics_port = int(config.training.extra_args.get("metrics_port", DEFAULT_METRICS_PORT))
+    if metrics_port:
+        ports.append({"name": METRICS_PORT_NAME, "containerPort": metrics_port})
+    return ports
+
+
 TRAINER_USER_ID = 10001
 """uid:gid the trainer runs as: the project's image's `USER` (docker/Dockerfile), and set in the
 pod's securityContext so an `image.uri` base that runs as root (NGC, DLC) runs the job as this
@@ -377,12 +391,14 @@ def render_job(
         "env": [
             *container_env(plan, hf_secret_name=hf_secret_name, run_dir=paths.local_dump_dir),
             *s3_env(bucket),
-            # The node a preflight failure names (Kubernetes downward API).
+            # The node a preflight failure names (Kubernetes downward API), and the metrics'
+            # `node` label; `stack` is the job's name (trainer.telemetry).
             {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+            {"name": STACK_ENV, "value": job.name},
         ],
         "resources": container_resources(size),
         "volumeMounts": trainer_mounts,
-        "ports": [{"name": RENDEZVOUS_PORT_NAME, "containerPort": RENDEZVOUS_PORT}],
+        "ports": container_ports(config),
         "securityContext": trainer_security_context(),
     }
     pod_spec: dict[str, Any] = {

@@ -9,8 +9,9 @@ scaled to this machine: the `tiny` model preset, a small corpus and tokenizer ge
 (no network), a short context, CPU processes with gloo (or this machine's GPUs), a few hundred
 steps. The run is interrupted on purpose half way (`--fail_at_step`, announced, its torchrun
 report collapsed to one line) and started again with the *same* commands, which resume from
-the latest checkpoint, as restarted pods do on the cluster. At the end it prints loss and
-throughput and writes a loss plot (PNG).
+the latest checkpoint, as restarted pods do on the cluster. Each agent serves the trainer's
+Prometheus metrics as a pod does, on a port of its own (one line says where). At the end it
+prints loss and throughput and writes a loss plot (PNG).
 
 Needs only the `local` dependency group (torch, transformers, datasets, matplotlib, pydantic,
 pyyaml): no pulumi, no AWS credentials.
@@ -346,6 +347,7 @@ def local(
     from scripts.cli.support.local_topology import (
         agent_command,
         describe_topology,
+        metrics_line,
         plan_local_run,
     )
 
@@ -382,6 +384,7 @@ def local(
     say("  torchrun " + shlex.join([*agent_command(plan, plan.agents[0])[3:]]) + "\n")
     if len(plan.agents) > 1:
         say(f"  (and {len(plan.agents) - 1} more agent(s) like it, joining its rendezvous)\n")
+    say(metrics_line(plan) + "\n")
     say(
         f"The first launch stops on purpose at step {plan.fail_at_step} (--fail_at_step), as "
         "a failed node would; the second resumes from its latest checkpoint.\n"

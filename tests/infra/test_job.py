@@ -150,7 +150,10 @@ def test_workers_find_each_other_through_c10d_rendezvous(crd_schema: dict[str, A
             {"key": "read_timeout", "value": "3600"},
         ],
     }
-    assert container(manifest)["ports"] == [{"name": "pytorchjob-port", "containerPort": 23456}]
+    assert container(manifest)["ports"] == [
+        {"name": "pytorchjob-port", "containerPort": 23456},
+        {"name": "metrics", "containerPort": 9450},  # the trainer's Prometheus metrics
+    ]
 
 
 def test_run_policy_and_no_wait_annotation() -> None:
@@ -384,3 +387,29 @@ def test_each_pod_checks_it_got_the_planned_node_before_step_1() -> None:
     manifest = render_job(plan_run(no_efa), image=IMAGE, pvc_name="fsx-claim").as_dict()
     assert parse_args(container(manifest)["args"][4:]).safety.expect_efa_devices == 0
     assert "NCCL_NET" not in {e["name"] for e in container(manifest)["env"]}
+
+
+def test_the_pod_declares_the_metrics_port_the_trainer_serves_and_its_labels() -> None:
+    """The named port is the one `--metrics_port` serves on (its default, as the flag is not
+    rendered, or what extraArgs sets); the env gives the `stack` and `node` labels, and the
+    run directory's name the `run` label (trainer.telemetry.RunLabels)."""
+    from trainer.telemetry import RunLabels
+
+    manifest = render_job(plan_run(make_config()), image=IMAGE, pvc_name="fsx-claim").as_dict()
+    served = parse_args(container(manifest)["args"][4:])
+    ports = {p["name"]: p["containerPort"] for p in container(manifest)["ports"]}
+    assert ports["metrics"] == served.logging.metrics_port
+    env = {e["name"]: e.get("value") for e in container(manifest)["env"]}
+    pod_env = {"FSDP_EKS_STACK": env["FSDP_EKS_STACK"], "NODE_NAME": "ip-10-0-1-1"}
+    labels = RunLabels.of_process(
+        rank=3, checkpoint_dir=served.checkpoint.checkpoint_dir, env=pod_env
+    )
+    assert labels.values() == ("exp", manifest["metadata"]["labels"]["fsdp-eks/run-id"],
+                               "ip-10-0-1-1", "3")  # fmt: skip
+
+    moved = make_config(training={"extraArgs": {"metrics_port": 9500}})
+    manifest = render_job(plan_run(moved), image=IMAGE, pvc_name="fsx-claim").as_dict()
+    assert {"name": "metrics", "containerPort": 9500} in container(manifest)["ports"]
+    off = make_config(training={"extraArgs": {"metrics_port": 0}})
+    manifest = render_job(plan_run(off), image=IMAGE, pvc_name="fsx-claim").as_dict()
+    assert [p["name"] for p in container(manifest)["ports"]] == ["pytorchjob-port"]

@@ -4,7 +4,8 @@ The trainer runs in this process (a one-rank group) with fused AdamW, the GPU de
 (`trainer.optim`: fused when the parameters are on CUDA; CPU has the same kernel). Every
 `Tensor.item()`, `Tensor.tolist()` and `all_gather_object` is recorded with the step it
 happened in; only the CPU-side stop flag (`trainer.preemption`, a CPU tensor by design) is
-not a device sync and is left out.
+not a device sync and is left out. The run serves its Prometheus metrics (trainer.telemetry)
+while it is counted: each step still updates them, and the count is the same.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from prometheus_client import CollectorRegistry
 
 import trainer.optim
 import trainer.train
-from tests.trainer.torchrun_util import tiny_args
+from tests.trainer.torchrun_util import free_port, tiny_args
 from trainer.config import parse_args
+from trainer.telemetry_names import LABELS
 from trainer.tiny_assets import TinyAssets
 from trainer.train import Trainer
 
@@ -34,9 +37,11 @@ def test_only_logging_steps_sync(
         logging_freq=3,
         digest_freq=100,
         metrics_file=tmp_path / "metrics.jsonl",
+        metrics_port=free_port(),
     )
     run = Trainer(parse_args(args))
     assert run.optimizer.defaults["fused"]
+    assert run.telemetry._server is not None  # served while counted
     syncs: list[tuple[str, int]] = []
     item, tolist, gather = torch.Tensor.item, torch.Tensor.tolist, dist.all_gather_object
 
@@ -67,6 +72,13 @@ def test_only_logging_steps_sync(
     assert {step for _, step in syncs} <= {3, 6}, syncs
     # The first log line also gathers every rank's batch fingerprint; the next does not.
     assert [kind for kind, step in syncs if kind == "all_gather_object"] == ["all_gather_object"]
+    # Every step reached the metrics, the logging steps' figures too, and the run finished.
+    registry = run.telemetry.metrics.registry
+    assert isinstance(registry, CollectorRegistry)  # in-process: its own registry
+    labels = dict(zip(LABELS, run.telemetry.labels.values(), strict=True))
+    assert registry.get_sample_value("fsdp_train_step", labels) == 6
+    assert registry.get_sample_value("fsdp_train_loss", labels) is not None
+    assert registry.get_sample_value("fsdp_run_state", {**labels, "state": "finished"}) == 1
 
 
 def test_by_default_nine_steps_in_ten_make_no_sync() -> None:

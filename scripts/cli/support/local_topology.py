@@ -21,6 +21,7 @@ from infra.estimates.run_plan import RunPlan
 from infra.job.flags import RunPaths, run_paths, torchrun_command, trainer_flags
 from infra.job.manifest import elastic_policy
 from trainer.config import format_args, parse_args
+from trainer.telemetry_names import DEFAULT_METRICS_PORT, NODE_ENV, STACK_ENV
 
 MAX_LOCAL_NODES = 2
 """Agents (nodes) a rehearsal runs at most: two already show every cross-node effect (a
@@ -72,9 +73,12 @@ class LocalAgent:
     run_dir: Path
     """The run's checkpoint directory inside `volume_dir`, at the path the job uses."""
     args: list[str]
-    """Arguments after `-m trainer`; only the run's paths differ between agents."""
+    """Arguments after `-m trainer`; only the run's paths and the metrics port differ."""
     visible_devices: str | None = None
     """CUDA_VISIBLE_DEVICES: this agent's share of the local GPUs (None on CPU)."""
+    metrics_port: int = 0
+    """Where its local rank 0 serves the trainer's metrics: each pod's port on the cluster,
+    one port per agent here, where every agent shares one address (0: metrics off)."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,8 @@ class LocalPlan:
     """The stack's cluster command and the scaled topology this machine runs instead."""
 
     stack_name: str
+    job_name: str
+    """The job's name: the metrics' `stack` label, as on the cluster."""
     cluster_command: list[str]
     cluster_nodes: int
     shared_storage: bool
@@ -208,18 +214,26 @@ def plan_local_run(
         "hsdp_shard_size": (per_agent if run.parallelism.sharding_strategy == "hybrid" else None),
     }
     agents = []
+    base_port = int(config.training.extra_args.get("metrics_port", DEFAULT_METRICS_PORT))
     for index, volume in enumerate(volume_dirs(run_root, agents=agent_count)):
         run_dir = local_run_dir(volume, paths)
+        metrics_port = base_port + index if base_port else 0
         args = format_args(
-            {**flags, "checkpoint_dir": str(run_dir), "resume_from_checkpoint": str(run_dir)}
+            {
+                **flags,
+                "checkpoint_dir": str(run_dir),
+                "resume_from_checkpoint": str(run_dir),
+                "metrics_port": metrics_port,
+            }
         )
         parse_args(args)  # the scaled command must still be one the trainer accepts
         devices = None
         if device == "cuda":
             devices = ",".join(str(index * per_agent + i) for i in range(per_agent))
-        agents.append(LocalAgent(index, per_agent, volume, run_dir, args, devices))
+        agents.append(LocalAgent(index, per_agent, volume, run_dir, args, devices, metrics_port))
     return LocalPlan(
         stack_name=stack_name,
+        job_name=config.job.name,
         cluster_command=cluster_command,
         cluster_nodes=config.gpu_nodes.count,
         shared_storage=paths.shared,
@@ -274,7 +288,19 @@ def agent_env(plan: LocalPlan, agent: LocalAgent, *, endpoint: str) -> dict[str,
     env["PET_RDZV_CONF"] = ",".join(filter(None, [env.get("PET_RDZV_CONF"), is_host]))
     if agent.visible_devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = agent.visible_devices
+    # The metrics' labels, as the pod template sets them (infra/job/manifest.py).
+    env[STACK_ENV] = plan.job_name
+    env[NODE_ENV] = f"local-node-{agent.index}"
     return env
+
+
+def metrics_line(plan: LocalPlan) -> str:
+    """Where the rehearsal serves the trainer's Prometheus metrics, in one line."""
+    served = [a for a in plan.agents if a.metrics_port]
+    if not served:
+        return "Trainer metrics: off (--metrics_port 0)"
+    where = ", ".join(f"http://127.0.0.1:{a.metrics_port}/metrics (node {a.index})" for a in served)
+    return f"Trainer metrics (Prometheus, every rank of a node on its port): {where}"
 
 
 def agent_command(plan: LocalPlan, agent: LocalAgent) -> list[str]:
