@@ -266,32 +266,36 @@ def run_rules(t: AlertThresholds) -> list[dict[str, Any]]:
 def node_rules(t: AlertThresholds) -> list[dict[str, Any]]:
     """Rules on the GPU and EFA exporters' series: hardware errors and idle GPU nodes."""
     gpu = f"{s.GPU_NODE_LABEL}, gpu"
-    efa_errors = " or ".join(f"rate({name}[10m])" for name in s.EFA_ERRORS)
+    # Filtered before the union: rate() drops the names, so an `or` of unfiltered rates would
+    # keep only the first counter of each node.
+    efa_errors = " or ".join(
+        f"sum by ({s.EFA_NODE_LABEL}) (rate({name}[10m])) > 0" for name in s.EFA_ERRORS
+    )
     rules = [
         _rule(
             "FsdpGpuXidError",
-            f"max by ({gpu}) ({s.GPU_LAST_XID}) > 0",
+            f"max by ({gpu}, xid) ({s.GPU_XID_COUNT}) > 0",
             severity="critical",
             summary=(
                 f"GPU {{{{ $labels.gpu }}}} on {{{{ $labels.{s.GPU_NODE_LABEL} }}}} reported "
-                "XID {{ $value }}"
+                "XID {{ $labels.xid }}"
             ),
             action="NVIDIA's XID catalogue; 48/63/64/79/94/95: cordon the node and replace it",
         ),
         _rule(
             "FsdpGpuUnhealthy",
-            f"max by ({gpu}) ({s.GPU_ROW_REMAP_FAILURE}) > 0"
-            f" or max by ({gpu}) (increase({s.GPU_UNCORRECTABLE_REMAPPED_ROWS}[30m])) > 0",
+            f"max by ({gpu}) ({s.GPU_HEALTH}) != 0"
+            f" or max by ({gpu}) ({s.GPU_ROW_REMAP_FAILURE}) > 0",
             severity="critical",
             summary=(
-                f"GPU {{{{ $labels.gpu }}}} on {{{{ $labels.{s.GPU_NODE_LABEL} }}}}: "
-                "uncorrectable memory errors (row remapping)"
+                f"GPU {{{{ $labels.gpu }}}} on {{{{ $labels.{s.GPU_NODE_LABEL} }}}} failed "
+                "DCGM's health watches (or could not remap a failing memory row)"
             ),
             action="cordon the node; a GPU reset or a new node is needed before training on it",
         ),
         _rule(
             "FsdpEfaErrorsRising",
-            f"sum by ({s.EFA_NODE_LABEL}) ({efa_errors}) > 0",
+            efa_errors,
             severity="warning",
             wait="10m",
             summary=f"EFA errors rising on {{{{ $labels.{s.EFA_NODE_LABEL} }}}}",

@@ -8,6 +8,7 @@ serve.
 
 from __future__ import annotations
 
+from infra.facts.exporter_metrics import efa_metric_name, metric_names
 from trainer.telemetry_names import trainer_metric_names
 
 # --- the trainer (trainer/telemetry_names.py) ---------------------------------------------
@@ -36,7 +37,7 @@ TRAINER_SERIES = (
 )  # fmt: skip
 assert set(TRAINER_SERIES) <= trainer_metric_names(), set(TRAINER_SERIES) - trainer_metric_names()
 
-# --- NVIDIA DCGM exporter (NVIDIA/dcgm-exporter etc/default-counters.csv) ------------------
+# --- NVIDIA DCGM exporter (infra/facts/exporter_metrics.py DCGM_COUNTERS) ----------------
 GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
 """Percent, 0..100."""
 GPU_MEMORY_USED_MIB = "DCGM_FI_DEV_FB_USED"
@@ -44,30 +45,44 @@ GPU_MEMORY_FREE_MIB = "DCGM_FI_DEV_FB_FREE"
 GPU_POWER_WATTS = "DCGM_FI_DEV_POWER_USAGE"
 GPU_TEMPERATURE_C = "DCGM_FI_DEV_GPU_TEMP"
 GPU_LAST_XID = "DCGM_FI_DEV_XID_ERRORS"
-"""The last XID error's code: non-zero once a GPU has reported one."""
+"""The last XID error's code: non-zero once a GPU has reported one since its driver loaded."""
+GPU_XID_COUNT = "DCGM_EXP_XID_ERRORS_COUNT"
+"""XIDs reported in the exporter's last window, one series per `xid` code."""
+GPU_HEALTH = "DCGM_EXP_GPU_HEALTH_STATUS"
+"""DCGM's health watches per GPU: 0 is healthy."""
 GPU_ROW_REMAP_FAILURE = "DCGM_FI_DEV_ROW_REMAP_FAILURE"
 """1 when the GPU could not remap a failing memory row: the GPU must be replaced."""
-GPU_UNCORRECTABLE_REMAPPED_ROWS = "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"
 GPU_NODE_LABEL = "Hostname"
 """The node a DCGM series describes."""
 
-# --- EFA counters per device (node_exporter's infiniband collector) -----------------------
-EFA_RX_BYTES = "node_infiniband_port_data_received_bytes_total"
-EFA_TX_BYTES = "node_infiniband_port_data_transmitted_bytes_total"
-EFA_ERRORS: tuple[str, ...] = (
-    "node_infiniband_port_errors_received_total",
-    "node_infiniband_port_transmit_discards_total",
+# --- EFA counters per device (exporter_metrics.EFA_METRICS, `device` and `port` labels) ----
+EFA_RX_BYTES = efa_metric_name("rx_bytes")
+EFA_TX_BYTES = efa_metric_name("tx_bytes")
+EFA_RETRANSMITTED_BYTES = efa_metric_name("retrans_bytes")
+EFA_ERRORS: tuple[str, ...] = tuple(
+    efa_metric_name(counter)
+    for counter in (
+        "rdma_read_wr_err",
+        "rdma_write_wr_err",
+        "retrans_timeout_events",
+        "unresponsive_remote_events",
+        "impaired_remote_conn_events",
+    )
 )
+"""Counters that only move when something is wrong (drops and retransmits are shown, not
+alerted on: a busy fabric has some)."""
 EFA_NODE_LABEL = "instance"
-"""The node an EFA series describes."""
+"""The node an EFA series describes: node_exporter's scrape target (one per node)."""
 
 NODE_SERIES = (
     GPU_UTIL, GPU_MEMORY_USED_MIB, GPU_MEMORY_FREE_MIB, GPU_POWER_WATTS, GPU_TEMPERATURE_C,
-    GPU_LAST_XID, GPU_ROW_REMAP_FAILURE, GPU_UNCORRECTABLE_REMAPPED_ROWS, EFA_RX_BYTES,
-    EFA_TX_BYTES, *EFA_ERRORS,
+    GPU_LAST_XID, GPU_XID_COUNT, GPU_HEALTH, GPU_ROW_REMAP_FAILURE, EFA_RX_BYTES, EFA_TX_BYTES,
+    EFA_RETRANSMITTED_BYTES, *EFA_ERRORS,
 )  # fmt: skip
+_EMITTED = metric_names("dcgm") | metric_names("efa")
+assert set(NODE_SERIES) <= _EMITTED, set(NODE_SERIES) - _EMITTED
 
 
 def exported_names() -> frozenset[str]:
-    """Every series name the exporters serve that rules and panels may name."""
-    return trainer_metric_names() | frozenset(NODE_SERIES)
+    """Every series name the trainer and the node exporters serve: all a query may name."""
+    return trainer_metric_names() | _EMITTED

@@ -91,12 +91,21 @@ def healthy(minutes: int) -> list[dict[str, str]]:
         trainer("fsdp_train_rollbacks_total", f"0x{n}"),
         trainer("fsdp_checkpoint_failures_total", f"0x{n}"),
         node("DCGM_FI_DEV_GPU_UTIL", f"97x{n}", Hostname="n1", gpu="0"),
-        node("DCGM_FI_DEV_XID_ERRORS", f"0x{n}", Hostname="n1", gpu="0"),
+        node("DCGM_EXP_XID_ERRORS_COUNT", f"0x{n}", Hostname="n1", gpu="0", xid="13"),
+        node("DCGM_EXP_GPU_HEALTH_STATUS", f"0x{n}", Hostname="n1", gpu="0"),
         node("DCGM_FI_DEV_ROW_REMAP_FAILURE", f"0x{n}", Hostname="n1", gpu="0"),
-        node("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", f"0x{n}", Hostname="n1", gpu="0"),
-        node("node_infiniband_port_data_received_bytes_total", f"0+1e9x{n}", instance="n1"),
-        node("node_infiniband_port_errors_received_total", f"0x{n}", instance="n1"),
-        node("node_infiniband_port_transmit_discards_total", f"0x{n}", instance="n1"),
+        *(
+            node(f"efa_{counter}_total", f"0x{n}", instance="n1", device="efa_0", port="1")
+            for counter in (
+                "rdma_read_wr_err",
+                "rdma_write_wr_err",
+                "retrans_timeout_events",
+                "unresponsive_remote_events",
+                "impaired_remote_conn_events",
+            )
+        ),
+        node("efa_rx_bytes_total", f"0+1e9x{n}", instance="n1", device="efa_0", port="1"),
+        node("efa_retrans_bytes_total", f"0+1e3x{n}", instance="n1", device="efa_0", port="1"),
     ]
 
 
@@ -233,12 +242,23 @@ SCENARIOS: list[tuple[str, Any, str, str | None, dict[str, str], str | None]] = 
     (
         "a GPU reports XID 79",
         lambda t: replaced(
-            healthy(20), node("DCGM_FI_DEV_XID_ERRORS", "0x10 79x10", Hostname="n1", gpu="0")
+            healthy(20),
+            node("DCGM_EXP_XID_ERRORS_COUNT", "0x10 1x10", Hostname="n1", gpu="0", xid="79"),
         ),
         "15m",
         "FsdpGpuXidError",
+        {"Hostname": "n1", "gpu": "0", "xid": "79", "severity": "critical"},
+        None,
+    ),
+    (
+        "DCGM's health watches report a failure",
+        lambda t: replaced(
+            healthy(20), node("DCGM_EXP_GPU_HEALTH_STATUS", "0x10 2x10", Hostname="n1", gpu="0")
+        ),
+        "15m",
+        "FsdpGpuUnhealthy",
         {"Hostname": "n1", "gpu": "0", "severity": "critical"},
-        "79",
+        None,
     ),
     (
         "a GPU fails to remap a row",
@@ -252,10 +272,16 @@ SCENARIOS: list[tuple[str, Any, str, str | None, dict[str, str], str | None]] = 
         None,
     ),
     (
-        "EFA receive errors keep rising",
+        "EFA retransmit timeouts keep rising",
         lambda t: replaced(
             healthy(30),
-            node("node_infiniband_port_errors_received_total", "0+5x30", instance="n1"),
+            node(
+                "efa_retrans_timeout_events_total",
+                "0+5x30",
+                instance="n1",
+                device="efa_0",
+                port="1",
+            ),
         ),
         "25m",
         "FsdpEfaErrorsRising",
@@ -328,6 +354,7 @@ def test_every_alert_has_a_scenario_that_fires_it(thresholds: AlertThresholds) -
 def test_thresholds_follow_the_plan(thresholds: AlertThresholds) -> None:
     plan = plan_run(load_stack_file(STACK))
     assert plan.duration is not None and plan.cost is not None
+    usd_per_hour = plan.cost.usd_per_hour
     step_s = plan.duration.training_hours * 3600 / plan.config.training.max_steps
     assert thresholds.expected_step_seconds == pytest.approx(step_s)
     assert thresholds.expected_tokens_per_second == pytest.approx(
@@ -339,7 +366,7 @@ def test_thresholds_follow_the_plan(thresholds: AlertThresholds) -> None:
     assert thresholds.usd_per_hour == plan.cost.usd_per_hour
     assert thresholds.spend_warning_usd == pytest.approx(0.8 * plan.config.cost.max_usd_per_run)
     # The window reaches back far enough to see the whole ceiling spent at the plan's rate.
-    assert thresholds.spend_window_hours * plan.cost.usd_per_hour >= 5
+    assert thresholds.spend_window_hours * usd_per_hour >= 5
 
 
 def test_a_big_run_waits_longer_before_calling_a_hang() -> None:
