@@ -364,7 +364,9 @@ def test_thresholds_follow_the_plan(thresholds: AlertThresholds) -> None:
         0.5 * plan.config.tokens_per_step / step_s
     )
     assert thresholds.usd_per_hour == plan.cost.usd_per_hour
-    assert thresholds.spend_warning_usd == pytest.approx(0.8 * plan.config.cost.max_usd_per_run)
+    ceiling = plan.config.cost.max_usd_per_run
+    assert ceiling is not None
+    assert thresholds.spend_warning_usd == pytest.approx(0.8 * ceiling)
     # The window reaches back far enough to see the whole ceiling spent at the plan's rate.
     assert thresholds.spend_window_hours * usd_per_hour >= 5
 
