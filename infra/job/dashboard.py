@@ -20,7 +20,7 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.dashboard import DataSourceRef
 
 from infra.job import watch_series as s
-from infra.job.alert_rules import AlertThresholds, spend_usd_expr
+from infra.job.alert_rules import AlertThresholds, alert_thresholds, spend_usd_expr
 
 if TYPE_CHECKING:
     from infra.estimates.run_plan import RunPlan
@@ -253,3 +253,10 @@ def panel_queries(document: str) -> list[str]:
     """Every PromQL expression of the dashboard's panels (the test parses each)."""
     panels = json.loads(document)["panels"]
     return [target["expr"] for panel in panels for target in panel.get("targets") or []]
+
+
+def stack_dashboard(plan: RunPlan, *, stack: str) -> str:
+    """The dashboard JSON of `stack`'s run, from its plan: what the program exports and
+    `fsdp-eks dashboard` writes."""
+    thresholds = alert_thresholds(plan, stack=stack)
+    return dashboard_json(thresholds, plan_figures(plan, thresholds))
