@@ -400,3 +400,27 @@ def test_end_alerts_are_sent_once_and_the_rest_repeat() -> None:
     assert receivers[once["receiver"]]["send_resolved"] is False
     assert receivers[config["route"]["receiver"]]["send_resolved"] is True
     assert all(r["sigv4"] == {"region": "us-west-2"} for r in receivers.values())
+
+
+PROMETHEUS_RULE_CRD = (
+    Path(__file__).resolve().parents[3]
+    / "shared/schemas/monitoring.coreos.com_prometheusrules.v0.82.2.yaml"
+)
+"""prometheus-operator v0.82.2's published CRD
+(example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml), kept outside the
+repository like the PyTorchJob CRD (../shared/schemas)."""
+
+
+@pytest.mark.parametrize("stack", ["dev", "team-cluster"])
+def test_the_prometheus_rule_is_valid_against_the_operators_crd(stack: str) -> None:
+    if not PROMETHEUS_RULE_CRD.is_file():
+        pytest.skip(f"{PROMETHEUS_RULE_CRD} is not here (reference data outside the repository)")
+    import jsonschema
+
+    crd = yaml.safe_load(PROMETHEUS_RULE_CRD.read_text())
+    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+    t = alert_thresholds(plan_run(load_stack_file(stack)), stack=stack)
+    jsonschema.validate(
+        prometheus_rule(t, name=f"fsdp-eks-{stack}", namespace="monitoring"),
+        version["schema"]["openAPIV3Schema"],
+    )
