@@ -177,6 +177,19 @@ def main() -> None:
             tags=tags,
         ),
     )
+    # Watching the run: its alert rules where its metrics are (the workspace, when the
+    # observability component makes one) and the people they reach; the dashboard.
+    alerts = RunAlerts(
+        "alerts",
+        RunAlertsArgs(
+            config=stack.alerts,
+            thresholds=alert_thresholds(plan, stack=pulumi.get_stack()),
+            workspace_id=None,
+            workspace_arn=None,
+            tags=tags,
+        ),
+    )
+
     job = TrainingJob(
         "job",
         TrainingJobArgs(
@@ -200,18 +213,6 @@ def main() -> None:
                 *leased,
                 *(run_access.ready if run_access else []),
             ],
-        ),
-    )
-    # Watching the run: its alert rules where its metrics are (the workspace, when the
-    # observability component makes one) and the people they reach; the dashboard.
-    alerts = RunAlerts(
-        "alerts",
-        RunAlertsArgs(
-            config=stack.alerts,
-            thresholds=alert_thresholds(plan, stack=pulumi.get_stack()),
-            workspace_id=None,
-            workspace_arn=None,
-            tags=tags,
         ),
     )
 
