@@ -21,6 +21,8 @@ from infra.config import PROJECT, StackConfig
 from infra.config.parse import dns_name
 from infra.estimates.run_plan import RunPlan
 from infra.image.trainer_image import TrainerImage, TrainerImageArgs
+from infra.job.alert_rules import alert_thresholds
+from infra.job.dashboard import stack_dashboard
 from infra.job.flags import s3_run_prefix
 from infra.job.manifest import S3Bucket
 from infra.job.placement import gpu_placement
@@ -33,6 +35,7 @@ from infra.platform.cluster import Cluster, ClusterArgs
 from infra.platform.gpu_lease import existing_gpu_lease, lease_line
 from infra.platform.network import Network, NetworkArgs
 from infra.platform.run_access import CheckpointAccess, CheckpointAccessArgs
+from infra.platform.run_alerts import RunAlerts, RunAlertsArgs
 from infra.platform.storage import Storage, StorageArgs
 
 
@@ -174,6 +177,19 @@ def main() -> None:
             tags=tags,
         ),
     )
+    # Watching the run: its alert rules where its metrics are (the workspace, when the
+    # observability component makes one) and the people they reach; the dashboard.
+    alerts = RunAlerts(
+        "alerts",
+        RunAlertsArgs(
+            config=stack.alerts,
+            thresholds=alert_thresholds(plan, stack=pulumi.get_stack()),
+            workspace_id=None,
+            workspace_arn=None,
+            tags=tags,
+        ),
+    )
+
     job = TrainingJob(
         "job",
         TrainingJobArgs(
@@ -232,3 +248,5 @@ def main() -> None:
     # Beside the run's cost: what the stack bills every day until `pulumi destroy`.
     pulumi.export("standingUsdPerDay", plan.standing.usd_per_day)
     pulumi.export("cost", {**estimate.as_outputs(), "standing": plan.standing.as_outputs()})
+    pulumi.export("alerts", {"topicArn": alerts.topic_arn, "topicPolicy": alerts.topic_policy})
+    pulumi.export("dashboard", stack_dashboard(plan, stack=pulumi.get_stack()))

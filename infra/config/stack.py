@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import Field, SecretStr, field_validator
 
 from infra.config.addons import AddonsConfig
+from infra.config.alerts import AlertsConfig
 from infra.config.base import ConfigSection
 from infra.config.cluster import ClusterConfig, GpuNodesConfig
 from infra.config.cost import CostConfig
@@ -75,6 +76,10 @@ class StackConfig(ConfigSection):
     )
     cost: CostConfig = Field(
         default_factory=CostConfig, description="Per-run cost ceiling and pricing inputs."
+    )
+    alerts: AlertsConfig = Field(
+        default_factory=AlertsConfig,
+        description="Who hears about the run (SNS e-mail or a topic) and the tunable thresholds.",
     )
     hf_token: SecretStr | None = Field(
         default=None,

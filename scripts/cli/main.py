@@ -4,6 +4,7 @@
     fsdp-eks local dev                # the run on this machine (CPU or its GPUs)
     fsdp-eks ls                       # every stack: deployed, job state, step, ETA, $
     fsdp-eks status llama31-8b-p5     # the job, its pods, the GPU lease, restarts, spend
+    fsdp-eks dashboard llama31-8b-p5  # the run's Grafana dashboard, as a file to import
     fsdp-eks logs llama31-8b-p5       # follow rank 0
     fsdp-eks stop llama31-8b-p5       # checkpoint and release the GPUs; keep the platform
     fsdp-eks start llama31-8b-p5      # resume from the latest checkpoint
@@ -40,6 +41,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "ls": ("scripts.cli.ls:ls", "Every stack: deployed or not, job state, step, ETA, cost."),
     "validate": ("scripts.cli.validate:validate", "Check the stack's GPUs, EFA and NCCL."),
     "status": ("scripts.cli.status:status", "Where a run stands: job, pods, lease, spend."),
+    "dashboard": ("scripts.cli.dashboard:dashboard", "Write a run's Grafana dashboard to import."),
     "logs": ("scripts.cli.logs:logs", "Follow a run's logs: rank 0, one node, or all."),
     "stop": ("scripts.cli.job:stop", "Stop a run (checkpoint, GPUs released); keep the rest."),
     "start": ("scripts.cli.job:start", "Start a stopped run again from its latest checkpoint."),

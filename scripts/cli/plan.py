@@ -297,6 +297,12 @@ def render(plan: Plan, *, verbose: bool = False) -> str:
     for key, value in evaluation.stack_outputs.items():
         if key == "cost":
             continue
+        if key == "dashboard":  # Grafana JSON: a file to import, not lines to read here
+            lines.append(
+                f"  {key}: Grafana JSON ({len(str(value)):,} characters; "
+                "`fsdp-eks dashboard` writes it)"
+            )
+            continue
         if isinstance(value, dict):
             lines.append(f"  {key}:")
             lines.extend(f"    {k}: {v}" for k, v in value.items())

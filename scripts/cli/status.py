@@ -249,5 +249,8 @@ def status(target: RunTarget, as_json: bool) -> int:
     if as_json:
         click.echo(json.dumps({**asdict(found), "spent_usd": found.spent_usd}, indent=2))
     else:
+        from scripts.cli.support.live_metrics import stack_live_text
+
         click.echo(format_status(found))
+        click.echo(stack_live_text(target.outputs, target.stack_file))
     return 1 if found.state == "Failed" else 0

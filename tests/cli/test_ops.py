@@ -99,6 +99,8 @@ def test_status_command_reads_the_stack_outputs(fake_cli: Path, cluster: Cluster
     assert f"job {JOB_NAME} ({NAMESPACE}): Running" in result.out and "$220.16/h" in result.out
     assert "GPU nodes: 1 ready, 1 removing" in result.out
     assert f"{JOB_NAME}-worker-0  Running    0         ip-10-0-64-10" in result.out
+    # No metrics source named (no observability output, no FSDP_EKS_PROMETHEUS_URL): one line.
+    assert "\n  live: no metrics source (set FSDP_EKS_PROMETHEUS_URL" in result.out
     made = calls(fake_cli)
     assert made == [["pulumi", "stack", "output", "--json", "--stack", STACK]]
     asked = [(r.method, r.path, r.query.get("labelSelector")) for r in cluster.requests]
