@@ -318,6 +318,10 @@ class Cluster(pulumi.ComponentResource):
             node_role=system_role.role,
             instance_types=[system.instance_type],
             ami_type=SYSTEM_AMI_TYPE,
+            # Explicit: beside a launch template pulumi-eks leaves `version` unset (v4.3.0
+            # `nodejs/eks/nodes/nodegroup.ts` `createManagedNodeGroupInternal`), and EKS keeps
+            # the group at the version it was created with when the control plane moves on.
+            version=config.kubernetes_version,
             subnet_ids=network.private_subnet_ids,
             scaling_config=aws.eks.NodeGroupScalingConfigArgs(
                 desired_size=system.desired_size,

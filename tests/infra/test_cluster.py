@@ -206,6 +206,29 @@ def test_default_version_upgrades_at_the_end_of_standard_support(created: Evalua
     assert created.one(NODE_GROUP).inputs["version"] == "1.35"
 
 
+def pulumi_eks_node_group_version(inputs: dict[str, Any], cluster_version: str) -> str | None:
+    """The `version` pulumi-eks gives a ManagedNodeGroup's EKS node group: its own, else the
+    cluster's, but never the cluster's beside a launch template (pulumi/pulumi-eks v4.3.0
+    `nodejs/eks/nodes/nodegroup.ts` `createManagedNodeGroupInternal`: "default the version to
+    the cluster version if not provided ... if the user doesn't provide a launch template").
+    EKS then fixes the group at the version it was created with."""
+    if "version" in inputs:
+        return str(inputs["version"])
+    return None if "launchTemplate" in inputs else cluster_version
+
+
+@pytest.mark.parametrize("version", ["1.34", "1.35"])
+def test_every_node_group_follows_the_kubernetes_version(version: str) -> None:
+    """Bumping `cluster.kubernetesVersion` upgrades the control plane and every node group,
+    the system group (on its own launch template) included."""
+    result = build({"name": "train", "kubernetesVersion": version})
+    assert result.one(EKS).inputs["version"] == version
+    system = result.one(MNG, "platform-system").inputs
+    assert "launchTemplate" in system
+    assert pulumi_eks_node_group_version(system, version) == version
+    assert result.one(NODE_GROUP).inputs["version"] == version
+
+
 def test_default_name_is_project_and_stack() -> None:
     assert build({}).one(EKS).inputs["name"] == "fsdp-eks-dev"
     assert default_cluster_name("fsdp-eks", "llama.8b") == "fsdp-eks-llama-8b"
