@@ -90,6 +90,23 @@ def confirm_system_instance_type(instance_type: str, parent: pulumi.Resource) ->
         )
 
 
+def existing_efa_memlock_warning(instance_type: str) -> str:
+    """What an EFA stack on an existing cluster must check before its nodes cost anything.
+
+    Only the GPU launch template this project creates lifts the containers' RLIMIT_MEMLOCK
+    (infra/platform/gpu_nodes.py NODE_CONFIG); the AL2023 AMI's base runtime spec sets only
+    RLIMIT_NOFILE, so another team's nodes most likely give containers containerd's 8 MiB,
+    and every worker's preflight refuses only after the nodes came up and pulled the image."""
+    return (
+        f"cluster.mode existing with EFA ({instance_type}): the cluster's GPU nodes must lift "
+        "the containers' locked-memory limit (RLIMIT_MEMLOCK), which EKS's AMI leaves at "
+        "containerd's 8 MiB, or every worker's preflight refuses after the nodes are up; "
+        "check with `fsdp-eks validate <stack> --skip nccl` (memlock per node) and fix by "
+        "adding RLIMIT_MEMLOCK to the nodes' nodeadm NodeConfig "
+        "spec.containerd.baseRuntimeSpec (docs/operations.md, 'EFA on an existing cluster')"
+    )
+
+
 def default_cluster_name(project: str, stack: str) -> str:
     """`<project>-<stack>` made a valid EKS cluster name (stack names may contain dots)."""
     name = re.sub(r"[^A-Za-z0-9_-]", "-", f"{project}-{stack}")
@@ -470,6 +487,10 @@ class Cluster(pulumi.ComponentResource):
         )
         self.gpu_subnet_id = self._existing_gpu_subnet(config, found, platform)
         self.efa_interfaces_per_node = pulumi.Output.from_input(args.gpu_nodes.efa_interface_count)
+        if args.gpu_nodes.efa_enabled:
+            pulumi.log.warn(
+                existing_efa_memlock_warning(args.gpu_nodes.instance_type), resource=self
+            )
         # DescribeCluster `computeConfig.enabled`: Auto Mode's node pools provision the nodes.
         self.auto_mode = found.compute_configs.apply(
             lambda configs: any(c["enabled"] for c in configs or [])

@@ -403,6 +403,32 @@ def test_existing_cluster_creates_nothing_it_does_not_own() -> None:
     assert result.stack_outputs["gpuSubnet"] == f"subnet-{short_hash('team-gpu' + 'us-west-2a')}"
 
 
+@pytest.mark.parametrize(
+    ("gpu", "warned"),
+    [
+        (GPU, True),  # p5: 32 EFA interfaces
+        ({"instanceType": "g5.xlarge", "count": 1, "availabilityZone": "us-west-2b"}, False),
+        ({**GPU, "efa": False}, False),
+    ],
+)
+def test_existing_cluster_with_efa_warns_about_locked_memory(gpu: dict[str, Any], warned: bool):
+    """Only the launch template this project creates lifts RLIMIT_MEMLOCK (gpu_nodes.py
+    NODE_CONFIG); the AMI's base runtime spec sets only RLIMIT_NOFILE (awslabs/amazon-eks-ami
+    `nodeadm/internal/containerd/base-runtime-spec.json`). A team cluster's EFA nodes most
+    likely fail the preflight: `pulumi preview` and the plan say so first, in one line."""
+    result = build({"mode": "existing", "name": "team-gpu"}, gpu)
+    lines = [w for w in result.warnings if "RLIMIT_MEMLOCK" in w]
+    assert len(lines) == (1 if warned else 0)
+    if warned:
+        [line] = lines
+        assert "\n" not in line
+        assert line.startswith("cluster.mode existing with EFA (p5.48xlarge)")
+        assert "fsdp-eks validate <stack> --skip nccl" in line
+        assert "spec.containerd.baseRuntimeSpec" in line
+    # A created cluster's GPU nodes lift the limit themselves: no warning there.
+    assert not [w for w in build({"name": "train"}, gpu).warnings if "RLIMIT_MEMLOCK" in w]
+
+
 def test_existing_cluster_kubeconfig_uses_aws_eks_get_token() -> None:
     result = build({"mode": "existing", "name": "team-gpu"})
     kubeconfig = json.loads(result.stack_outputs["kubeconfig"])
