@@ -55,6 +55,18 @@ from infra.platform.network import Network
 
 SYSTEM_AMI_TYPE = "AL2023_x86_64_STANDARD"
 POD_IDENTITY_AGENT = "eks-pod-identity-agent"
+COREDNS = "coredns"
+"""EKS installs CoreDNS self-managed at creation and never upgrades it; pulumi-eks creates its
+add-on only with a default node group, Fargate or Auto Mode (v4.3.0 `nodejs/eks/cluster/
+cluster.ts` `createCore`: `fargate || !skipDefaultNodeGroup || autoMode`), none of which a
+cluster here has, so the stack manages it as the EKS add-on itself."""
+NODE_MONITORING_AGENT = "eks-node-monitoring-agent"
+"""EKS's node health agent: NodeConditions (AcceleratedHardwareReady for GPU XID errors among
+them) that managed node group auto-repair acts on. Its node agent tolerates every taint
+(aws/eks-node-monitoring-agent `charts/eks-node-monitoring-agent/values.yaml`
+`nodeAgent.tolerations: [{operator: Exists}]`), so it runs on the GPU nodes too; the chart's
+separate DCGM DaemonSet has no tolerations (`dcgmAgent.tolerations: []`) and so stays off the
+tainted GPU nodes: there the agent reads the kernel's GPU errors, not DCGM diagnostics."""
 CLUSTER_ADMIN_POLICY = "AmazonEKSClusterAdminPolicy"
 """Well-known label every node carries: selects the GPU nodes in both modes (an existing
 cluster's nodes do not carry this stack's own labels)."""
@@ -140,6 +152,10 @@ class Cluster(pulumi.ComponentResource):
     efa_interfaces_per_node: pulumi.Output[int]
     """EFA devices a job pod on a GPU node may request (`vpc.amazonaws.com/efa`)."""
     pod_identity_agent: aws.eks.Addon | None
+    coredns: aws.eks.Addon | None
+    """CoreDNS as the EKS add-on (created clusters only)."""
+    node_monitoring_agent: aws.eks.Addon | None
+    """EKS's node monitoring agent add-on (created clusters only)."""
     gpu_nodes: GpuNodeGroup | None
     """The GPU node group the stack created (None on an existing cluster)."""
     ready: list[pulumi.Resource]
@@ -152,6 +168,8 @@ class Cluster(pulumi.ComponentResource):
     ) -> None:
         super().__init__("fsdp-eks:cluster:Cluster", name, None, opts)
         self.pod_identity_agent = None
+        self.coredns = None
+        self.node_monitoring_agent = None
         self.gpu_nodes = None
         self.ready = []
         if args.cluster.mode == "create":
@@ -374,6 +392,19 @@ class Cluster(pulumi.ComponentResource):
         self.auto_mode = pulumi.Output.from_input(False)
         self.ready = [system_nodes, gpu.node_group]
         self.gpu_nodes = gpu
+        # Both need nodes to run on before EKS reports them ACTIVE: the system nodes.
+        self.coredns = self._versioned_addon(
+            name, COREDNS, name_after_cluster, config.kubernetes_version, [system_nodes], tags,
+            # Takes over the Deployment EKS created; `preserve` keeps DNS running should the
+            # add-on resource ever go (pulumi-eks v4.3.0 sets the same for its own).
+            resolve_conflicts_on_create="OVERWRITE", resolve_conflicts_on_update="OVERWRITE",
+            preserve=True,
+        )  # fmt: skip
+        self.ready.append(self.coredns)
+        self.node_monitoring_agent = self._versioned_addon(
+            name, NODE_MONITORING_AGENT, name_after_cluster, config.kubernetes_version,
+            [system_nodes], tags,
+        )  # fmt: skip
         if config.installs_pod_identity_agent:
             self._install_pod_identity_agent(name, name_after_cluster, [system_nodes], tags)
 
@@ -425,6 +456,34 @@ class Cluster(pulumi.ComponentResource):
             opts=child,
         )
         return role, [cluster_policy, key_policy]
+
+    def _versioned_addon(
+        self,
+        name: str,
+        addon_name: str,
+        cluster_name: pulumi.Input[str],
+        kubernetes_version: str,
+        after: list[pulumi.Resource],
+        tags: Mapping[str, str],
+        **options: Any,
+    ) -> aws.eks.Addon:
+        """An EKS add-on at EKS's default version for the cluster's Kubernetes version, so it
+        moves with `cluster.kubernetesVersion` (an unset `addon_version` stays where it was
+        created: EKS upgrades no add-on itself)."""
+        version = aws.eks.get_addon_version_output(
+            addon_name=addon_name,
+            kubernetes_version=kubernetes_version,
+            opts=pulumi.InvokeOutputOptions(parent=self),
+        ).version
+        return aws.eks.Addon(
+            f"{name}-{addon_name.removeprefix('eks-')}",
+            cluster_name=cluster_name,
+            addon_name=addon_name,
+            addon_version=version,
+            tags=dict(tags),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=after),
+            **options,
+        )
 
     def _install_pod_identity_agent(
         self,

@@ -229,6 +229,43 @@ def test_every_node_group_follows_the_kubernetes_version(version: str) -> None:
     assert result.one(NODE_GROUP).inputs["version"] == version
 
 
+@pytest.mark.parametrize("version", ["1.34", "1.35"])
+def test_coredns_and_the_node_monitoring_agent_are_eks_add_ons_that_follow_the_version(
+    version: str,
+) -> None:
+    """pulumi-eks creates no CoreDNS add-on without a default node group (v4.3.0
+    `nodejs/eks/cluster/cluster.ts`), so EKS's self-managed copy would never be upgraded; both
+    add-ons take EKS's default version for the cluster's Kubernetes version, asked of EKS."""
+    result = build({"name": "train", "kubernetesVersion": version})
+    system = result.one(MNG, "platform-system")
+    asked = {
+        args["addonName"]: args
+        for token, args in result.invokes
+        if token == "aws:eks/getAddonVersion:getAddonVersion"
+    }
+    for addon_name, resource_name in (
+        ("coredns", "platform-coredns"),
+        ("eks-node-monitoring-agent", "platform-node-monitoring-agent"),
+    ):
+        addon = result.one(ADDON, resource_name)
+        assert addon.inputs["addonName"] == addon_name
+        assert addon.inputs["clusterName"] == "train"
+        assert asked[addon_name]["kubernetesVersion"] == version
+        assert not asked[addon_name].get("mostRecent")  # EKS's default, not the newest
+        assert addon.inputs["addonVersion"] == f"v1.{version.split('.')[1]}.0-eksbuild.1"
+        assert result.depends_on(addon, system)  # its pods need nodes to become ACTIVE
+    coredns = result.one(ADDON, "platform-coredns").inputs
+    # Takes over the Deployment EKS installed at creation, and keeps DNS if ever removed.
+    assert coredns["resolveConflictsOnCreate"] == "OVERWRITE"
+    assert coredns["preserve"] is True
+    assert result.one(ADDON, "platform-coredns").urn in result.stack_outputs["ready"]
+
+
+def test_an_existing_cluster_gets_neither_add_on() -> None:
+    result = build({"mode": "existing", "name": "team-gpu"})
+    assert result.of_type(ADDON) == []
+
+
 def test_default_name_is_project_and_stack() -> None:
     assert build({}).one(EKS).inputs["name"] == "fsdp-eks-dev"
     assert default_cluster_name("fsdp-eks", "llama.8b") == "fsdp-eks-llama-8b"
@@ -340,7 +377,7 @@ def test_no_wildcard_action_on_wildcard_resource(created: Evaluation) -> None:
 
 
 def test_pod_identity_agent_installed_and_ready(created: Evaluation) -> None:
-    addon = created.one(ADDON)
+    addon = created.one(ADDON, "platform-pod-identity-agent")
     assert addon.inputs["addonName"] == "eks-pod-identity-agent"
     assert addon.inputs["clusterName"] == "train"
     assert created.depends_on(addon, created.one(MNG, "platform-system"))
