@@ -102,7 +102,7 @@ def confirm_system_instance_type(instance_type: str, parent: pulumi.Resource) ->
         )
 
 
-def existing_efa_memlock_warning(instance_type: str) -> str:
+def existing_efa_memlock_warning(instance_type: str, stack: str) -> str:
     """What an EFA stack on an existing cluster must check before its nodes cost anything.
 
     Only the GPU launch template this project creates lifts the containers' RLIMIT_MEMLOCK
@@ -113,7 +113,7 @@ def existing_efa_memlock_warning(instance_type: str) -> str:
         f"cluster.mode existing with EFA ({instance_type}): the cluster's GPU nodes must lift "
         "the containers' locked-memory limit (RLIMIT_MEMLOCK), which EKS's AMI leaves at "
         "containerd's 8 MiB, or every worker's preflight refuses after the nodes are up; "
-        "check with `fsdp-eks validate <stack> --skip nccl` (memlock per node) and fix by "
+        f"check with `fsdp-eks validate {stack} --skip nccl` (memlock per node) and fix by "
         "adding RLIMIT_MEMLOCK to the nodes' nodeadm NodeConfig "
         "spec.containerd.baseRuntimeSpec (docs/operations.md, 'EFA on an existing cluster')"
     )
@@ -548,7 +548,8 @@ class Cluster(pulumi.ComponentResource):
         self.efa_interfaces_per_node = pulumi.Output.from_input(args.gpu_nodes.efa_interface_count)
         if args.gpu_nodes.efa_enabled:
             pulumi.log.warn(
-                existing_efa_memlock_warning(args.gpu_nodes.instance_type), resource=self
+                existing_efa_memlock_warning(args.gpu_nodes.instance_type, pulumi.get_stack()),
+                resource=self,
             )
         # DescribeCluster `computeConfig.enabled`: Auto Mode's node pools provision the nodes.
         self.auto_mode = found.compute_configs.apply(

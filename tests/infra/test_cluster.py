@@ -460,7 +460,7 @@ def test_existing_cluster_with_efa_warns_about_locked_memory(gpu: dict[str, Any]
         [line] = lines
         assert "\n" not in line
         assert line.startswith("cluster.mode existing with EFA (p5.48xlarge)")
-        assert "fsdp-eks validate <stack> --skip nccl" in line
+        assert "fsdp-eks validate dev --skip nccl" in line  # the stack evaluated
         assert "spec.containerd.baseRuntimeSpec" in line
     # A created cluster's GPU nodes lift the limit themselves: no warning there.
     assert not [w for w in build({"name": "train"}, gpu).warnings if "RLIMIT_MEMLOCK" in w]
