@@ -3,7 +3,8 @@
 `create`: a pulumi-eks cluster in API authentication mode (access entries only, no aws-auth
 ConfigMap), Kubernetes secrets envelope-encrypted with a KMS key, control-plane logs in a log
 group the stack owns (so `pulumi destroy` removes it), the IAM OIDC provider and the Pod
-Identity agent, a CPU system node group for add-ons and operators, and the GPU node group.
+Identity agent, a CPU system node group for add-ons and operators, the GPU node group, and
+CoreDNS and the node monitoring agent as EKS add-ons that follow the Kubernetes version.
 
 `existing`: `aws.eks.get_cluster` by name and a Kubernetes provider built from it; optionally
 the outputs of the platform stack that created it. Nothing of the cluster is registered, so the
