@@ -36,6 +36,23 @@ from infra.facts.instances import (
 
 GPU_TAINT_KEY = "nvidia.com/gpu"
 """Taint on every GPU node: only pods that tolerate it (the job, GPU plugins) land there."""
+NODE_POOL_LABEL = "fsdp-eks/node-pool"
+"""The stack's own label: `gpu` on the GPU node group (`system` on the system one)."""
+
+EKS_RESERVED_LABEL_DOMAINS = ("kubernetes.io/", "k8s.io/", "eks.amazonaws.com/")
+"""Refused anywhere in a managed node group's label or taint key, subdomains included
+("Label cannot contain reserved prefixes [kubernetes.io/, k8s.io/, eks.amazonaws.com/]", EKS
+CreateNodegroup's InvalidParameterException, quoted in aws/containers-roadmap#1451)."""
+EKS_LABEL_KEY_MAX = 63
+"""EKS API `labelKey`/`taintKey`: 1 to 63 characters, prefix included (EKS API reference,
+UpdateLabelsPayload and CreateNodegroup; botocore `eks/2017-11-01/service-2.json`), not the
+316 a Kubernetes label key may have."""
+AUTOSCALER_LABEL_TAG_PREFIX = "k8s.io/cluster-autoscaler/node-template/label/"
+"""The ASG tag that carries a GPU label to Cluster Autoscaler while the group has no node
+(kubernetes/autoscaler cluster-autoscaler-1.35.0 `cloudprovider/aws/README.md`, "Auto
+discovery setup"; `aws_manager.go` `extractLabelsFromAsg`)."""
+ASG_TAG_KEY_MAX = 128
+"""An EC2 Auto Scaling tag key's limit (Auto Scaling API `Tag.Key`: 1 to 128 characters)."""
 
 ControlPlaneLogType = Literal["api", "audit", "authenticator", "controllerManager", "scheduler"]
 CapacityType = Literal["on-demand", "spot", "reservation", "block"]
@@ -476,6 +493,31 @@ def _is_label_value(value: str) -> bool:
     return len(value) <= 63 and _LABEL_VALUE.match(value) is not None
 
 
+def _check_node_group_key(field: str, key: str) -> None:
+    """A label or taint key EKS's CreateNodegroup takes, whose autoscaler node-template tag
+    (`AUTOSCALER_LABEL_TAG_PREFIX` + key; the taint prefix has the same length) fits an ASG
+    tag key. ValueError naming the key otherwise."""
+    if not _LABEL_KEY.match(key):
+        raise ValueError(
+            f"{field} key {key!r} is not a Kubernetes key (an optional DNS prefix and '/', "
+            "then letters, digits, '-', '_' or '.', starting and ending with a letter or digit)"
+        )
+    reserved = [domain for domain in EKS_RESERVED_LABEL_DOMAINS if domain in key]
+    if reserved:
+        raise ValueError(
+            f"{field} key {key!r} uses the domain {reserved[0]!r}, which EKS reserves for its "
+            f"own labels and taints; allowed: a key outside {', '.join(EKS_RESERVED_LABEL_DOMAINS)}"
+        )
+    tag_room = ASG_TAG_KEY_MAX - len(AUTOSCALER_LABEL_TAG_PREFIX)
+    limit = min(EKS_LABEL_KEY_MAX, tag_room)
+    if len(key) > limit:
+        raise ValueError(
+            f"{field} key {key!r} has {len(key)} characters; allowed: at most {limit} (EKS "
+            f"takes {EKS_LABEL_KEY_MAX}, and the autoscaler's tag "
+            f"{AUTOSCALER_LABEL_TAG_PREFIX}<key> must fit an ASG tag key's {ASG_TAG_KEY_MAX})"
+        )
+
+
 class TaintConfig(ConfigSection):
     """One extra Kubernetes taint for the GPU nodes."""
 
@@ -488,8 +530,7 @@ class TaintConfig(ConfigSection):
     @field_validator("key")
     @classmethod
     def _key_is_valid(cls, key: str) -> str:
-        if not _LABEL_KEY.match(key) or len(key) > 316:
-            raise ValueError(f"gpuNodes.taints key {key!r} is not a Kubernetes taint key")
+        _check_node_group_key("gpuNodes.taints", key)
         return key
 
     @field_validator("value")
@@ -561,7 +602,11 @@ class GpuNodesConfig(ConfigSection):
     )
     labels: dict[str, str] = Field(
         default_factory=dict,
-        description="Extra Kubernetes labels on the GPU nodes (added to the built-in ones).",
+        description=(
+            "Extra Kubernetes labels on the GPU nodes (added to the built-in ones). Keys of at "
+            "most 63 characters (EKS's limit) outside kubernetes.io/, k8s.io/ and "
+            "eks.amazonaws.com/, and not fsdp-eks/node-pool; values of 1 to 63 characters."
+        ),
     )
     taints: list[TaintConfig] = Field(
         default_factory=list,
@@ -596,18 +641,18 @@ class GpuNodesConfig(ConfigSection):
     @classmethod
     def _labels_are_valid(cls, value: dict[str, str]) -> dict[str, str]:
         for key, label in value.items():
-            if not _LABEL_KEY.match(key) or len(key) > 316:
-                raise ValueError(f"gpuNodes.labels key {key!r} is not a Kubernetes label key")
-            if not _is_label_value(label):
+            _check_node_group_key("gpuNodes.labels", key)
+            if key == NODE_POOL_LABEL:
                 raise ValueError(
-                    f"gpuNodes.labels value {label!r} of {key!r} is not a Kubernetes label value "
-                    "(at most 63 letters, digits, '-', '_' or '.', starting and ending with a "
-                    "letter or digit)"
+                    f"gpuNodes.labels key {key!r} is the stack's own node-pool label: the "
+                    "autoscaler finds the GPU group by its value 'gpu' and would find none; "
+                    "use another key"
                 )
-            if "kubernetes.io/" in key or "k8s.io/" in key:
+            if not label or not _is_label_value(label):
                 raise ValueError(
-                    f"gpuNodes.labels key {key!r} uses a prefix EKS reserves "
-                    "(kubernetes.io, k8s.io)"
+                    f"gpuNodes.labels value {label!r} of {key!r} is not a label value EKS takes "
+                    "(1 to 63 letters, digits, '-', '_' or '.', starting and ending with a "
+                    "letter or digit)"
                 )
         return value
 

@@ -55,6 +55,8 @@ echo "node: ${NODE_NAME}"
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader \\
   | sed 's/^/gpu: /'
 echo "efa_devices: $(ls /dev/infiniband 2>/dev/null | grep -c '^uverbs' || true)"
+awk '/^Max locked memory/ {print "memlock: " $4}' /proc/self/limits
+awk '/^MemTotal:/ {print "mem_total_kib: " $2}' /proc/meminfo
 if [ -n "${FSX_PATH:-}" ]; then
   probe="${FSX_PATH}/.fsdp-eks-validation-${NODE_NAME}"
   if echo ok > "${probe}" && grep -q ok "${probe}" && rm -f "${probe}"; then
@@ -64,8 +66,11 @@ if [ -n "${FSX_PATH:-}" ]; then
   fi
 fi
 """
-"""Prints one `gpu:` line per GPU the pod sees, the number of EFA (uverbs) devices and, with
-a Lustre claim mounted, whether a file can be written and read back on it."""
+"""Prints one `gpu:` line per GPU the pod sees, the number of EFA (uverbs) devices, the soft
+RLIMIT_MEMLOCK a container gets on the node (`memlock:`, bytes or `unlimited`: every container
+there starts from the node's containerd base runtime spec, the trainer's too) beside the node's
+memory (`mem_total_kib:`), and, with a Lustre claim mounted, whether a file can be written and
+read back on it."""
 
 GPU_CHECK_RESOURCES = {
     "requests": {"cpu": "100m", "memory": "128Mi"},

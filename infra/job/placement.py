@@ -11,13 +11,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra.config.cluster import GPU_TAINT_KEY, GpuNodesConfig, TaintConfig
+from infra.config.cluster import (
+    AUTOSCALER_LABEL_TAG_PREFIX,
+    GPU_TAINT_KEY,
+    NODE_POOL_LABEL,
+    GpuNodesConfig,
+    TaintConfig,
+)
 from infra.facts.instances import accelerator_label_value
 
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 """Set by the kubelet on every node (Kubernetes well-known labels): the job selects by it."""
-NODE_POOL_LABEL = "fsdp-eks/node-pool"
-"""The stack's own label: `gpu` on the GPU node group (`system` on the system one)."""
 GPU_RESOURCE = "nvidia.com/gpu"
 """Extended resource the NVIDIA device plugin advertises."""
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
@@ -29,7 +33,7 @@ GPU allocatable yet (the NVIDIA plugin has not registered) counts as unready
 (`processors/customresources/gpu_processor.go` `FilterOutNodesWithUnreadyResources`); without
 it, a joining GPU node is a ready node without GPUs, and the autoscaler may add more nodes for
 pods it cannot yet place there. Its value only names the model in CA's metrics."""
-TEMPLATE_TAG = "k8s.io/cluster-autoscaler/node-template"
+TEMPLATE_TAG = AUTOSCALER_LABEL_TAG_PREFIX.removesuffix("/label/")
 """Prefix of the tags that describe a node group's nodes to Cluster Autoscaler while it has
 none (`cloudprovider/aws/aws_manager.go` `buildNodeFromTemplate`)."""
 

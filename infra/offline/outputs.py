@@ -396,6 +396,15 @@ def _session_context(args: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _addon_version(args: dict[str, Any]) -> dict[str, Any]:
+    """EKS's default version of an add-on for a Kubernetes version (`aws eks
+    describe-addon-versions`): a made-up build whose minor is the Kubernetes minor, so a
+    change of `cluster.kubernetesVersion` shows as a change of add-on version."""
+    minor = str(args.get("kubernetesVersion", "1.0")).split(".")[-1]
+    version = f"v1.{minor}.0-eksbuild.1"
+    return {**args, "version": version, "id": args.get("addonName", "addon")}
+
+
 def _capacity_block(args: dict[str, Any]) -> dict[str, Any]:
     """An active 4 x p5 block in the first AZ that ends long after any plan: the offline plan
     checks a block's fit, not AWS's calendar (tests pass their own dates to `block_problems`)."""
@@ -414,6 +423,7 @@ def _capacity_block(args: dict[str, Any]) -> dict[str, Any]:
 INVOKE_RESULTS["aws:ec2/getSubnet:getSubnet"] = _subnet
 INVOKE_RESULTS["aws:ec2/getCapacityBlockReservation:getCapacityBlockReservation"] = _capacity_block
 INVOKE_RESULTS["aws:iam/getSessionContext:getSessionContext"] = _session_context
+INVOKE_RESULTS["aws:eks/getAddonVersion:getAddonVersion"] = _addon_version
 RESOURCE_OUTPUTS["pulumi:pulumi:StackReference"] = lambda name, inputs: {
     # What a create-mode stack of this project exports (see infra/program.py).
     "outputs": {

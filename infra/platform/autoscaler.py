@@ -5,10 +5,23 @@ size left to the autoscaler after creation). The PyTorchJob's pending pods make 
 raise the node group's Auto Scaling group to `count`; once the job has ended and its pods
 are cleaned up, the nodes are unneeded and go after `scaleDownUnneededMinutes`.
 
-Karpenter and EKS Auto Mode cannot express the launch template our GPU nodes need (one EFA
-interface per network card, a cluster placement group, a capacity reservation target), so
-the managed node group stays and the upstream autoscaler drives it. Facts it rests on, from
-kubernetes/autoscaler `cluster-autoscaler/cloudprovider/aws/README.md`:
+Why Cluster Autoscaler over a managed node group, not Karpenter (which since 1.11 can also
+express one EFA interface per card, a placement group and a reservation target):
+
+* The GPU nodes are an EKS managed node group on the launch template EKS documents for EFA and
+  for Capacity Blocks (EKS user guide `capacity-blocks-mng`: a custom launch template, desired
+  size 0 to upgrade), so EKS rolls their AMI and Kubernetes version, and managed node group
+  auto-repair replaces a node whose GPU fails (EKS user guide `ml-node-groups`: node repair and
+  lifecycle termination hooks come with managed groups, not with self-provisioned nodes).
+  Karpenter's nodes belong to no node group; Cluster Autoscaler scales one.
+* All-or-nothing starts for multi-node jobs (the queue the design plans: Kueue admits a job
+  only once all its nodes can come up) go through ProvisioningRequest
+  (`cluster-autoscaler/proposals/provisioning-request.md`, the atomic scale-up class), which
+  Cluster Autoscaler implements and Karpenter does not (kubernetes-sigs/karpenter#742 and
+  kubernetes-sigs/kueue#5133, both open).
+
+Facts the lease rests on, from kubernetes/autoscaler `cluster-autoscaler/cloudprovider/aws/
+README.md`:
 
 * A group with no node is known only from its ASG's tags: labels, taints and extended
   resources (`k8s.io/cluster-autoscaler/node-template/{label,taint,resources}/...`). The

@@ -3,7 +3,8 @@
 `create`: a pulumi-eks cluster in API authentication mode (access entries only, no aws-auth
 ConfigMap), Kubernetes secrets envelope-encrypted with a KMS key, control-plane logs in a log
 group the stack owns (so `pulumi destroy` removes it), the IAM OIDC provider and the Pod
-Identity agent, a CPU system node group for add-ons and operators, and the GPU node group.
+Identity agent, a CPU system node group for add-ons and operators, the GPU node group, and
+CoreDNS and the node monitoring agent as EKS add-ons that follow the Kubernetes version.
 
 `existing`: `aws.eks.get_cluster` by name and a Kubernetes provider built from it; optionally
 the outputs of the platform stack that created it. Nothing of the cluster is registered, so the
@@ -55,6 +56,18 @@ from infra.platform.network import Network
 
 SYSTEM_AMI_TYPE = "AL2023_x86_64_STANDARD"
 POD_IDENTITY_AGENT = "eks-pod-identity-agent"
+COREDNS = "coredns"
+"""EKS installs CoreDNS self-managed at creation and never upgrades it; pulumi-eks creates its
+add-on only with a default node group, Fargate or Auto Mode (v4.3.0 `nodejs/eks/cluster/
+cluster.ts` `createCore`: `fargate || !skipDefaultNodeGroup || autoMode`), none of which a
+cluster here has, so the stack manages it as the EKS add-on itself."""
+NODE_MONITORING_AGENT = "eks-node-monitoring-agent"
+"""EKS's node health agent: NodeConditions (AcceleratedHardwareReady for GPU XID errors among
+them) that managed node group auto-repair acts on. Its node agent tolerates every taint
+(aws/eks-node-monitoring-agent `charts/eks-node-monitoring-agent/values.yaml`
+`nodeAgent.tolerations: [{operator: Exists}]`), so it runs on the GPU nodes too; the chart's
+separate DCGM DaemonSet has no tolerations (`dcgmAgent.tolerations: []`) and so stays off the
+tainted GPU nodes: there the agent reads the kernel's GPU errors, not DCGM diagnostics."""
 CLUSTER_ADMIN_POLICY = "AmazonEKSClusterAdminPolicy"
 """Well-known label every node carries: selects the GPU nodes in both modes (an existing
 cluster's nodes do not carry this stack's own labels)."""
@@ -90,6 +103,23 @@ def confirm_system_instance_type(instance_type: str, parent: pulumi.Resource) ->
         )
 
 
+def existing_efa_memlock_warning(instance_type: str, stack: str) -> str:
+    """What an EFA stack on an existing cluster must check before its nodes cost anything.
+
+    Only the GPU launch template this project creates lifts the containers' RLIMIT_MEMLOCK
+    (infra/platform/gpu_nodes.py NODE_CONFIG); the AL2023 AMI's base runtime spec sets only
+    RLIMIT_NOFILE, so another team's nodes most likely give containers containerd's 8 MiB,
+    and every worker's preflight refuses only after the nodes came up and pulled the image."""
+    return (
+        f"cluster.mode existing with EFA ({instance_type}): the cluster's GPU nodes must lift "
+        "the containers' locked-memory limit (RLIMIT_MEMLOCK), which EKS's AMI leaves at "
+        "containerd's 8 MiB, or every worker's preflight refuses after the nodes are up; "
+        f"check with `fsdp-eks validate {stack} --skip nccl` (memlock per node) and fix by "
+        "adding RLIMIT_MEMLOCK to the nodes' nodeadm NodeConfig "
+        "spec.containerd.baseRuntimeSpec (docs/operations.md, 'EFA on an existing cluster')"
+    )
+
+
 def default_cluster_name(project: str, stack: str) -> str:
     """`<project>-<stack>` made a valid EKS cluster name (stack names may contain dots)."""
     name = re.sub(r"[^A-Za-z0-9_-]", "-", f"{project}-{stack}")
@@ -123,6 +153,10 @@ class Cluster(pulumi.ComponentResource):
     efa_interfaces_per_node: pulumi.Output[int]
     """EFA devices a job pod on a GPU node may request (`vpc.amazonaws.com/efa`)."""
     pod_identity_agent: aws.eks.Addon | None
+    coredns: aws.eks.Addon | None
+    """CoreDNS as the EKS add-on (created clusters only)."""
+    node_monitoring_agent: aws.eks.Addon | None
+    """EKS's node monitoring agent add-on (created clusters only)."""
     gpu_nodes: GpuNodeGroup | None
     """The GPU node group the stack created (None on an existing cluster)."""
     ready: list[pulumi.Resource]
@@ -135,6 +169,8 @@ class Cluster(pulumi.ComponentResource):
     ) -> None:
         super().__init__("fsdp-eks:cluster:Cluster", name, None, opts)
         self.pod_identity_agent = None
+        self.coredns = None
+        self.node_monitoring_agent = None
         self.gpu_nodes = None
         self.ready = []
         if args.cluster.mode == "create":
@@ -318,6 +354,10 @@ class Cluster(pulumi.ComponentResource):
             node_role=system_role.role,
             instance_types=[system.instance_type],
             ami_type=SYSTEM_AMI_TYPE,
+            # Explicit: beside a launch template pulumi-eks leaves `version` unset (v4.3.0
+            # `nodejs/eks/nodes/nodegroup.ts` `createManagedNodeGroupInternal`), and EKS keeps
+            # the group at the version it was created with when the control plane moves on.
+            version=config.kubernetes_version,
             subnet_ids=network.private_subnet_ids,
             scaling_config=aws.eks.NodeGroupScalingConfigArgs(
                 desired_size=system.desired_size,
@@ -353,6 +393,19 @@ class Cluster(pulumi.ComponentResource):
         self.auto_mode = pulumi.Output.from_input(False)
         self.ready = [system_nodes, gpu.node_group]
         self.gpu_nodes = gpu
+        # Both need nodes to run on before EKS reports them ACTIVE: the system nodes.
+        self.coredns = self._versioned_addon(
+            name, COREDNS, name_after_cluster, config.kubernetes_version, [system_nodes], tags,
+            # Takes over the Deployment EKS created; `preserve` keeps DNS running should the
+            # add-on resource ever go (pulumi-eks v4.3.0 sets the same for its own).
+            resolve_conflicts_on_create="OVERWRITE", resolve_conflicts_on_update="OVERWRITE",
+            preserve=True,
+        )  # fmt: skip
+        self.ready.append(self.coredns)
+        self.node_monitoring_agent = self._versioned_addon(
+            name, NODE_MONITORING_AGENT, name_after_cluster, config.kubernetes_version,
+            [system_nodes], tags,
+        )  # fmt: skip
         if config.installs_pod_identity_agent:
             self._install_pod_identity_agent(name, name_after_cluster, [system_nodes], tags)
 
@@ -404,6 +457,34 @@ class Cluster(pulumi.ComponentResource):
             opts=child,
         )
         return role, [cluster_policy, key_policy]
+
+    def _versioned_addon(
+        self,
+        name: str,
+        addon_name: str,
+        cluster_name: pulumi.Input[str],
+        kubernetes_version: str,
+        after: list[pulumi.Resource],
+        tags: Mapping[str, str],
+        **options: Any,
+    ) -> aws.eks.Addon:
+        """An EKS add-on at EKS's default version for the cluster's Kubernetes version, so it
+        moves with `cluster.kubernetesVersion` (an unset `addon_version` stays where it was
+        created: EKS upgrades no add-on itself)."""
+        version = aws.eks.get_addon_version_output(
+            addon_name=addon_name,
+            kubernetes_version=kubernetes_version,
+            opts=pulumi.InvokeOutputOptions(parent=self),
+        ).version
+        return aws.eks.Addon(
+            f"{name}-{addon_name.removeprefix('eks-')}",
+            cluster_name=cluster_name,
+            addon_name=addon_name,
+            addon_version=version,
+            tags=dict(tags),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=after),
+            **options,
+        )
 
     def _install_pod_identity_agent(
         self,
@@ -466,6 +547,11 @@ class Cluster(pulumi.ComponentResource):
         )
         self.gpu_subnet_id = self._existing_gpu_subnet(config, found, platform)
         self.efa_interfaces_per_node = pulumi.Output.from_input(args.gpu_nodes.efa_interface_count)
+        if args.gpu_nodes.efa_enabled:
+            pulumi.log.warn(
+                existing_efa_memlock_warning(args.gpu_nodes.instance_type, pulumi.get_stack()),
+                resource=self,
+            )
         # DescribeCluster `computeConfig.enabled`: Auto Mode's node pools provision the nodes.
         self.auto_mode = found.compute_configs.apply(
             lambda configs: any(c["enabled"] for c in configs or [])

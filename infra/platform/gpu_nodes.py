@@ -311,6 +311,11 @@ class GpuNodeGroup(pulumi.ComponentResource):
                 version=self.launch_template.latest_version.apply(str),
             ),
             labels=self.labels,
+            # EKS replaces (or reboots) a node the node monitoring agent reports unhealthy, a
+            # GPU with XID errors among them (EKS API NodeRepairConfig; the agent is a cluster
+            # add-on, infra.platform.cluster): a broken GPU node otherwise stays in the group,
+            # and every restart of the job lands on it again.
+            node_repair_config=aws.eks.NodeGroupNodeRepairConfigArgs(enabled=True),
             taints=[
                 aws.eks.NodeGroupTaintArgs(
                     key=t.key, value=t.value, effect=_TAINT_EFFECTS[t.effect]

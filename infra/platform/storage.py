@@ -56,6 +56,16 @@ LUSTRE_VERSION = "2.15"
 
 FILE_EVENTS = ["NEW", "CHANGED", "DELETED"]
 
+NONCURRENT_RUN_DAYS = 7
+"""Days S3 keeps an overwritten or deleted object of the run bucket (a noncurrent version).
+
+Every checkpoint `keep_last` prunes becomes one (the bucket is versioned), at the full price of
+a checkpoint (hundreds of GB for a large model): a week is time to notice and recover a
+mistaken delete, and bounds what pruned checkpoints bill to a week of storage each."""
+INCOMPLETE_UPLOAD_DAYS = 1
+"""Days before S3 aborts a multipart upload nobody completed (a save cut short by a stop); its
+parts bill like objects but are invisible to listings. A day is far beyond any real upload."""
+
 
 @dataclass
 class StorageArgs:
@@ -180,6 +190,15 @@ class Storage(pulumi.ComponentResource):
             policy=tls_only,
             # S3 rejects policy writes that race the public access block being applied.
             opts=self._opts(depends_on=[guards.public_access], **keep),
+        )
+        aws.s3.BucketLifecycleConfiguration(
+            f"{self._name}-bucket-lifecycle",
+            bucket=bucket.id,
+            rules=[run_bucket_lifecycle_rule()],
+            # Noncurrent-version actions are for a bucket with versioning on (S3 API,
+            # NoncurrentVersionExpiration), so after it, as pulumi-aws v7's example "for a bucket
+            # with versioning" orders them; retained with the bucket, which then goes on pruning.
+            opts=self._opts(depends_on=[guards.versioning], **keep),
         )
         return bucket.bucket, bucket.arn
 
@@ -401,3 +420,21 @@ class Storage(pulumi.ComponentResource):
             ),
             opts=self._opts(provider=args.k8s_provider, delete_before_replace=True),
         )
+
+
+def run_bucket_lifecycle_rule() -> aws.s3.BucketLifecycleConfigurationRuleArgsDict:
+    """The run bucket's one lifecycle rule, over every key: current objects stay (checkpoints
+    and exports are the run's results); noncurrent versions and abandoned multipart uploads go.
+
+    `expired_object_delete_marker` removes a delete marker once no version is left behind it,
+    so listings of a pruned prefix do not grow for ever (docs.aws.amazon.com/AmazonS3/latest/
+    userguide/lifecycle-configuration-examples.html, "Removing expired object delete
+    markers"; S3 accepts it only without `days`)."""
+    return {
+        "id": "prune-noncurrent-and-incomplete",
+        "status": "Enabled",
+        "filter": {},
+        "expiration": {"expired_object_delete_marker": True},
+        "noncurrent_version_expiration": {"noncurrent_days": NONCURRENT_RUN_DAYS},
+        "abort_incomplete_multipart_upload": {"days_after_initiation": INCOMPLETE_UPLOAD_DAYS},
+    }

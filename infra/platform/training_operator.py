@@ -1,4 +1,4 @@
-"""The Kubeflow training operator (v1.9), rendered in code with only the PyTorchJob scheme on.
+"""The Kubeflow training operator (v1.9.4), rendered in code with only the PyTorchJob scheme on.
 
 How the manifests ship, and why:
 
@@ -78,7 +78,7 @@ def _rule(groups: list[str], resources: list[str], verbs: list[str]) -> k8s.rbac
 
 ALL = ["create", "delete", "get", "list", "patch", "update", "watch"]
 CLUSTER_RULES = [
-    # What the v1.9.0 PyTorchJob controller declares (`pkg/controller.v1/pytorch/
+    # What the v1.9.4 PyTorchJob controller declares, as v1.9.0's (`pkg/controller.v1/pytorch/
     # pytorchjob_controller.go`, the `+kubebuilder:rbac` markers). Upstream's ClusterRole also
     # carries configmaps, serviceaccounts, roles/rolebindings and pods/exec: only the MPIJob
     # controller declares those (`pkg/controller.v1/mpi/mpijob_controller.go`), and with
@@ -86,9 +86,11 @@ CLUSTER_RULES = [
     _rule([""], ["events"], ALL),
     _rule([""], ["pods"], ALL),
     _rule([""], ["services"], ["create", "delete", "get", "list", "watch"]),
-    # The certificate rotator (open-policy-agent/cert-controller v0.12.0, `pkg/rotator`) keeps
-    # an informer on ValidatingWebhookConfigurations (get/list/watch cannot be narrowed by
-    # name: an informer lists them all) and `Update`s only the one it injects the CA into.
+    # The certificate rotator (open-policy-agent/cert-controller v0.16.0 in v1.9.4,
+    # `pkg/rotator`) keeps an informer on ValidatingWebhookConfigurations (get/list/watch
+    # cannot be narrowed by name: an informer lists them all) and `Update`s only the one it
+    # injects the CA into (`ReconcileWH.ensureCerts`, on every reconcile): so `update` is
+    # bound to that one by name, and cannot go (the operator has no flag to stop rotating).
     _rule(
         ["admissionregistration.k8s.io"],
         ["validatingwebhookconfigurations"],
@@ -111,7 +113,7 @@ CLUSTER_RULES = [
 SECRET_RULES = [
     # Upstream grants secrets get/list/watch/update cluster-wide (`pkg/cert/cert.go` marker),
     # i.e. every Secret of every namespace. The rotator reads Secrets through a cache scoped
-    # to the operator's own namespace (cert-controller v0.12.0 `addNamespacedCache`, keyed by
+    # to the operator's own namespace (cert-controller v0.16.0 `addNamespacedCache`, keyed by
     # `SecretKey.Namespace`) and writes only its certificate Secret: a namespaced Role is
     # enough, and `update` is bound to that one Secret by name.
     _rule([""], ["secrets"], ["get", "list", "watch"]),
@@ -122,7 +124,7 @@ SECRET_RULES = [
 """Namespaced (the operator's namespace): the webhook certificate Secret only."""
 
 OPERATOR_USER_ID = 65532
-"""uid:gid the operator runs as. Its v1.9.0 image is `gcr.io/distroless/static:latest` with one
+"""uid:gid the operator runs as. Its v1.9.x image is `gcr.io/distroless/static:latest` with one
 static binary (`build/images/training-operator/Dockerfile`), whose default user is root; 65532
 is distroless's own `nonroot` user. The binary needs no file it does not get from a volume."""
 
@@ -354,7 +356,7 @@ class TrainingOperator(pulumi.ComponentResource):
             ),
             # Restricted Pod Security profile. The root filesystem can be read-only: the
             # operator writes only through the API (the rotator `Update`s the Secret; cert-
-            # controller v0.12.0 `ensureCertsMounted` merely stats the files kubelet projects
+            # controller v0.16.0 `ensureCertsMounted` merely stats the files kubelet projects
             # into the cert volume below), and it logs to stderr.
             security_context=k8s.core.v1.SecurityContextArgs(
                 allow_privilege_escalation=False,

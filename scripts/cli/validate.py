@@ -10,7 +10,9 @@ Pulumi program:
    allocatable `nvidia.com/gpu` and `vpc.amazonaws.com/efa` equal to `infra/facts/instances.py`;
 2. nvidia-smi: a Job runs one pod per GPU node, each taking the whole node, and every pod
    sees all its GPUs (and EFA devices) — the device plugins work end to end — and can write
-   to the job's FSx claim, i.e. the CSI driver mounts Lustre on the GPU nodes;
+   to the job's FSx claim, i.e. the CSI driver mounts Lustre on the GPU nodes; each reports
+   the locked-memory limit a container gets on its node, which with EFA must reach the node's
+   memory (the trainer's preflight rule);
 3. nccl: a PyTorchJob runs an all-reduce over every GPU (`infra/job/payloads/nccl_allreduce.py`,
 launched by torchrun like the trainer) and reports bus bandwidth and the transport NCCL chose:
    `NET/OFI` with the `efa` provider (EFA) or `NET/Socket` (the silent TCP fallback).
@@ -143,11 +145,44 @@ class GpuCheckReport:
     efa_devices: int
     fsx: str | None = None
     """`writable <size> KiB`, `not writable`, or None when no claim was mounted."""
+    memlock: str | None = None
+    """A container's soft RLIMIT_MEMLOCK on the node: bytes, `unlimited`, or None (not
+    reported)."""
+    mem_total_kib: int | None = None
+    """The node's memory (`MemTotal`), what the trainer's preflight holds the limit against."""
+
+    def memlock_below_memory(self) -> bool:
+        """Whether the limit binds EFA: below the node's memory (the preflight's rule,
+        `trainer/preflight.py` `_check_memlock`); False when either figure is missing."""
+        if self.memlock is None or not self.memlock.isdigit() or self.mem_total_kib is None:
+            return False
+        return int(self.memlock) < self.mem_total_kib * 1024
+
+    def memlock_text(self) -> str:
+        if self.memlock is None or not self.memlock.isdigit():
+            return self.memlock or "not reported"
+        return _bytes_text(int(self.memlock))
+
+
+def _bytes_text(count: int) -> str:
+    for unit, size in (
+        ("EiB", 2**60),
+        ("PiB", 2**50),
+        ("TiB", 2**40),
+        ("GiB", 2**30),
+        ("MiB", 2**20),
+    ):
+        if count >= size:
+            return f"{count / size:.4g} {unit}"
+    return f"{count} B"
 
 
 def parse_gpu_check_log(text: str) -> GpuCheckReport:
-    """One gpu-check pod's log (`node:`, `gpu:` and `efa_devices:` lines)."""
+    """One gpu-check pod's log (`node:`, `gpu:`, `efa_devices:`, `memlock:`,
+    `mem_total_kib:` and `fsx:` lines)."""
     node, gpus, efa, fsx = "?", [], 0, None
+    memlock: str | None = None
+    mem_total: int | None = None
     for line in text.splitlines():
         key, _, value = line.partition(":")
         value = value.strip()
@@ -159,7 +194,13 @@ def parse_gpu_check_log(text: str) -> GpuCheckReport:
             efa = int(value)
         elif key == "fsx":
             fsx = value
-    return GpuCheckReport(node=node, gpus=gpus, efa_devices=efa, fsx=fsx)
+        elif key == "memlock" and value:
+            memlock = value
+        elif key == "mem_total_kib" and value.isdigit():
+            mem_total = int(value)
+    return GpuCheckReport(
+        node=node, gpus=gpus, efa_devices=efa, fsx=fsx, memlock=memlock, mem_total_kib=mem_total
+    )
 
 
 def check_gpu_reports(
@@ -185,8 +226,19 @@ def check_gpu_reports(
             )
         if fsx and not (report.fsx or "").startswith("writable"):
             problems.append(f"{report.node}: FSx claim {report.fsx or 'not mounted'}")
+        if expected.efa and report.memlock_below_memory():
+            # The trainer's preflight refuses such a node, after its image was pulled.
+            problems.append(
+                f"{report.node}: containers may lock {report.memlock_text()} of memory "
+                "(RLIMIT_MEMLOCK), below the node's memory: EFA cannot register NCCL's buffers "
+                "and the trainer's preflight refuses to start; raise it in the nodes' "
+                "containerd base runtime spec (docs/validation.md, 'Locked memory for EFA')"
+            )
     models = sorted({gpu.split(",")[1].strip() for r in reports for gpu in r.gpus if "," in gpu})
     detail = f"{len(nodes)} node(s), {'/'.join(models) or 'no GPUs'}"
+    limits = sorted({report.memlock_text() for report in reports})
+    if limits:
+        detail += f", memlock {'/'.join(limits)}"
     if fsx:
         detail += ", FSx writable" if not problems else ", FSx checked"
     return CheckResult("nvidia-smi", not problems, detail, problems)

@@ -149,7 +149,7 @@ def test_no_efa_plugin_for_instances_without_efa():
 def test_operator_enables_only_the_pytorchjob_scheme_with_the_pinned_image(default):
     deployment = default.one(DEPLOYMENT)
     [container] = deployment.inputs["spec"]["template"]["spec"]["containers"]
-    assert container["image"] == "kubeflow/training-operator:v1-5170a36"
+    assert container["image"] == "ghcr.io/kubeflow/training-v1/training-operator:v1-93c5489"
     assert container["args"] == ["--enable-scheme=pytorchjob"]
     env = {item["name"]: item["valueFrom"]["fieldRef"]["fieldPath"] for item in container["env"]}
     assert env["MY_POD_NAMESPACE"] == "metadata.namespace"
@@ -169,14 +169,14 @@ def test_operator_image_override():
 
 
 def test_only_the_pytorchjob_crd_is_applied_from_the_release_commit(default):
-    """Pinned by the commit of tag v1.9.0 in kubeflow/trainer (the renamed repository), not
+    """Pinned by the commit of tag v1.9.4 in kubeflow/trainer (the renamed repository), not
     by the tag: a tag can be moved, a commit's content cannot."""
     crd = default.one(CONFIG_FILE)
     assert crd.remote
-    assert crd.inputs["file"] == crd_url(TRAINING_OPERATOR_RELEASES["v1.9.0"])
+    assert crd.inputs["file"] == crd_url(TRAINING_OPERATOR_RELEASES["v1.9.4"])
     assert crd.inputs["file"] == (
         "https://raw.githubusercontent.com/kubeflow/trainer/"
-        "6f74c7f6b2ed6c27aabd82d0a316b23f0646059c/manifests/base/crds/kubeflow.org_pytorchjobs.yaml"
+        "4445c12aa62e4345b0c2c6ac9b215a70eca46ed7/manifests/base/crds/kubeflow.org_pytorchjobs.yaml"
     )
     assert "mpijob" not in crd.inputs["file"]
 

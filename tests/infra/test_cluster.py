@@ -206,6 +206,66 @@ def test_default_version_upgrades_at_the_end_of_standard_support(created: Evalua
     assert created.one(NODE_GROUP).inputs["version"] == "1.35"
 
 
+def pulumi_eks_node_group_version(inputs: dict[str, Any], cluster_version: str) -> str | None:
+    """The `version` pulumi-eks gives a ManagedNodeGroup's EKS node group: its own, else the
+    cluster's, but never the cluster's beside a launch template (pulumi/pulumi-eks v4.3.0
+    `nodejs/eks/nodes/nodegroup.ts` `createManagedNodeGroupInternal`: "default the version to
+    the cluster version if not provided ... if the user doesn't provide a launch template").
+    EKS then fixes the group at the version it was created with."""
+    if "version" in inputs:
+        return str(inputs["version"])
+    return None if "launchTemplate" in inputs else cluster_version
+
+
+@pytest.mark.parametrize("version", ["1.34", "1.35"])
+def test_every_node_group_follows_the_kubernetes_version(version: str) -> None:
+    """Bumping `cluster.kubernetesVersion` upgrades the control plane and every node group,
+    the system group (on its own launch template) included."""
+    result = build({"name": "train", "kubernetesVersion": version})
+    assert result.one(EKS).inputs["version"] == version
+    system = result.one(MNG, "platform-system").inputs
+    assert "launchTemplate" in system
+    assert pulumi_eks_node_group_version(system, version) == version
+    assert result.one(NODE_GROUP).inputs["version"] == version
+
+
+@pytest.mark.parametrize("version", ["1.34", "1.35"])
+def test_coredns_and_the_node_monitoring_agent_are_eks_add_ons_that_follow_the_version(
+    version: str,
+) -> None:
+    """pulumi-eks creates no CoreDNS add-on without a default node group (v4.3.0
+    `nodejs/eks/cluster/cluster.ts`), so EKS's self-managed copy would never be upgraded; both
+    add-ons take EKS's default version for the cluster's Kubernetes version, asked of EKS."""
+    result = build({"name": "train", "kubernetesVersion": version})
+    system = result.one(MNG, "platform-system")
+    asked = {
+        args["addonName"]: args
+        for token, args in result.invokes
+        if token == "aws:eks/getAddonVersion:getAddonVersion"
+    }
+    for addon_name, resource_name in (
+        ("coredns", "platform-coredns"),
+        ("eks-node-monitoring-agent", "platform-node-monitoring-agent"),
+    ):
+        addon = result.one(ADDON, resource_name)
+        assert addon.inputs["addonName"] == addon_name
+        assert addon.inputs["clusterName"] == "train"
+        assert asked[addon_name]["kubernetesVersion"] == version
+        assert not asked[addon_name].get("mostRecent")  # EKS's default, not the newest
+        assert addon.inputs["addonVersion"] == f"v1.{version.split('.')[1]}.0-eksbuild.1"
+        assert result.depends_on(addon, system)  # its pods need nodes to become ACTIVE
+    coredns = result.one(ADDON, "platform-coredns").inputs
+    # Takes over the Deployment EKS installed at creation, and keeps DNS if ever removed.
+    assert coredns["resolveConflictsOnCreate"] == "OVERWRITE"
+    assert coredns["preserve"] is True
+    assert result.one(ADDON, "platform-coredns").urn in result.stack_outputs["ready"]
+
+
+def test_an_existing_cluster_gets_neither_add_on() -> None:
+    result = build({"mode": "existing", "name": "team-gpu"})
+    assert result.of_type(ADDON) == []
+
+
 def test_default_name_is_project_and_stack() -> None:
     assert build({}).one(EKS).inputs["name"] == "fsdp-eks-dev"
     assert default_cluster_name("fsdp-eks", "llama.8b") == "fsdp-eks-llama-8b"
@@ -317,7 +377,7 @@ def test_no_wildcard_action_on_wildcard_resource(created: Evaluation) -> None:
 
 
 def test_pod_identity_agent_installed_and_ready(created: Evaluation) -> None:
-    addon = created.one(ADDON)
+    addon = created.one(ADDON, "platform-pod-identity-agent")
     assert addon.inputs["addonName"] == "eks-pod-identity-agent"
     assert addon.inputs["clusterName"] == "train"
     assert created.depends_on(addon, created.one(MNG, "platform-system"))
@@ -378,6 +438,32 @@ def test_existing_cluster_creates_nothing_it_does_not_own() -> None:
     assert result.stack_outputs["efa"] == 32
     # no configured subnet, no platform stack: the cluster's first subnet
     assert result.stack_outputs["gpuSubnet"] == f"subnet-{short_hash('team-gpu' + 'us-west-2a')}"
+
+
+@pytest.mark.parametrize(
+    ("gpu", "warned"),
+    [
+        (GPU, True),  # p5: 32 EFA interfaces
+        ({"instanceType": "g5.xlarge", "count": 1, "availabilityZone": "us-west-2b"}, False),
+        ({**GPU, "efa": False}, False),
+    ],
+)
+def test_existing_cluster_with_efa_warns_about_locked_memory(gpu: dict[str, Any], warned: bool):
+    """Only the launch template this project creates lifts RLIMIT_MEMLOCK (gpu_nodes.py
+    NODE_CONFIG); the AMI's base runtime spec sets only RLIMIT_NOFILE (awslabs/amazon-eks-ami
+    `nodeadm/internal/containerd/base-runtime-spec.json`). A team cluster's EFA nodes most
+    likely fail the preflight: `pulumi preview` and the plan say so first, in one line."""
+    result = build({"mode": "existing", "name": "team-gpu"}, gpu)
+    lines = [w for w in result.warnings if "RLIMIT_MEMLOCK" in w]
+    assert len(lines) == (1 if warned else 0)
+    if warned:
+        [line] = lines
+        assert "\n" not in line
+        assert line.startswith("cluster.mode existing with EFA (p5.48xlarge)")
+        assert "fsdp-eks validate dev --skip nccl" in line  # the stack evaluated
+        assert "spec.containerd.baseRuntimeSpec" in line
+    # A created cluster's GPU nodes lift the limit themselves: no warning there.
+    assert not [w for w in build({"name": "train"}, gpu).warnings if "RLIMIT_MEMLOCK" in w]
 
 
 def test_existing_cluster_kubeconfig_uses_aws_eks_get_token() -> None:

@@ -33,8 +33,11 @@ def test_defaults_install_everything_with_exact_pins():
     assert config.training_operator.install
     assert config.nvidia_device_plugin.version == "0.18.2"
     assert config.efa_device_plugin.version == "v0.5.30"
-    assert config.training_operator.version == "v1.9.0"
-    assert config.training_operator.resolved_image == "kubeflow/training-operator:v1-5170a36"
+    # v1.9.4: cleanPodPolicy respected past backoffLimit, images on GHCR.
+    assert config.training_operator.version == "v1.9.4"
+    assert config.training_operator.resolved_image == (
+        "ghcr.io/kubeflow/training-v1/training-operator:v1-93c5489"
+    )
     assert config.training_operator.namespace == "kubeflow"
 
 

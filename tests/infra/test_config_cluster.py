@@ -215,8 +215,8 @@ def test_efa_and_placement_can_be_switched_off() -> None:
         ),
         ({"capacity": {"type": "dedicated"}}, r"capacity\.type"),
         ({"availabilityZone": "west"}, r"gpuNodes\.availabilityZone 'west'"),
-        ({"labels": {"node.kubernetes.io/pool": "x"}}, r"prefix EKS reserves"),
-        ({"labels": {"bad key": "x"}}, r"not a Kubernetes label key"),
+        ({"labels": {"node.kubernetes.io/pool": "x"}}, r"'kubernetes\.io/', which EKS reserves"),
+        ({"labels": {"bad key": "x"}}, r"gpuNodes\.labels key 'bad key' is not a Kubernetes key"),
         ({"taints": [{"key": "nvidia.com/gpu"}]}, r"must not repeat"),
         ({"labels": {"team": "ml research"}}, r"gpuNodes\.labels value 'ml research'"),
         ({"labels": {"team": "x" * 64}}, r"gpuNodes\.labels value"),
@@ -228,6 +228,43 @@ def test_efa_and_placement_can_be_switched_off() -> None:
 def test_gpu_nodes_errors_name_the_key(overrides: dict[str, Any], message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         gpu(**overrides)
+
+
+LONG_KEY = "research.example.com/" + "a" * 60
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        # EKS refuses these domains in a node group's labels and taints (CreateNodegroup:
+        # "Label cannot contain reserved prefixes [kubernetes.io/, k8s.io/, eks.amazonaws.com/]").
+        (
+            {"labels": {"eks.amazonaws.com/capacityType": "SPOT"}},
+            r"gpuNodes\.labels key 'eks\.amazonaws\.com/capacityType' uses the domain "
+            r"'eks\.amazonaws\.com/'",
+        ),
+        (
+            {"taints": [{"key": "eks.amazonaws.com/compute-type"}]},
+            r"gpuNodes\.taints key 'eks\.amazonaws\.com/compute-type' uses the domain",
+        ),
+        # A valid Kubernetes key (<= 316) that EKS (63) and the ASG tag (128 - 46) refuse.
+        ({"labels": {LONG_KEY: "x"}}, rf"gpuNodes\.labels key '{LONG_KEY}' has 81 characters"),
+        ({"taints": [{"key": LONG_KEY}]}, r"gpuNodes\.taints key .* has 81 characters"),
+        # Overriding the pool label would hide the GPU group from the autoscaler's discovery.
+        (
+            {"labels": {"fsdp-eks/node-pool": "training"}},
+            r"gpuNodes\.labels key 'fsdp-eks/node-pool' is the stack's own node-pool label",
+        ),
+        ({"labels": {"team": ""}}, r"gpuNodes\.labels value '' of 'team'"),
+    ],
+)
+def test_gpu_node_keys_eks_and_the_autoscaler_refuse_are_refused(
+    overrides: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValidationError, match=message) as raised:
+        gpu(**overrides)
+    [error] = raised.value.errors()
+    assert "\n" not in str(error["msg"])
 
 
 def test_sections_are_frozen() -> None:

@@ -143,6 +143,17 @@ def test_spot_capacity_type() -> None:
     assert build(capacity={"type": "spot"}).one(NODE_GROUP).inputs["capacityType"] == "SPOT"
 
 
+@pytest.mark.parametrize(
+    "capacity",
+    [{"type": "on-demand"}, {"type": "block", "reservationId": "cr-0123456789abcdef0"}],
+)
+def test_gpu_nodes_are_repaired_by_eks(capacity: dict[str, Any]) -> None:
+    """Managed node group auto-repair (EKS API CreateNodegroup `nodeRepairConfig`, off by
+    default) acts on the node monitoring agent's conditions, GPU XID errors among them."""
+    node_group = build(capacity=capacity).one(NODE_GROUP).inputs
+    assert node_group["nodeRepairConfig"] == {"enabled": True}
+
+
 def test_imdsv2_required_for_the_node_only_and_a_large_gp3_root_volume() -> None:
     template = build(rootVolumeGiB=1200).one(LT).inputs
     metadata = template["metadataOptions"]

@@ -120,7 +120,7 @@ ALLOWED: dict[str, Allowed] = {
     # --------------------------------
     "CKV_K8S_43": Allowed(
         r"^Deployment\.kubeflow\.training-operator$",
-        "The v1.9.0 operator image is pinned by tag: no digest for it is published or could "
+        "The v1.9.4 operator image is pinned by tag: no digest for it is published or could "
         "be verified (infra/config/addons.py); addons.trainingOperator.image takes a "
         "`@sha256:` pin, with which this check passes.",
     ),
@@ -133,7 +133,11 @@ ALLOWED: dict[str, Allowed] = {
         r"^ClusterRole\.default\.training-operator$",
         "`update` on validatingwebhookconfigurations is bound by resourceNames to the "
         "operator's own configuration (test_hardening.py); checkov's RBAC checks ignore "
-        "resourceNames (checkov/kubernetes/checks/resource/base_rbac_check.py rule_can).",
+        "resourceNames (checkov 3.3.30 kubernetes/checks/resource/base_rbac_check.py "
+        "rule_can), and the right cannot go: the operator's certificate rotator Updates that "
+        "configuration's caBundle on every reconcile (open-policy-agent/cert-controller "
+        "v0.16.0, used by v1.9.4, pkg/rotator/rotator.go ReconcileWH.ensureCerts), and the "
+        "operator has no switch to turn the rotator off (cmd/training-operator.v1/main.go).",
     ),
     # --- docker/Dockerfile -----------------------------------------------------------------
     "CKV_DOCKER_7": Allowed(

@@ -412,3 +412,26 @@ def test_the_projects_guardrails_pass(policy):
     from infra.policy.offline import run_policies
 
     assert [str(v) for v in run_policies(run({"dataPolicy": policy}))] == []
+
+
+LIFECYCLE = "aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration"
+
+
+@pytest.mark.parametrize("policy", ["retain", "delete"])
+def test_run_bucket_prunes_noncurrent_versions_and_abandoned_uploads(policy):
+    """Every checkpoint `keep_last` prunes becomes a noncurrent version of the versioned bucket,
+    and a save cut short leaves multipart parts: without a lifecycle rule both bill for ever."""
+    result = run({"dataPolicy": policy})
+    lifecycle = result.one(LIFECYCLE)
+    assert lifecycle.inputs["bucket"] == f"{result.one(BUCKET).name}-id"
+    [rule] = lifecycle.inputs["rules"]
+    assert rule["status"] == "Enabled"
+    assert rule["filter"] == {}  # every key of the bucket
+    assert rule["noncurrentVersionExpiration"]["noncurrentDays"] <= 7
+    assert rule["abortIncompleteMultipartUpload"]["daysAfterInitiation"] == 1
+    # Current objects (the run's checkpoints and exports) never expire.
+    assert rule["expiration"] == {"expiredObjectDeleteMarker": True}
+    # Noncurrent-version actions need versioning on: ordered after it.
+    assert result.depends_on(lifecycle, result.one("aws:s3/bucketVersioning:BucketVersioning"))
+    # A retained bucket keeps its rule (it goes on billing otherwise).
+    assert lifecycle.retain_on_delete is (policy == "retain")

@@ -3,6 +3,7 @@ PyTorchJob CRD schema and Kubernetes shapes), expected device counts from the in
 and the parsing of node lists, nvidia-smi output and NCCL logs into a verdict."""
 
 import os
+import resource as rlimits
 import socket
 import subprocess
 import sys
@@ -686,6 +687,36 @@ def test_image_comes_from_the_flag_then_the_stack_config():
         validate_cluster.resolve_image(config, "val", None, {})
 
 
+P5_MEMORY_KIB = 2 * 1024**3  # MemTotal of a 2 TiB node
+
+
+@pytest.mark.parametrize(
+    ("memlock", "efa_stack", "passes", "shown"),
+    [
+        ("8388608", True, False, "8 MiB"),  # containerd's default: the preflight refuses
+        (str(10**18), True, True, "888.2 PiB"),  # what the stack's NodeConfig sets
+        ("unlimited", True, True, "unlimited"),
+        ("8388608", False, True, "8 MiB"),  # no EFA: nothing registers memory
+    ],
+)
+def test_gpu_check_reports_the_nodes_locked_memory_limit(memlock, efa_stack, passes, shown):
+    """An existing cluster's nodes rarely lift RLIMIT_MEMLOCK (only this project's launch template
+    does): validate says the figure, and fails an EFA stack where the preflight would refuse."""
+    log_text = GPU_CHECK_LOG + f"memlock: {memlock}\nmem_total_kib: {P5_MEMORY_KIB}\n"
+    report = parse_gpu_check_log(log_text)
+    assert report.memlock == memlock and report.mem_total_kib == P5_MEMORY_KIB
+    config = stack("p5.48xlarge", 1) if efa_stack else stack("p5.48xlarge", 1, efa=False)
+    expected = expected_node_resources(config)
+    report = GpuCheckReport(report.node, report.gpus, expected.efa, None, memlock, P5_MEMORY_KIB)
+    result = check_gpu_reports([report], expected)
+    assert result.passed is passes, result.problems
+    assert f"memlock {shown}" in result.detail
+    if not passes:
+        [problem] = result.problems
+        assert problem.startswith(f"{report.node}: containers may lock 8 MiB of memory")
+        assert "docs/validation.md" in problem
+
+
 def test_gpu_check_script_output_parses(tmp_path):
     """The pod's shell script, run here with a stand-in nvidia-smi, prints what the parser reads."""
     from infra.job.cluster_checks import GPU_CHECK_SCRIPT
@@ -702,11 +733,26 @@ def test_gpu_check_script_output_parses(tmp_path):
     shared = tmp_path / "fsx"
     shared.mkdir()
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "NODE_NAME": "ip-10-0-1-1", "FSX_PATH": str(shared)}
+    limit = 4 * 2**20
+    _, hard = rlimits.getrlimit(rlimits.RLIMIT_MEMLOCK)
     done = subprocess.run(
-        ["/bin/sh", "-c", GPU_CHECK_SCRIPT], capture_output=True, text=True, env=env, check=False
+        ["/bin/sh", "-c", GPU_CHECK_SCRIPT],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        # The limit a container on the node would start with: the script must report it.
+        preexec_fn=lambda: rlimits.setrlimit(rlimits.RLIMIT_MEMLOCK, (limit, hard)),
     )
     assert done.returncode == 0, done.stderr
     report = parse_gpu_check_log(done.stdout)
+    assert report.memlock == str(limit)
+    mem_total = next(
+        int(line.split()[1])
+        for line in Path("/proc/meminfo").read_text().splitlines()
+        if line.startswith("MemTotal:")
+    )
+    assert report.mem_total_kib == mem_total
     assert report.node == "ip-10-0-1-1"
     assert [gpu.split(",")[1].strip() for gpu in report.gpus] == ["NVIDIA A10G"] * 2
     assert report.efa_devices == 0
