@@ -35,6 +35,7 @@ executor needing a process group to start its own).
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import random
 import threading
@@ -490,6 +491,8 @@ class CheckpointManager:
         deadline = time.monotonic() + timeout_s
         try:
             flight.upload.result(timeout=timeout_s)
+        except concurrent.futures.TimeoutError:
+            return False  # still uploading (an Exception too: caught before the failures)
         except (Exception, CheckpointException):
             return True  # failed: nothing will become durable; the publisher logged why
         if flight.publisher is not None:
