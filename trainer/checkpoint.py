@@ -62,6 +62,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
+from trainer.cadence import Every
 from trainer.checkpoint_store import (
     COMPLETE_MARKER,
     CheckpointStore,
@@ -289,13 +290,20 @@ class CheckpointManager:
     """
 
     def __init__(
-        self, checkpoint_dir: str | Path, *, keep_last: int, async_save: bool = False
+        self,
+        checkpoint_dir: str | Path,
+        *,
+        keep_last: int,
+        async_save: bool = False,
+        every: int = 0,
     ) -> None:
         if keep_last < 0:
             raise ValueError(f"keep_last must be >= 0 (0 keeps all), got {keep_last}")
         self.store: CheckpointStore = open_store(checkpoint_dir)
         self.checkpoint_dir = self.store.root
         self.keep_last = keep_last
+        self.due = Every(every)
+        """Whether a periodic save is due after a step (every `every` steps; 0: never)."""
         self.async_save = async_save
         self._in_flight: _InFlight | None = None
         self._finished: list[SaveRecord] = []
