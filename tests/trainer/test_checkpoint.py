@@ -642,3 +642,17 @@ def test_drain_says_a_save_is_still_in_flight_when_its_wait_times_out(tmp_path):
     assert manager.in_flight()
     never_done.set_exception(OSError("lost"))
     assert manager.drain(0.01) is True  # failed: nothing will become durable
+
+
+def test_a_disk_that_fills_mid_record_is_named_not_the_serializers_position_error(tmp_path):
+    """torch.save into a file whose disk fills after the record's zip header: torch raises
+    `unexpected pos` with the ENOSPC only as its context; the failure names the ENOSPC."""
+    from trainer.checkpoint_upload import describe_failure
+    from trainer.faults import _FullStream
+
+    target = tmp_path / "rank-00001.pt"
+    with target.open("wb") as file, pytest.raises(RuntimeError, match="unexpected pos") as hit:
+        torch.save(torch.zeros(1000), _FullStream(file, str(target)))  # type: ignore[arg-type]
+    assert describe_failure(hit.value, rank=1) == (
+        f"rank 1: OSError: [Errno 28] No space left on device: '{target}'"
+    )
