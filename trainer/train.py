@@ -740,9 +740,9 @@ class Trainer:
 
     def _save_last(self, step: int) -> None:
         """Collective, before the process ends (a stop, or the run's end): the save in flight
-        lands, and `step` is saved unless that save was of it. Written by this process, so a
-        stop's SIGTERM, which torchrun also passes to the upload process, costs nothing here:
-        a save lost with that process is replaced by this one."""
+        lands (a stop's SIGTERM does not end its upload process: trainer.checkpoint_upload),
+        and `step` is saved unless that save was of it. Written by this process; a save lost
+        all the same (its upload process killed) is replaced by this one."""
         if self.checkpoints is None:
             return
         if not self.checkpoints.wait():
