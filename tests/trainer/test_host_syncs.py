@@ -189,3 +189,44 @@ def test_a_spike_on_a_checkpoint_step_that_does_not_log_is_judged_before_the_sav
     assert saved == [5, 10, 15, 16]
     # Syncs only on logging steps, save steps and the step a rollback returned to.
     assert {step for step in syncs} <= {2, 4, 5, 6, 8, 10, 12, 14, 15, 16}, syncs
+
+
+def test_a_stop_after_a_spiked_step_stops_with_the_last_good_checkpoint(
+    tiny_assets: TinyAssets, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM after step 12; step 13, the one the run stops after, neither logs nor saves
+    periodically and its loss is scaled x100. The stop judges it before its save: a rollback
+    to step 10, and the run stops there without saving the spiked state."""
+    from trainer.preemption import PreemptedError
+
+    args = tiny_args(
+        tiny_assets,
+        max_steps=16,
+        logging_freq=2,
+        digest_freq=100,
+        checkpoint_dir=tmp_path / "ckpt",
+        checkpoint_freq=5,
+        loss_spike_factor=3,
+        signal_at_step=12,
+        metrics_file=tmp_path / "metrics.jsonl",
+    )
+    run = Trainer(parse_args(args))
+    loss_scale = run.faults.loss_scale
+
+    def spike_at_13(*, step: int, batch: int, micro: int, scale: float) -> float:
+        factor = 100 if step == 13 and run.faults.first_attempt else 1
+        return factor * loss_scale(step=step, batch=batch, micro=micro, scale=scale)
+
+    monkeypatch.setattr(run.faults, "loss_scale", spike_at_13)
+    try:
+        with pytest.raises(PreemptedError) as stopped:
+            run.train()
+    finally:
+        run.close()
+    assert stopped.value.step == 10
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    [rollback] = [r for r in records if r["kind"] == "rollback"]
+    assert (rollback["step"], rollback["to_step"]) == (13, 10)
+    [stop] = [r for r in records if r["kind"] == "stop"]
+    assert stop["step"] == 10
+    assert sorted(p.name for p in (tmp_path / "ckpt").glob("step-*")) == ["step-10", "step-5"]
