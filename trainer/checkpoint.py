@@ -449,11 +449,11 @@ class CheckpointManager:
         A write that failed on any rank (a full disk, an S3 error) fails on every rank: DCP
         gathers the writes' results to the coordinator and broadcasts the outcome as a
         ``CheckpointException``; it raises a ``CheckpointError``. An upload process that died
-        (killed, or out of memory) fails its own rank's upload, and the others' through their collectives with it, or not at all when they had
-        finished: so the outcome is agreed on by every rank before anyone acts on it. Such a
-        save is lost, not a reason to stop: every rank ends its upload process, and the next
-        save starts new ones. A failed publish on rank 0 is broadcast too, so all ranks raise
-        the same error together.
+        (killed, or out of memory) fails its own rank's upload, and the others' through their
+        collectives with it, or not at all when they had finished: so the outcome is agreed
+        on by every rank before anyone acts on it. Such a save is lost, not a reason to stop:
+        every rank ends its upload process, and the next save starts new ones. A failed
+        publish on rank 0 is broadcast too, so all ranks raise the same error together.
         """
         flight, self._in_flight = self._in_flight, None
         if flight is None:
