@@ -16,9 +16,10 @@ save's start to that moment is the save's *time to durable*, logged and handed t
 (``pop_finished``). The next save, a stop, a rollback and the end of the run first wait for the
 one in flight (``wait()``): at most one save is ever in flight, so the staging buffers are free
 again when the next save copies into them. The stop and final saves (``blocking``) are written
-by the trainer process itself: a stop's SIGTERM reaches the upload process too (torchrun
-signals the worker's process group), and a save it cuts short is lost, not fatal. A hang exits
-only after ``drain()``, which waits for the upload and the marker without any collective.
+by the trainer process itself. A stop's SIGTERM reaches the upload process too (torchrun
+signals the worker's process group); it records the signal and writes on, so the save in
+flight lands before the stop's own (trainer.checkpoint_upload ``defer_stop_signals``). A hang
+exits only after ``drain()``, which waits for the upload and the marker without any collective.
 Background collectives run on a gloo group of their own: DCP's async save needs a CPU backend
 (torch ``state_dict_saver.async_save`` asserts one), and the main thread keeps the default
 group.
@@ -35,6 +36,7 @@ executor needing a process group to start its own).
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import random
 import threading
@@ -61,6 +63,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
+from trainer.cadence import Every
 from trainer.checkpoint_store import (
     COMPLETE_MARKER,
     CheckpointStore,
@@ -288,13 +291,20 @@ class CheckpointManager:
     """
 
     def __init__(
-        self, checkpoint_dir: str | Path, *, keep_last: int, async_save: bool = False
+        self,
+        checkpoint_dir: str | Path,
+        *,
+        keep_last: int,
+        async_save: bool = False,
+        every: int = 0,
     ) -> None:
         if keep_last < 0:
             raise ValueError(f"keep_last must be >= 0 (0 keeps all), got {keep_last}")
         self.store: CheckpointStore = open_store(checkpoint_dir)
         self.checkpoint_dir = self.store.root
         self.keep_last = keep_last
+        self.due = Every(every)
+        """Whether a periodic save is due after a step (every `every` steps; 0: never)."""
         self.async_save = async_save
         self._in_flight: _InFlight | None = None
         self._finished: list[SaveRecord] = []
@@ -439,12 +449,11 @@ class CheckpointManager:
         A write that failed on any rank (a full disk, an S3 error) fails on every rank: DCP
         gathers the writes' results to the coordinator and broadcasts the outcome as a
         ``CheckpointException``; it raises a ``CheckpointError``. An upload process that died
-        (torchrun's SIGTERM reaches it with its worker's process group) fails its own rank's
-        upload, and the others' through their collectives with it, or not at all when they had
-        finished: so the outcome is agreed on by every rank before anyone acts on it. Such a
-        save is lost, not a reason to stop: every rank ends its upload process, and the next
-        save starts new ones. A failed publish on rank 0 is broadcast too, so all ranks raise
-        the same error together.
+        (killed, or out of memory) fails its own rank's upload, and the others' through their
+        collectives with it, or not at all when they had finished: so the outcome is agreed
+        on by every rank before anyone acts on it. Such a save is lost, not a reason to stop:
+        every rank ends its upload process, and the next save starts new ones. A failed
+        publish on rank 0 is broadcast too, so all ranks raise the same error together.
         """
         flight, self._in_flight = self._in_flight, None
         if flight is None:
@@ -490,6 +499,8 @@ class CheckpointManager:
         deadline = time.monotonic() + timeout_s
         try:
             flight.upload.result(timeout=timeout_s)
+        except concurrent.futures.TimeoutError:
+            return False  # still uploading (an Exception too: caught before the failures)
         except (Exception, CheckpointException):
             return True  # failed: nothing will become durable; the publisher logged why
         if flight.publisher is not None:

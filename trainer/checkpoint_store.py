@@ -36,6 +36,7 @@ import re
 import shutil
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -47,6 +48,7 @@ from torch.distributed.checkpoint import (
     StorageReader,
     StorageWriter,
 )
+from torch.distributed.checkpoint.filesystem import FileSystemBase
 
 from trainer.log import get_logger
 
@@ -155,6 +157,85 @@ def split_location(location: str | os.PathLike[str]) -> tuple[CheckpointStore, s
     text = str(location).rstrip("/")
     parent = text.rsplit("/", 1)[0] if "/" in text else "."
     return open_store(parent), text
+
+
+# --- write failures that name their cause
+
+
+def os_error_behind(error: BaseException) -> OSError | None:
+    """The OSError a failed write hides, if any: a full disk in the middle of a
+    ``torch.save`` record surfaces as ``RuntimeError: [enforce fail at
+    inline_container.cc:672] . unexpected pos ...``, raised by the zip writer's
+    ``write_end_of_file`` while the ENOSPC is handled (torch ``serialization.py``
+    ``_open_zipfile_writer_buffer.__exit__``), so the OSError is only its context."""
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, OSError):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
+class DelegatingFileSystem(FileSystemBase):
+    """A DCP file system (the local one, or s3torchconnector's) that hands every call to
+    ``inner``; subclasses change what they need. Picklable: it travels to DCP's upload
+    process with the writer."""
+
+    def __init__(self, inner: FileSystemBase) -> None:
+        self.inner = inner
+
+    @contextmanager
+    def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[io.IOBase]:
+        with self.inner.create_stream(path, mode) as stream:
+            yield stream
+
+    def concat_path(self, path: str | os.PathLike[str], suffix: str) -> str | os.PathLike[str]:
+        return self.inner.concat_path(path, suffix)
+
+    def rename(self, path: str | os.PathLike[str], new_path: str | os.PathLike[str]) -> None:
+        self.inner.rename(path, new_path)
+
+    def init_path(self, path: str | os.PathLike[str]) -> str | os.PathLike[str]:
+        return self.inner.init_path(path)
+
+    def mkdir(self, path: str | os.PathLike[str]) -> None:
+        self.inner.mkdir(path)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        return True
+
+    def exists(self, path: str | os.PathLike[str]) -> bool:
+        return self.inner.exists(path)
+
+    def rm_file(self, path: str | os.PathLike[str]) -> None:
+        self.inner.rm_file(path)
+
+
+class NamedWriteErrors(DelegatingFileSystem):
+    """A write that fails inside torch's serializer raises the OSError behind it (ENOSPC
+    naming the file), not the serializer's own ``unexpected pos`` line. Done where the write
+    happens: DCP sends a failure to the trainer by pickle, which drops ``__context__``."""
+
+    @contextmanager
+    def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[io.IOBase]:
+        try:
+            with self.inner.create_stream(path, mode) as stream:
+                yield stream
+        except RuntimeError as error:
+            cause = os_error_behind(error)
+            if cause is None:
+                raise
+            raise OSError(cause.errno, cause.strerror, cause.filename or str(path)) from error
+
+
+def named_write_errors(writer: StorageWriter) -> StorageWriter:
+    """``writer`` (a ``FileSystemWriter``: both stores' are), its failures named."""
+    assert isinstance(writer, FileSystemWriter), type(writer)
+    writer.fs = NamedWriteErrors(writer.fs)  # type: ignore[assignment]
+    return writer
 
 
 # --- a filesystem every rank mounts
@@ -274,7 +355,7 @@ class FileSystemStore:
         return str(target)
 
     def writer(self, location: str) -> StorageWriter:
-        return FileSystemWriter(location)
+        return named_write_errors(FileSystemWriter(location))
 
     def reader(self, location: str) -> StorageReader:
         return FileSystemReader(location)
@@ -485,7 +566,7 @@ class S3Store:
         writer: StorageWriter = S3StorageWriter(
             s3_region(), location, s3client_config=s3_client_config()
         )
-        return writer
+        return named_write_errors(writer)
 
     def reader(self, location: str) -> StorageReader:
         from s3torchconnector.dcp import S3StorageReader

@@ -32,12 +32,13 @@ slower. This module hands ``async_save`` what torch provides for that instead:
 
 torchrun forwards a stop's SIGTERM to each worker's whole process group
 (``elastic/multiprocessing/subprocess_handler/subprocess_handler.py`` ``close``:
-``os.killpg``), which holds the daemon too, and the daemon has no handler for it: an upload in
-flight then dies with it. Nothing is lost by that: the trainer's stop checkpoint, of that step
-or a later one, is written by the trainer process itself (trainer.checkpoint
-``save(blocking=True)``).
-The daemon also ends with the trainer otherwise: its serving loop reads the trainer's end of a
-pipe, which closes when the trainer exits.
+``os.killpg``), which holds the daemon too, and torch gives the daemon no handler for it, so an
+upload in flight would die with it and the stop would have to write the whole state again.
+The daemon therefore records SIGTERM and goes on (``defer_stop_signals``): the upload in flight
+lands, the trainer's stop waits for it (trainer.checkpoint ``wait``) and skips its own save
+when that one is of the same step. The daemon still ends with the trainer: it leaves its
+serving loop on the trainer's request at exit or when the trainer's end of its pipe closes, and
+torchrun's SIGKILL of the group after its shutdown timeout bounds the whole stop.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ import atexit
 import contextlib
 import logging
 import multiprocessing
+import signal
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -55,6 +58,8 @@ from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import STATE_DICT_TYPE
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.tensor import DTensor
+
+from trainer.checkpoint_store import os_error_behind
 
 
 class StagingBuffers(DefaultStager):
@@ -106,6 +111,23 @@ class UploadPlanner(DefaultSavePlanner):
             root = logging.getLogger()
             if _drop_root_records not in root.filters:
                 root.addFilter(_drop_root_records)
+            defer_stop_signals()
+
+
+STOP_RECEIVED = threading.Event()
+"""Set in the upload process once a stop's SIGTERM reached it (its write goes on)."""
+
+
+def _record_stop(_signum: int, _frame: Any) -> None:
+    STOP_RECEIVED.set()
+
+
+def defer_stop_signals() -> None:
+    """In the upload process, before its first write: SIGTERM is recorded, not fatal, so a
+    write in flight when torchrun signals the worker's process group still lands. Runs on
+    the daemon's main thread (the request is unpickled there), where Python allows it."""
+    if signal.getsignal(signal.SIGTERM) is not _record_stop:
+        signal.signal(signal.SIGTERM, _record_stop)
 
 
 def _drop_root_records(record: logging.LogRecord) -> bool:
@@ -132,16 +154,16 @@ def on_device(state: Any) -> bool:
     return any(tensor.device.type != "cpu" for tensor in local_tensors(state))
 
 
-def stop_upload_process(timeout_s: float = 30.0) -> None:
+def stop_upload_process(timeout_s: float = 10.0) -> None:
     """End torch's upload daemon, if this process started one; the next save spawns another.
 
     torch offers no call for it: the daemon is meant to live as long as the trainer
     (``_async_process_executor.py``, ``_ProcessBasedAsyncCheckpointExecutor.execute_save``),
     and its ``_AsyncCheckpointProcess.__del__`` asks it to stop, waits 5 s, then sends a
-    SIGTERM. So this asks and waits, and kills only a daemon that does not stop. Also run at a
-    normal interpreter exit, before multiprocessing's own exit handler, which would SIGTERM a
-    daemon mid-write (``multiprocessing/util.py`` ``_exit_function``). (The trainer itself ends
-    with ``os._exit``; the daemon then sees its pipe close and exits.)
+    SIGTERM, which the daemon only records (``defer_stop_signals``). So this asks, waits, and
+    kills a daemon that does not stop. Also run at a normal interpreter exit, before
+    multiprocessing's own exit handler (``multiprocessing/util.py`` ``_exit_function``). (The
+    trainer itself ends with ``os._exit``; the daemon then sees its pipe close and exits.)
     """
     from torch.distributed.checkpoint import _async_process_executor as executor
 
@@ -151,7 +173,8 @@ def stop_upload_process(timeout_s: float = 30.0) -> None:
     executor._CHECKPOINT_PROCESS = None
     process = daemon._save_process
     with contextlib.suppress(OSError):  # a daemon already gone has closed its pipe
-        daemon.__del__()  # the TERMINATE request: the daemon leaves its serving loop
+        # The TERMINATE request (what __del__ sends first): the daemon leaves its loop.
+        daemon._send(executor._CheckpointSaveProcessControlOpts.TERMINATE)
     process.join(timeout_s)
     if process.is_alive():
         process.kill()
@@ -186,5 +209,7 @@ def describe_failure(error: BaseException, *, rank: int) -> str:
 
 
 def _exception_text(error: BaseException) -> str:
+    # A torch.save on this process's own disk (a train_state) that met a full disk mid-record.
+    error = os_error_behind(error) or error
     text = str(error)
     return f"{type(error).__name__}: {text}" if text else type(error).__name__

@@ -522,6 +522,13 @@ class InjectedFaultConfig:
         "interrupted, unless this run resumed from a checkpoint (0: off). Every rank then "
         "saves step N+1 and exits with code 143.",
     )
+    stop_in_upload_at_step: int = _flag(
+        0,
+        "Under torchrun: the last rank's upload of the step-N checkpoint is held until its "
+        "upload process is sent SIGTERM, and right after step N that rank sends SIGTERM to "
+        "torchrun, which signals every worker's process group, as a pod deletion does, "
+        "unless this run resumed from a checkpoint (0: off).",
+    )
     stall_at_step: int = _flag(
         0,
         "The last rank stops making progress right after step N (as on a stuck GPU or read), "
@@ -548,6 +555,7 @@ class InjectedFaultConfig:
             "crash_in_save_at_step",
             "disk_full_at_step",
             "signal_at_step",
+            "stop_in_upload_at_step",
             "stall_at_step",
             "nan_at_step",
         ):

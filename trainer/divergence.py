@@ -10,34 +10,75 @@ it), and training goes on from good weights with data it has not choked on.
 The non-finite rule is judged on every step, on the device: the count of consecutive skipped
 updates (identical on every rank, the gradient norm being global) and the longest such run
 since the last rollback are two tensors updated without a host-device sync, and a run of
-`rollback_after` latches. The host reads the latch at the next point where it syncs anyway (a
-logging step, which reads the loss, or a save, which copies the state), so a run of bad steps
-that ends between two logging steps still rolls back, and an ordinary step pays nothing. The
-loss-spike rule needs the loss averaged over ranks, which exists on logging steps only.
+`rollback_after` latches. The guard judges at the points where the host syncs anyway: a
+logging step (which reads the loss) and before every save (which copies the state), so a run
+of bad steps that ends between two logging steps still rolls back, and an ordinary step pays
+nothing. Before a save it also judges the loss for a spike (averaging it over ranks itself
+when the step logs nothing): a spiked but finite state is never saved, so it can never become
+the checkpoint a later rollback returns to.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 
 import torch
+
+from trainer.distributed import all_reduce_mean
 
 RECENT_LOSSES = 20
 """Logged losses the spike rule compares with: recent, and enough to average out noise."""
 MIN_LOSSES_FOR_SPIKES = 5
 
 
-class DivergenceGuard:
-    """Counts consecutive skipped updates on the device every step; read at sync points."""
+def _never(_step: int) -> bool:
+    return False
 
-    def __init__(self, *, rollback_after: int, spike_factor: float, device: torch.device) -> None:
+
+class DivergenceGuard:
+    """Counts consecutive skipped updates on the device every step; judges at sync points."""
+
+    def __init__(
+        self,
+        *,
+        rollback_after: int,
+        spike_factor: float,
+        device: torch.device,
+        saves_due: Callable[[int], bool] = _never,
+    ) -> None:
+        """`saves_due(step)`: whether the state after `step` is about to be saved (the
+        checkpoint manager's own cadence), so the guard judges it first."""
         self.rollback_after = rollback_after
         self.spike_factor = spike_factor
         self._device = device
+        self._saves_due = saves_due
         self._consecutive = torch.zeros((), device=device)
         self._longest = torch.zeros((), device=device)
         self._losses: deque[float] = deque(maxlen=RECENT_LOSSES)
+        self._judged_step = -1
+
+    def judge(self, step: int, loss: torch.Tensor, mean_loss: float | None = None) -> str | None:
+        """At the end of `step`: why the run must roll back now, or None. `mean_loss` is the
+        loss over ranks when the step logged it; the guard judges then, and before a save
+        (averaging `loss`, this rank's, over ranks itself); any other step costs nothing.
+        Collective when it averages: every rank keeps the same cadence."""
+        if mean_loss is None:
+            if not self._saves_due(step):
+                return None
+            return self.judge_before_save(step, loss)
+        self._judged_step = step
+        return self.verdict(mean_loss)
+
+    def judge_before_save(self, step: int, loss: torch.Tensor) -> str | None:
+        """Before a save of the state after `step` that the cadence did not foresee (a
+        stop's), unless the guard judged this step already. Syncs: a save does anyway. The
+        loss is judged for a spike but kept out of the history, which holds logged losses."""
+        if self._judged_step == step:
+            return None
+        self._judged_step = step
+        return self.verdict(float(all_reduce_mean(loss).item()), remember=False)
 
     def observe(self, skipped: torch.Tensor) -> None:
         """After every step: `skipped` is 1.0 when its update was skipped. No sync."""
@@ -53,8 +94,9 @@ class DivergenceGuard:
             return f"{longest} consecutive non-finite steps"
         return None
 
-    def verdict(self, mean_loss: float) -> str | None:
-        """On a logging step: why the run must roll back now, or None."""
+    def verdict(self, mean_loss: float, *, remember: bool = True) -> str | None:
+        """Why the run must roll back now, or None; a finite loss that is no spike joins the
+        recent history when `remember`."""
         reason = self.nonfinite_verdict()
         if reason is not None:
             return reason
@@ -69,7 +111,8 @@ class DivergenceGuard:
                     f"loss {mean_loss:.4f} is above {self.spike_factor:g} x its recent "
                     f"average {average:.4f}"
                 )
-            self._losses.append(mean_loss)
+            if remember:
+                self._losses.append(mean_loss)
         return None
 
     def reset(self) -> None:

@@ -20,20 +20,30 @@ import errno
 import io
 import math
 import os
+import signal
 import sys
+import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from torch.distributed.checkpoint import FileSystemWriter, StorageWriter
 from torch.distributed.checkpoint.filesystem import FileSystemBase
 
+from trainer.checkpoint_store import DelegatingFileSystem
+from trainer.checkpoint_upload import STOP_RECEIVED
 from trainer.config import InjectedFaultConfig, parse_batch_ranges
 from trainer.log import get_logger
 from trainer.preemption import StopRequests
 
 logger = get_logger("faults")
+
+HELD_UPLOAD_WAIT_S = 300.0
+"""Bound on `--stop_in_upload_at_step`'s waits (for the upload to be held, for the signal to
+reach it): each ends on an event; the bound only keeps a broken run from hanging a test."""
 
 FAULT_EXIT_CODE = 17
 """Exit code of `--fail_at_step` and `--crash_in_save_at_step`: a test (or an operator) tells
@@ -87,6 +97,8 @@ class FaultInjector:
             # As one interrupted node's ranks: the others learn of it through the agreement.
             logger.warning("--signal_at_step %d: sending SIGTERM to this rank", step)
             stops.request()
+        if self._fires(self.cfg.stop_in_upload_at_step, step) and self.targeted:
+            self._stop_torchrun_during_upload(step, stops)
         if self._fires(self.cfg.stall_at_step, step) and self.targeted:
             self._stall(step)
         if self._fires(self.cfg.fail_at_step, step):
@@ -94,6 +106,25 @@ class FaultInjector:
             logger.warning("--fail_at_step %d: exiting abruptly", step)
             sys.stderr.flush()
             os._exit(FAULT_EXIT_CODE)
+
+    def _held_upload_marker(self, step: int) -> str:
+        """A file the held upload of `step` creates once it waits (named by this process)."""
+        return str(Path(tempfile.gettempdir()) / f"fsdp-eks-held-upload-{os.getpid()}-{step}")
+
+    def _stop_torchrun_during_upload(self, step: int, stops: StopRequests) -> None:
+        """Once this rank's upload of `step` is held, SIGTERM to torchrun (the worker's parent),
+        which sends it on to every worker's process group (torch `elastic/multiprocessing/
+        subprocess_handler/subprocess_handler.py` `close`: `os.killpg`), upload processes too.
+        Returns once this rank has it, so every rank agrees to stop after the next step."""
+        marker = self._held_upload_marker(step)
+        deadline = time.monotonic() + HELD_UPLOAD_WAIT_S
+        while not Path(marker).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        logger.warning("--stop_in_upload_at_step %d: sending SIGTERM to torchrun", step)
+        os.kill(os.getppid(), signal.SIGTERM)
+        deadline = time.monotonic() + HELD_UPLOAD_WAIT_S
+        while stops.signal_name is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # the handler runs on this thread, between two sleeps
 
     @staticmethod
     def _stall(step: int) -> None:
@@ -119,11 +150,21 @@ class FaultInjector:
             if not isinstance(writer, FileSystemWriter):  # pragma: no cover - both stores are
                 raise TypeError(f"cannot fill the disk under {type(writer).__name__}")
             writer.fs = NoSpaceLeft(writer.fs)  # type: ignore[assignment]
+        if self._fires(self.cfg.stop_in_upload_at_step, step) and self.targeted:
+            assert isinstance(writer, FileSystemWriter), type(writer)
+            writer.fs = HeldUntilStopped(writer.fs, self._held_upload_marker(step))  # type: ignore[assignment]
         return writer
 
 
+ZIP_RECORD_START = b"PK\x03\x04"
+"""How a zip local file header begins: `torch.save` opens every record with one."""
+
+
 class _FullStream(io.RawIOBase):
-    """The real stream (the file is opened, the S3 upload started), but nothing fits."""
+    """The real stream (the file is opened, the S3 upload started), but the disk fills up
+    right after a zip header: a write that starts a `torch.save` archive lands, the next
+    fails, so the failure comes from inside torch's serializer, where a full disk most
+    often meets a large shard (its `unexpected pos` error, the ENOSPC only its context)."""
 
     def __init__(self, stream: io.IOBase, path: str) -> None:
         super().__init__()
@@ -136,40 +177,38 @@ class _FullStream(io.RawIOBase):
     def tell(self) -> int:
         return self._stream.tell()
 
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        return self._stream.seek(offset, whence)
+
     def write(self, data: Any) -> int:
+        if bytes(memoryview(data)[:4]) == ZIP_RECORD_START:
+            return self._stream.write(data)
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self._path)
 
 
-class NoSpaceLeft(FileSystemBase):
-    """A DCP file system (the local one, or s3torchconnector's) whose writes fail as on a
-    full disk. Picklable: it travels to DCP's upload process with the writer."""
-
-    def __init__(self, inner: FileSystemBase) -> None:
-        self.inner = inner
+class NoSpaceLeft(DelegatingFileSystem):
+    """A DCP file system whose writes fail as on a full disk (`_FullStream`)."""
 
     @contextmanager
     def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[io.IOBase]:
         with self.inner.create_stream(path, mode) as stream:
             yield _FullStream(stream, str(path)) if "w" in mode else stream
 
-    def concat_path(self, path: str | os.PathLike[str], suffix: str) -> str | os.PathLike[str]:
-        return self.inner.concat_path(path, suffix)
 
-    def rename(self, path: str | os.PathLike[str], new_path: str | os.PathLike[str]) -> None:
-        self.inner.rename(path, new_path)
+class HeldUntilStopped(DelegatingFileSystem):
+    """A DCP file system whose first write waits, in the upload process, until a stop's
+    SIGTERM reached that process (`trainer.checkpoint_upload.STOP_RECEIVED`), then writes as
+    usual. It creates `marker` once it waits, so the rank knows when to send the stop."""
 
-    def init_path(self, path: str | os.PathLike[str]) -> str | os.PathLike[str]:
-        return self.inner.init_path(path)
+    def __init__(self, inner: FileSystemBase, marker: str) -> None:
+        super().__init__(inner)
+        self.marker = marker
 
-    def mkdir(self, path: str | os.PathLike[str]) -> None:
-        self.inner.mkdir(path)
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
-        return True
-
-    def exists(self, path: str | os.PathLike[str]) -> bool:
-        return self.inner.exists(path)
-
-    def rm_file(self, path: str | os.PathLike[str]) -> None:
-        self.inner.rm_file(path)
+    @contextmanager
+    def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[io.IOBase]:
+        if "w" in mode and not STOP_RECEIVED.is_set():
+            Path(self.marker).touch()
+            STOP_RECEIVED.wait(HELD_UPLOAD_WAIT_S)
+            Path(self.marker).unlink()
+        with self.inner.create_stream(path, mode) as stream:
+            yield stream

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import math
 import os
 import sys
 import time
@@ -22,6 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from trainer.cadence import Every
 from trainer.checkpoint import (
     CheckpointManager,
     UnreadableCheckpointError,
@@ -73,6 +73,7 @@ from trainer.preemption import StopRequests, control_group
 from trainer.preflight import Expectations, run_preflight
 from trainer.restarts import account_start, read_records
 from trainer.telemetry import start_telemetry
+from trainer.validate import Validator
 from trainer.watchdog import HangWatchdog
 
 logger = get_logger("train")
@@ -219,10 +220,9 @@ class Trainer:
             seed=self.seed,
         )
         self._train_iter: Iterator[dict[str, torch.Tensor]] | None = None
-        # Built once: the validation batches are the same on every pass.
-        self.val_loader: Iterable[dict[str, torch.Tensor]] | None = None
+        val_loader: Iterable[dict[str, torch.Tensor]] | None = None
         if cfg.logging.validation_freq:
-            self.val_loader = build_val_loader(
+            val_loader = build_val_loader(
                 cfg.data,
                 tokenizer=self.tokenizer,
                 seq_len=self.seq_len,
@@ -306,6 +306,7 @@ class Trainer:
                 cfg.checkpoint.checkpoint_dir,
                 keep_last=cfg.checkpoint.keep_last_checkpoints,
                 async_save=cfg.checkpoint.async_checkpoint,
+                every=cfg.checkpoint.checkpoint_freq,
             )
         self._last_saved_step = -1
         if cfg.checkpoint.resume_from_checkpoint:
@@ -331,6 +332,18 @@ class Trainer:
             tensorboard_dir=tensorboard_local,
         )
         self.sinks = MultiSink([files, self.telemetry])  # every rank's records feed its metrics
+        # Each periodic task keeps its own cadence: logging here, validation and saves in
+        # their components, the divergence guard's judgement in the guard.
+        self.log_due = Every(cfg.logging.logging_freq, last=cfg.optim.max_steps)
+        self.validator: Validator | None = None
+        if val_loader is not None:
+            self.validator = Validator(
+                val_loader,
+                every=cfg.logging.validation_freq,
+                max_batches=cfg.logging.validation_batches,
+                device=self.device,
+                sinks=self.sinks,
+            )
         accumulation = cfg.optim.gradient_accumulation_steps
         self.throughput = ThroughputModel(
             samples_per_step=cfg.data.train_batch_size * accumulation * self.dist.world_size,
@@ -347,6 +360,7 @@ class Trainer:
             rollback_after=cfg.safety.rollback_after_nonfinite,
             spike_factor=cfg.safety.loss_spike_factor,
             device=self.device,
+            saves_due=self.checkpoints.due if self.checkpoints is not None else Every(0),
         )
         self.rollbacks = 0
         # SIGTERM (spot interruption, drain, deadline): save at the next step boundary, exit.
@@ -467,15 +481,9 @@ class Trainer:
                 self.step += 1
                 step = self.step
                 self.telemetry.step_completed(step)
-                reason: str | None = None
-                if step % cfg.logging.logging_freq == 0 or step == cfg.optim.max_steps:
-                    mean_loss = self._log_train(step, result, timer)
-                    if progress is not None:
-                        progress.set_postfix_str(f"loss {mean_loss:.4f}", refresh=False)
-                    reason = self.divergence.verdict(mean_loss)
-                elif self._checkpoint_due(step):
-                    # A save syncs anyway: never save what a rollback is about to discard.
-                    reason = self.divergence.nonfinite_verdict()
+                mean_loss = self._log_if_due(step, result, timer, progress)
+                # Before any save too: never save what a rollback is about to discard.
+                reason = self.divergence.judge(step, result.loss, mean_loss)
                 if reason is not None:
                     self._roll_back(step, reason)
                     timer = StepTimer(start_step=self.step, max_steps=cfg.optim.max_steps)
@@ -484,10 +492,9 @@ class Trainer:
                     if self.stops.agreed():  # this step's agreement is still owed
                         self._stop(self.step)
                     continue
-                if cfg.logging.validation_freq and step % cfg.logging.validation_freq == 0:
-                    self.validate(step)
-                if self._checkpoint_due(step):
-                    self.save(step)
+                if self.validator is not None and self.validator.should_validate(step):
+                    self.validator.validate(self.model, step)
+                self.save_if_due(step)
                 self._record_saves()
                 if progress is not None:
                     progress.update(1)
@@ -495,7 +502,7 @@ class Trainer:
                     self.watchdog.beat(step)
                 self.faults.after_step(step, self.stops, settle=self._drain_saves)
                 if self.stops.agreed():
-                    self._stop(step)
+                    self._stop(step, result)
         # No step follows: the final save and the export (minutes for a large model) are not
         # a hang, and a watchdog exit here would restart a finished run into the same export.
         if self.watchdog is not None:
@@ -567,8 +574,14 @@ class Trainer:
         )
         self.telemetry.set_state("training")
 
-    def _stop(self, step: int) -> None:
-        """Every rank agreed to stop after `step`: save it (unless just saved), record, raise."""
+    def _stop(self, step: int, result: StepResult | None = None) -> None:
+        """Every rank agreed to stop after `step`: save it (unless just saved), record, raise.
+        `result`: the step's, whose state the guard judges first (None: a state just loaded)."""
+        if result is not None and self.checkpoints is not None:
+            reason = self.divergence.judge_before_save(step, result.loss)
+            if reason is not None:  # the last checkpoint is the state to stop with
+                self._roll_back(step, reason)
+                step = self.step
         stop = self.stops.stop(step)
         self.telemetry.set_state("stopping")
         saved = self.checkpoints is not None
@@ -659,52 +672,6 @@ class Trainer:
 
     # --- validation, logging, checkpoints
 
-    @torch.no_grad()
-    def validate(self, step: int) -> float:
-        """Mean loss over up to `--validation_batches` batches per rank, averaged over ranks."""
-        cfg = self.cfg
-        if self.val_loader is None:
-            raise RuntimeError("validate() needs --validation_freq > 0 (no validation loader)")
-        self.model.eval()
-        batches = self.val_loader
-        total = torch.zeros((), device=self.device)
-        count = 0
-        iterator = iter(batches)
-        for _ in range(cfg.logging.validation_batches):
-            batch = next(iterator, None)
-            # Every rank must run the same number of sharded forwards (each is collective):
-            # stop as soon as any rank runs out.
-            have = torch.tensor(0.0 if batch is None else 1.0, device=self.device)
-            dist.all_reduce(have, op=dist.ReduceOp.MIN)
-            if batch is None or have.item() == 0:
-                break
-            outputs = self.model(
-                input_ids=batch["input_ids"].to(self.device),
-                labels=batch["labels"].to(self.device),
-            )
-            total += outputs.loss.float()
-            count += 1
-        self.model.train()
-        if count == 0:
-            logger.warning("validation at step %d: no batches", step)
-            return math.nan
-        val_loss = float(all_reduce_mean(total / count).item())
-        perplexity = math.exp(min(val_loss, 50.0))
-        # Worded so that monitors matching the training line (`.*Loss:.*`) do not pick it up.
-        logger.info(
-            "Validation at batch %d: loss %.5f, perplexity %.3f", step, val_loss, perplexity
-        )
-        self.sinks.write(
-            {
-                "kind": "validation",
-                "step": step,
-                "val_loss": val_loss,
-                "val_perplexity": perplexity,
-                "batches": count,
-            }
-        )
-        return val_loss
-
     def _log_train(self, step: int, result: StepResult, timer: StepTimer) -> float:
         # The one sync point of a logging step: the mean loss over ranks.
         mean_loss = float(all_reduce_mean(result.loss).item())
@@ -747,9 +714,21 @@ class Trainer:
             self.outputs.sync_if_due()
         return mean_loss
 
-    def _checkpoint_due(self, step: int) -> bool:
-        freq = self.cfg.checkpoint.checkpoint_freq
-        return self.checkpoints is not None and freq > 0 and step % freq == 0
+    def _log_if_due(
+        self, step: int, result: StepResult, timer: StepTimer, progress: Any
+    ) -> float | None:
+        """The step's log line and metrics on a logging step: the loss over ranks, else None."""
+        if not self.log_due(step):
+            return None
+        mean_loss = self._log_train(step, result, timer)
+        if progress is not None:
+            progress.set_postfix_str(f"loss {mean_loss:.4f}", refresh=False)
+        return mean_loss
+
+    def save_if_due(self, step: int) -> None:
+        """A periodic save when the checkpoint manager's cadence says one is due."""
+        if self.checkpoints is not None and self.checkpoints.due(step):
+            self.save(step)
 
     def save(self, step: int, *, blocking: bool = False) -> None:
         """Collective: model, optimizer, schedule, and this rank's data position and RNG.
@@ -781,9 +760,9 @@ class Trainer:
 
     def _save_last(self, step: int) -> None:
         """Collective, before the process ends (a stop, or the run's end): the save in flight
-        lands, and `step` is saved unless that save was of it. Written by this process, so a
-        stop's SIGTERM, which torchrun also passes to the upload process, costs nothing here:
-        a save lost with that process is replaced by this one."""
+        lands (a stop's SIGTERM does not end its upload process: trainer.checkpoint_upload),
+        and `step` is saved unless that save was of it. Written by this process; a save lost
+        all the same (its upload process killed) is replaced by this one."""
         if self.checkpoints is None:
             return
         if not self.checkpoints.wait():

@@ -181,7 +181,8 @@ class JobConfig(ConfigSection):
         alias="shmSizeGiB",
         description=(
             "Size of the memory-backed /dev/shm. Default: a quarter of the node's memory, "
-            "at most 256 GiB."
+            "at most 256 GiB, or more where an asynchronous save stages more (each node's "
+            "shards of the model and optimizer state, in fp32, with 10% to spare)."
         ),
     )
     extra_env: dict[str, str] = Field(

@@ -35,6 +35,7 @@ from infra.estimates.memory_fit import (
     memory_warnings,
     parallelism,
 )
+from infra.estimates.stop_save import stop_save_warnings
 from infra.facts.hub_models import HUB_MODELS
 from infra.facts.prices import PriceUnknownError
 
@@ -119,6 +120,7 @@ def plan_run(config: StackConfig) -> RunPlan:
         # both at once (more nodes) is one a person can only choose knowing both.
         problems.extend(_deadline_problems(config, duration))
         warnings.extend(_deadline_warnings(config, duration))
+        warnings.extend(stop_save_warnings(config, grace_s=grace_s, checkpoint_s=save_s))
     if config.job.max_run_hours is None:
         warnings.append(_NO_DEADLINE)
     warnings.extend(_init_from_warnings(config))

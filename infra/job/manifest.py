@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from infra.estimates.staging import staging_shm_gib
 from infra.facts.instances import scheduling_labels
 from infra.job.flags import (
     CHECKPOINT_BUCKET_ENV,
@@ -112,7 +113,9 @@ def pod_size(config: StackConfig) -> PodSize:
     reserved_cpus = max(_MIN_RESERVED_CPUS, int(facts.vcpus * _RESERVED_CPU_FRACTION))
     cpus = max(1, int((facts.vcpus - reserved_cpus) * share))
     memory = max(1, int(facts.memory_gib * _MEMORY_FRACTION * share))
-    shm = config.job.shm_size_gib or max(1, min(_MAX_DEFAULT_SHM_GIB, memory // 4))
+    # By default also room for an asynchronous save's staged state (infra.estimates.staging).
+    default_shm = max(1, min(_MAX_DEFAULT_SHM_GIB, memory // 4), staging_shm_gib(config))
+    shm = config.job.shm_size_gib or min(default_shm, max_shm_gib(config))
     return PodSize(
         gpus=config.gpus_per_node,
         efa_interfaces=config.gpu_nodes.efa_interface_count,
@@ -120,6 +123,11 @@ def pod_size(config: StackConfig) -> PodSize:
         memory_gib=memory,
         shm_gib=shm,
     )
+
+
+def max_shm_gib(config: StackConfig) -> int:
+    """The most /dev/shm a pod may ask for: `job.shmSizeGiB`'s bound (infra.config.stack)."""
+    return config.instance.memory_gib // 2 - 1
 
 
 def container_resources(size: PodSize) -> dict[str, dict[str, Any]]:

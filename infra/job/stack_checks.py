@@ -46,6 +46,7 @@ from infra.job.manifest import (
     render_job,
     s3_env,
 )
+from infra.job.staging_fit import staging_problems
 from trainer.config import DEFAULT_TOKENIZER, parse_args
 from trainer.presets import get_preset
 
@@ -506,6 +507,7 @@ def semantic_problems(plan: RunPlan) -> list[str]:
         *namespace_problems(config),
         *vocabulary_problems(config),
         *init_from_problems(config),
+        *staging_problems(config),
     ]
     if plan.has_timeouts:
         problems = [

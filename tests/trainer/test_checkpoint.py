@@ -10,6 +10,7 @@ import os
 import random
 import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -621,3 +622,37 @@ def test_a_truncated_shard_is_unreadable_and_set_aside_not_deleted(tmp_path):
     assert manager.latest() == str(tmp_path / "step-1")
     _save(manager, 3, run)  # pruning leaves what was set aside alone
     assert Path(aside).is_dir()
+
+
+def test_drain_says_a_save_is_still_in_flight_when_its_wait_times_out(tmp_path):
+    """An upload that has not finished when `drain`'s time is up is still in flight: the
+    future's TimeoutError is an Exception too, and must not read as "failed, nothing left"."""
+    manager = CheckpointManager(tmp_path, keep_last=3, async_save=True)
+    never_done: Future[Any] = Future()
+    manager._in_flight = ckpt_module._InFlight(
+        step=5,
+        location=str(tmp_path / ".tmp-step-5"),
+        started=0.0,
+        staged_s=0.0,
+        staged_bytes=0,
+        new_buffers=0,
+        upload=never_done,
+    )
+    assert manager.drain(0.01) is False
+    assert manager.in_flight()
+    never_done.set_exception(OSError("lost"))
+    assert manager.drain(0.01) is True  # failed: nothing will become durable
+
+
+def test_a_disk_that_fills_mid_record_is_named_not_the_serializers_position_error(tmp_path):
+    """torch.save into a file whose disk fills after the record's zip header: torch raises
+    `unexpected pos` with the ENOSPC only as its context; the failure names the ENOSPC."""
+    from trainer.checkpoint_upload import describe_failure
+    from trainer.faults import _FullStream
+
+    target = tmp_path / "rank-00001.pt"
+    with target.open("wb") as file, pytest.raises(RuntimeError, match="unexpected pos") as hit:
+        torch.save(torch.zeros(1000), _FullStream(file, str(target)))  # type: ignore[arg-type]
+    assert describe_failure(hit.value, rank=1) == (
+        f"rank 1: OSError: [Errno 28] No space left on device: '{target}'"
+    )

@@ -140,3 +140,105 @@ def test_a_rollback_is_decided_on_the_device_and_read_at_the_next_logging_step(
     [rollback] = [r for r in records if r["kind"] == "rollback"]
     assert (rollback["step"], rollback["to_step"], rollback["skipped_batches"]) == (8, 4, 4)
     assert [r["step"] for r in records if r["kind"] == "train"] == [4, 8, 8]
+
+
+def test_a_spike_on_a_checkpoint_step_that_does_not_log_is_judged_before_the_save(
+    tiny_assets: TinyAssets, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Step 15 saves but does not log (logging every 2 steps), and its loss is scaled x100
+    (finite): the guard averages the loss itself before the save, rolls back to the step-10
+    checkpoint, and the spiked state is never saved. Steps that neither log nor save still
+    make no sync."""
+    monkeypatch.setattr(trainer.optim, "_on_cuda", lambda _model: True)  # fused AdamW
+    args = tiny_args(
+        tiny_assets,
+        max_steps=16,
+        logging_freq=2,
+        digest_freq=100,
+        checkpoint_dir=tmp_path / "ckpt",
+        checkpoint_freq=5,
+        loss_spike_factor=3,
+        metrics_file=tmp_path / "metrics.jsonl",
+    )
+    run = Trainer(parse_args(args))
+    spiked: list[int] = []
+    loss_scale = run.faults.loss_scale
+
+    def spike_at_15(*, step: int, batch: int, micro: int, scale: float) -> float:
+        if step == 15 and not spiked:
+            spiked.append(step)
+            return 100 * scale
+        return loss_scale(step=step, batch=batch, micro=micro, scale=scale)
+
+    monkeypatch.setattr(run.faults, "loss_scale", spike_at_15)
+    saved: list[int] = []
+    save = run.save
+
+    def watched_save(step: int, *, blocking: bool = False) -> None:
+        saved.append(step)
+        save(step, blocking=blocking)
+
+    monkeypatch.setattr(run, "save", watched_save)
+    syncs: list[int] = []
+    item = torch.Tensor.item
+
+    def counted_item(self: torch.Tensor) -> Any:
+        if self is not run.stops._flag:
+            syncs.append(run.step)
+        return item(self)
+
+    monkeypatch.setattr(torch.Tensor, "item", counted_item)
+    try:
+        run.train()
+    finally:
+        monkeypatch.undo()
+        run.close()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    [rollback] = [r for r in records if r["kind"] == "rollback"]
+    assert (rollback["step"], rollback["to_step"]) == (15, 10)
+    assert "above 3 x its recent average" in rollback["reason"]
+    # 5 and 10, then (after the rollback to 10) 15 again and the final 16.
+    assert saved == [5, 10, 15, 16]
+    # Syncs only on logging steps, save steps and the step a rollback returned to.
+    assert {step for step in syncs} <= {2, 4, 5, 6, 8, 10, 12, 14, 15, 16}, syncs
+
+
+def test_a_stop_after_a_spiked_step_stops_with_the_last_good_checkpoint(
+    tiny_assets: TinyAssets, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM after step 12; step 13, the one the run stops after, neither logs nor saves
+    periodically and its loss is scaled x100. The stop judges it before its save: a rollback
+    to step 10, and the run stops there without saving the spiked state."""
+    from trainer.preemption import PreemptedError
+
+    args = tiny_args(
+        tiny_assets,
+        max_steps=16,
+        logging_freq=2,
+        digest_freq=100,
+        checkpoint_dir=tmp_path / "ckpt",
+        checkpoint_freq=5,
+        loss_spike_factor=3,
+        signal_at_step=12,
+        metrics_file=tmp_path / "metrics.jsonl",
+    )
+    run = Trainer(parse_args(args))
+    loss_scale = run.faults.loss_scale
+
+    def spike_at_13(*, step: int, batch: int, micro: int, scale: float) -> float:
+        factor = 100 if step == 13 and run.faults.first_attempt else 1
+        return factor * loss_scale(step=step, batch=batch, micro=micro, scale=scale)
+
+    monkeypatch.setattr(run.faults, "loss_scale", spike_at_13)
+    try:
+        with pytest.raises(PreemptedError) as stopped:
+            run.train()
+    finally:
+        run.close()
+    assert stopped.value.step == 10
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    [rollback] = [r for r in records if r["kind"] == "rollback"]
+    assert (rollback["step"], rollback["to_step"]) == (13, 10)
+    [stop] = [r for r in records if r["kind"] == "stop"]
+    assert stop["step"] == 10
+    assert sorted(p.name for p in (tmp_path / "ckpt").glob("step-*")) == ["step-10", "step-5"]

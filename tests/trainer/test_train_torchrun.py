@@ -339,6 +339,41 @@ def test_sigterm_on_one_rank_saves_the_next_step_and_the_restart_matches(
         assert loss == pytest.approx(expected[step], rel=1e-5), step
 
 
+def test_a_stop_during_an_upload_lets_it_land_and_saves_only_the_next_step(
+    reference_run: Any, tiny_assets: TinyAssets, tmp_path: Path
+) -> None:
+    """The step-10 upload is in flight (held, in the last rank's upload process, until SIGTERM
+    reaches that process) when torchrun is told to stop and signals every worker's process
+    group, as a pod deletion does. The upload processes record the signal and write on, so
+    step 10 lands; the stop after step 11 waits for it and then saves step 11. The restart
+    resumes there and reproduces the uninterrupted losses."""
+    _, reference = reference_run
+    checkpoint_dir = tmp_path / "ckpt"
+    args = reference_args(tiny_assets, checkpoint_dir, stop_in_upload_at_step=CHECKPOINT_FREQ)
+    # The agent's own limit before it SIGKILLs the workers: generous on a busy test machine.
+    env = {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "170"}
+
+    stopped = run_trainer(args, metrics_file=tmp_path / "first.jsonl", env=env)
+    assert stopped.returncode != 0
+    assert "lost with its upload process" not in stopped.output, stopped.output[-4000:]
+    saves = {r["step"]: r for r in stopped.metrics if r.get("kind") == "checkpoint"}
+    assert sorted(saves) == [CHECKPOINT_FREQ, CHECKPOINT_FREQ + 1], stopped.output[-4000:]
+    assert saves[CHECKPOINT_FREQ]["durable_s"] is not None
+    assert saves[CHECKPOINT_FREQ]["staged_bytes"] > 0  # the upload, not a rewrite
+    [stop] = [r for r in stopped.metrics if r.get("kind") == "stop"]
+    assert (stop["step"], stop["saved"]) == (CHECKPOINT_FREQ + 1, True)
+    assert "Checkpoint background process is still alive" not in stopped.output
+    for step in (CHECKPOINT_FREQ, CHECKPOINT_FREQ + 1):
+        assert (checkpoint_dir / f"step-{step}" / "COMPLETE").exists()
+
+    resumed = run_trainer(args, metrics_file=tmp_path / "second.jsonl")
+    assert resumed.returncode == 0, resumed.output[-4000:]
+    assert _steps_logged(resumed) == list(range(CHECKPOINT_FREQ + 2, MAX_STEPS + 1))
+    expected = reference.losses()
+    for step, loss in {**stopped.losses(), **resumed.losses()}.items():
+        assert loss == pytest.approx(expected[step], rel=1e-5), step
+
+
 def test_a_non_finite_step_is_skipped_on_every_rank_and_training_goes_on(
     reference_run: Any, tiny_assets: TinyAssets, tmp_path: Path
 ) -> None:
