@@ -231,4 +231,11 @@ def main() -> None:
     pulumi.export("estimatedUsdPerHour", estimate.usd_per_hour)
     # Beside the run's cost: what the stack bills every day until `pulumi destroy`.
     pulumi.export("standingUsdPerDay", plan.standing.usd_per_day)
-    pulumi.export("cost", {**estimate.as_outputs(), "standing": plan.standing.as_outputs()})
+    pulumi.export(
+        "cost",
+        {
+            **estimate.as_outputs(),
+            "standing": plan.standing.as_outputs(),
+            "metrics": plan.metrics.as_outputs(),
+        },
+    )
