@@ -141,10 +141,26 @@ def efa_exporter_daemonset(
         "requests": {"cpu": "10m", "memory": "16Mi"},
         "limits": {"cpu": "100m", "memory": "64Mi"},
     }
+    # The loop is alive while its file is fresh (busybox `find -mmin`): two missed rounds fail.
+    fresh_minutes = max(2, 2 * interval_seconds // 60 + 1)
+    fresh = {
+        "exec": {
+            "command": [
+                "/bin/sh",
+                "-c",
+                f"find {TEXTFILE_DIR}/efa.prom -mmin -{fresh_minutes} | grep -q .",
+            ]
+        },
+        "initialDelaySeconds": 30,
+        "periodSeconds": 60,
+    }
     counters = {
         "name": "counters",
         "image": NODE_EXPORTER_IMAGE,
-        "imagePullPolicy": "IfNotPresent",
+        # Always: the tag is re-resolved at each start (no digest could be read: see tests).
+        "imagePullPolicy": "Always",
+        "livenessProbe": fresh,
+        "readinessProbe": fresh,
         "command": ["/bin/sh", "-c", efa_counters_script(interval_seconds)],
         "securityContext": restricted_security_context(NONROOT_UID),
         "resources": resources,
@@ -157,7 +173,7 @@ def efa_exporter_daemonset(
     exporter = {
         "name": "node-exporter",
         "image": NODE_EXPORTER_IMAGE,
-        "imagePullPolicy": "IfNotPresent",
+        "imagePullPolicy": "Always",
         "args": [
             f"--web.listen-address=:{EFA_EXPORTER_PORT}",
             # Only the textfile collector: the node's own metrics are not this run's business.
