@@ -554,3 +554,12 @@ INVOKE_RESULTS["aws:ec2/getVpc:getVpc"] = lambda args: {
     "cidrBlock": "10.0.0.0/16",
     "arn": arn("ec2", f"vpc/{args.get('id', 'vpc-unknown')}"),
 }
+INVOKE_RESULTS["aws:amp/getWorkspace:getWorkspace"] = lambda args: {
+    "id": args["workspaceId"],
+    "workspaceId": args["workspaceId"],
+    "arn": arn("aps", f"workspace/{args['workspaceId']}"),
+    "prometheusEndpoint": (
+        f"https://aps-workspaces.{_region.name}.amazonaws.com/workspaces/{args['workspaceId']}/"
+    ),
+    "status": "ACTIVE",
+}

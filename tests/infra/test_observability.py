@@ -135,6 +135,8 @@ def test_existing_cluster_with_a_workspace_arn_scrapes_into_it_and_creates_none(
     [scraper] = of_type(result, SCRAPER)
     assert scraper.inputs["destination"]["amp"]["workspaceArn"] == ARN
     assert result.stack_outputs["metricsWorkspaceArn"] == ARN
+    assert result.stack_outputs["metricsWorkspaceId"] == "ws-0a1b2c3d"
+    assert result.stack_outputs["metricsWorkspaceEndpoint"].endswith("/workspaces/ws-0a1b2c3d/")
     assert not of_type(result, PODMONITOR)
 
 
