@@ -209,6 +209,7 @@ def main() -> None:
             depends_on=[
                 *cluster.ready,
                 *addons.ready,
+                *observability.ready,
                 *storage.ready,
                 *leased,
                 *(run_access.ready if run_access else []),

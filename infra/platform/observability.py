@@ -99,6 +99,8 @@ class Observability(pulumi.ComponentResource):
     """The workspace's Prometheus endpoint (`.../workspaces/<id>/`): query and rules."""
     namespace: pulumi.Output[str] | None
     """Where the exporters run."""
+    ready: list[pulumi.Resource]
+    """The exporters' releases: the job waits for them, so its first steps are scraped."""
 
     def __init__(
         self, name: str, args: ObservabilityArgs, opts: pulumi.ResourceOptions | None = None
@@ -106,6 +108,7 @@ class Observability(pulumi.ComponentResource):
         super().__init__("fsdp-eks:observability:Observability", name, None, opts)
         self.workspace_id = self.workspace_arn = self.workspace_endpoint = None
         self.namespace = None
+        self.ready = []
         metrics = args.plan.metrics
         if metrics.enabled:
             self._build(name, args)
@@ -152,9 +155,9 @@ class Observability(pulumi.ComponentResource):
             timeout=RELEASE_TIMEOUT_SECONDS,
             opts=in_namespace,
         )
-        exporters: list[pulumi.Resource] = [dcgm]
+        self.ready.append(dcgm)
         if efa:
-            exporters.append(
+            self.ready.append(
                 k8s.apps.v1.DaemonSet(
                     f"{name}-efa-exporter",
                     **_typed(
