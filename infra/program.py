@@ -1,12 +1,12 @@
 """The Pulumi program: one stack config in, one training run's resources out.
 
 Read top-down it is the architecture: config → network → cluster → namespace → storage,
-add-ons, the GPU lease (autoscaler), the run's S3 access (no FSx) and image → the PyTorchJob →
-outputs. It lives in a
-function (called by the root `__main__.py`) so that tests and the offline plan can evaluate
-it repeatedly under the mock runtime. The config is read from the engine, parsed and checked
-first (the run plan's memory, deadline and cost, and the whole-stack checks): a bad stack file
-raises before any resource is registered.
+add-ons, the run's metrics (exporters and their collector), the GPU lease (autoscaler), the
+run's S3 access (no FSx) and image → the PyTorchJob → outputs. It lives in a function (called
+by the root `__main__.py`) so that tests and the offline plan can evaluate it repeatedly under
+the mock runtime. The config is read from the engine, parsed and checked first (the run plan's
+memory, deadline and cost, and the whole-stack checks): a bad stack file raises before any
+resource is registered.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from infra.platform.capacity_block import check_capacity_block
 from infra.platform.cluster import Cluster, ClusterArgs
 from infra.platform.gpu_lease import existing_gpu_lease, lease_line
 from infra.platform.network import Network, NetworkArgs
+from infra.platform.observability import Observability, ObservabilityArgs
 from infra.platform.run_access import CheckpointAccess, CheckpointAccessArgs
 from infra.platform.run_alerts import RunAlerts, RunAlertsArgs
 from infra.platform.storage import Storage, StorageArgs
@@ -121,6 +122,21 @@ def main() -> None:
             cluster_ready=cluster.ready,
         ),
     )
+    # The run's metrics: GPU and EFA exporters, collected by AMP's managed scraper into a
+    # workspace that outlives the cluster (or by the cluster's own Prometheus).
+    observability = Observability(
+        "observability",
+        ObservabilityArgs(
+            plan=plan,
+            cluster_name=cluster.name,
+            vpc_id=cluster.vpc_id,
+            cluster_security_group_id=cluster.cluster_security_group_id,
+            k8s_provider=cluster.k8s_provider,
+            job_namespace=namespace.name,
+            cluster_ready=cluster.ready,
+            tags=tags,
+        ),
+    )
     # The GPU nodes are leased to the run: from zero for the job's pods, back to zero after.
     leased: list[pulumi.Resource] = []
     if cluster.gpu_nodes is not None and stack.addons.cluster_autoscaler.install:
@@ -183,9 +199,9 @@ def main() -> None:
         "alerts",
         RunAlertsArgs(
             config=stack.alerts,
-            thresholds=alert_thresholds(plan, stack=pulumi.get_stack()),
-            workspace_id=None,
-            workspace_arn=None,
+            thresholds=alert_thresholds(plan),
+            workspace_id=observability.workspace_id,
+            workspace_arn=observability.workspace_arn,
             tags=tags,
         ),
     )
@@ -209,6 +225,7 @@ def main() -> None:
             depends_on=[
                 *cluster.ready,
                 *addons.ready,
+                *observability.ready,
                 *storage.ready,
                 *leased,
                 *(run_access.ready if run_access else []),
@@ -244,9 +261,21 @@ def main() -> None:
         },
     )
     pulumi.export("gpuLease", gpu_lease)
+    # Where the run's metrics are (null when collected elsewhere or not at all): alert rules
+    # and dashboards read this workspace.
+    pulumi.export("metricsWorkspaceId", observability.workspace_id)
+    pulumi.export("metricsWorkspaceArn", observability.workspace_arn)
+    pulumi.export("metricsWorkspaceEndpoint", observability.workspace_endpoint)
     pulumi.export("estimatedUsdPerHour", estimate.usd_per_hour)
     # Beside the run's cost: what the stack bills every day until `pulumi destroy`.
     pulumi.export("standingUsdPerDay", plan.standing.usd_per_day)
-    pulumi.export("cost", {**estimate.as_outputs(), "standing": plan.standing.as_outputs()})
+    pulumi.export(
+        "cost",
+        {
+            **estimate.as_outputs(),
+            "standing": plan.standing.as_outputs(),
+            "metrics": plan.metrics.as_outputs(),
+        },
+    )
     pulumi.export("alerts", {"topicArn": alerts.topic_arn, "topicPolicy": alerts.topic_policy})
-    pulumi.export("dashboard", stack_dashboard(plan, stack=pulumi.get_stack()))
+    pulumi.export("dashboard", stack_dashboard(plan))

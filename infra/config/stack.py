@@ -20,6 +20,7 @@ from infra.config.cluster import ClusterConfig, GpuNodesConfig
 from infra.config.cost import CostConfig
 from infra.config.image import ImageConfig
 from infra.config.job import DataConfig, JobConfig, ModelConfig, TrainingConfig
+from infra.config.observability import ObservabilityConfig, observability_problems
 from infra.config.storage import StorageConfig
 from infra.facts.instances import (
     CAPACITY_BLOCK_TYPES,
@@ -80,6 +81,10 @@ class StackConfig(ConfigSection):
     alerts: AlertsConfig = Field(
         default_factory=AlertsConfig,
         description="Who hears about the run (SNS e-mail or a topic) and the tunable thresholds.",
+    )
+    observability: ObservabilityConfig = Field(
+        default_factory=ObservabilityConfig,
+        description="The run's metrics (trainer, DCGM, EFA) and where they are collected.",
     )
     hf_token: SecretStr | None = Field(
         default=None,
@@ -320,4 +325,5 @@ def cross_section_problems(config: StackConfig) -> list[str]:
             "mount an existing claim (storage.fsx.existingClaimName) or none (enabled: false)"
         )
 
+    problems.extend(observability_problems(config.observability, cluster_mode=config.cluster.mode))
     return problems

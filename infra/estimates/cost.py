@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from infra.facts.eks_versions import UPGRADE_SUPPORT_TYPE
 from infra.facts.prices import (
+    AMP_PRICES,
     FSX_PERSISTENT_2_USD_PER_GB_MONTH,
     PRICE_REGION,
     SOURCES,
@@ -29,6 +30,7 @@ from infra.facts.prices import (
 
 if TYPE_CHECKING:
     from infra.config import StackConfig
+    from infra.estimates.metrics_cost import MetricsPlan
 
 
 def estimate_hourly_usd(
@@ -320,13 +322,14 @@ def _item(name: str, count: float, price: StandingPrice, what: str) -> StandingI
     )
 
 
-def standing_cost(config: StackConfig) -> StandingCost:
+def standing_cost(config: StackConfig, metrics: MetricsPlan | None = None) -> StandingCost:
     """Everything the stack keeps, priced per hour: on a cluster it creates, the control
     plane (in standard support: `infra.facts.eks_versions`), the system nodes and their root
     volumes, the NAT gateways of a VPC it creates (one, or one per system AZ) and their public
     addresses, the secrets key it creates, GPU nodes kept warm; in both modes the FSx file
-    system it creates (capacity x its throughput tier). GPU nodes leased for a run are the
-    run's cost, not standing."""
+    system it creates (capacity x its throughput tier), the metrics' managed collector when
+    `metrics` collects through one. GPU nodes leased for a run are the run's cost, not
+    standing."""
     items: list[StandingItem] = []
     used: list[str] = []
 
@@ -386,4 +389,14 @@ def standing_cost(config: StackConfig) -> StandingCost:
             tier,
             f"{fsx.storage_capacity_gib} GB",
         )
+    if metrics is not None and metrics.enabled and metrics.collector_usd_per_hour:
+        collector = AMP_PRICES["collector"]
+        items.append(
+            StandingItem(
+                "metrics collector (AMP managed scraper)",
+                metrics.collector_usd_per_hour,
+                f"1 collector at ${collector.usd:g}/{collector.per}",
+            )
+        )
+        used.append(collector.source)
     return StandingCost(items=tuple(items), confirmed=all(SOURCES[key].confirmed for key in used))

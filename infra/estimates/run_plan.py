@@ -35,6 +35,7 @@ from infra.estimates.memory_fit import (
     memory_warnings,
     parallelism,
 )
+from infra.estimates.metrics_cost import MetricsPlan, plan_metrics
 from infra.estimates.stop_save import stop_save_warnings
 from infra.facts.hub_models import HUB_MODELS
 from infra.facts.prices import PriceUnknownError
@@ -72,6 +73,9 @@ class RunPlan:
     standing: StandingCost
     """What the stack bills until `pulumi destroy`, run or no run (control plane, system
     nodes, NAT, FSx, ...): shown beside the run's cost, never part of its ceiling."""
+    metrics: MetricsPlan
+    """Whether the run's metrics are collected (`observability.enabled: auto` resolved), where,
+    and what they cost; the standing cost includes its collector."""
     problems: tuple[str, ...]
     """Why the run must not start, one line each; empty for a run that may."""
     warnings: tuple[str, ...]
@@ -131,13 +135,19 @@ def plan_run(config: StackConfig) -> RunPlan:
         problems.append(f"gpuNodes.instanceType: {err}")
     else:
         problems.extend(_ceiling_problems(config, cost))
+    metrics = plan_metrics(
+        config,
+        gpu_usd_per_hour=cost.usd_per_hour if cost is not None else None,
+        expected_hours=duration.hours if duration is not None else None,
+    )
     return RunPlan(
         config=config,
         parallelism=chosen,
         memory=fit,
         duration=duration,
         cost=cost,
-        standing=standing_cost(config),
+        standing=standing_cost(config, metrics),
+        metrics=metrics,
         problems=tuple(problems),
         warnings=tuple(warnings),
         _timeouts=timeouts,

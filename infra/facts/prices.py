@@ -134,6 +134,19 @@ SOURCES: dict[str, PriceSource] = {
             "snapshots list them; unchanged since their launch."
         ),
     ),
+    "aws-amp-pricing": PriceSource(
+        title="Amazon Managed Service for Prometheus pricing, US East (N. Virginia)",
+        url="https://aws.amazon.com/prometheus/pricing/",
+        as_of="2026-11-27",
+        confirmed=False,
+        note=(
+            "Samples ingested $0.90 per 10M for the first 2B a month (the tier a run's few "
+            "million samples fall in), storage $0.03 per GB-month, an AWS managed collector "
+            "$0.04 per collector-hour. The page (read through stored copies) says a collector "
+            "is also charged per sample collected; that figure could not be read and is not "
+            "counted. Confirm with `aws pricing get-products --service-code AmazonPrometheus`."
+        ),
+    ),
 }
 
 
@@ -294,3 +307,30 @@ SYSTEM_NODE_USD_PER_HOUR: dict[str, StandingPrice] = {
 }
 """On-Demand prices of the CPU types a system node group is usually given; another type is
 reported as unpriced (the standing figure is then a lower bound), not refused."""
+
+
+# --- what the run's metrics cost (Amazon Managed Service for Prometheus) ---------------------
+
+
+@dataclass(frozen=True)
+class UsagePrice:
+    """A price per unit of use (samples, stored GB, collector hours)."""
+
+    usd: float
+    per: str
+    """The unit, as AWS's page states it (`10M samples`, `GB-month`, `collector-hour`)."""
+    source: str
+    """Key into SOURCES."""
+
+
+AMP_PRICES: dict[str, UsagePrice] = {
+    "samples-ingested": UsagePrice(0.90, "10M samples", "aws-amp-pricing"),
+    "storage": UsagePrice(0.03, "GB-month", "aws-amp-pricing"),
+    "collector": UsagePrice(0.04, "collector-hour", "aws-amp-pricing"),
+}
+"""us-east-1 list prices of Amazon Managed Service for Prometheus (PRICE_REGION)."""
+
+AMP_RETENTION_DAYS = 150
+"""How long a workspace keeps samples by default: what a run's samples are stored for."""
+AMP_BYTES_PER_SAMPLE = 2.0
+"""AWS's page: a stored sample takes typically 1 or 2 bytes (the upper figure; metadata aside)."""

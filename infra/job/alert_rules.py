@@ -46,7 +46,8 @@ class AlertThresholds:
     """What the rules compare against, each figure from the run plan."""
 
     stack: str
-    """The trainer's `stack` label: the Pulumi stack (experiment) name."""
+    """The series' `stack` label: the job's name, which the pod gives the trainer
+    (infra/job/manifest.py) and the scrape configuration gives the exporters."""
     expected_step_seconds: float | None
     expected_tokens_per_second: float | None
     slow_tokens_per_second: float | None
@@ -66,7 +67,7 @@ class AlertThresholds:
         return f'stack="{self.stack}"'
 
 
-def alert_thresholds(plan: RunPlan, *, stack: str) -> AlertThresholds:
+def alert_thresholds(plan: RunPlan) -> AlertThresholds:
     """The thresholds of `plan`'s run; figures the plan lacks leave their rules out."""
     config = plan.config
     duration, cost, alerts = plan.duration, plan.cost, config.alerts
@@ -92,7 +93,7 @@ def alert_thresholds(plan: RunPlan, *, stack: str) -> AlertThresholds:
     # A normal end keeps leased nodes for the autoscaler's idle time: no alert for that.
     idle = max(IDLE_MINUTES, math.ceil((tail or 0) * 60) + 5)
     return AlertThresholds(
-        stack=stack,
+        stack=str(config.job.name),
         expected_step_seconds=step_s,
         expected_tokens_per_second=tokens_s,
         slow_tokens_per_second=slow_tokens_s,

@@ -255,8 +255,8 @@ def panel_queries(document: str) -> list[str]:
     return [target["expr"] for panel in panels for target in panel.get("targets") or []]
 
 
-def stack_dashboard(plan: RunPlan, *, stack: str) -> str:
+def stack_dashboard(plan: RunPlan) -> str:
     """The dashboard JSON of `stack`'s run, from its plan: what the program exports and
     `fsdp-eks dashboard` writes."""
-    thresholds = alert_thresholds(plan, stack=stack)
+    thresholds = alert_thresholds(plan)
     return dashboard_json(thresholds, plan_figures(plan, thresholds))

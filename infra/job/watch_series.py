@@ -52,8 +52,9 @@ GPU_HEALTH = "DCGM_EXP_GPU_HEALTH_STATUS"
 """DCGM's health watches per GPU: 0 is healthy."""
 GPU_ROW_REMAP_FAILURE = "DCGM_FI_DEV_ROW_REMAP_FAILURE"
 """1 when the GPU could not remap a failing memory row: the GPU must be replaced."""
-GPU_NODE_LABEL = "Hostname"
-"""The node a DCGM series describes."""
+GPU_NODE_LABEL = "node"
+"""The node a DCGM series describes: set at scrape time from the pod's node
+(infra/platform/observability_manifests.py), the same label the trainer's series carry."""
 
 # --- EFA counters per device (exporter_metrics.EFA_METRICS, `device` and `port` labels) ----
 EFA_RX_BYTES = efa_metric_name("rx_bytes")
@@ -71,8 +72,8 @@ EFA_ERRORS: tuple[str, ...] = tuple(
 )
 """Counters that only move when something is wrong (drops and retransmits are shown, not
 alerted on: a busy fabric has some)."""
-EFA_NODE_LABEL = "instance"
-"""The node an EFA series describes: node_exporter's scrape target (one per node)."""
+EFA_NODE_LABEL = "node"
+"""The node an EFA series describes, set at scrape time like the GPU series'."""
 
 NODE_SERIES = (
     GPU_UTIL, GPU_MEMORY_USED_MIB, GPU_MEMORY_FREE_MIB, GPU_POWER_WATTS, GPU_TEMPERATURE_C,

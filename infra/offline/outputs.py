@@ -509,3 +509,46 @@ def _instance_type_offerings(args: dict[str, Any]) -> dict[str, Any]:
 INVOKE_RESULTS["aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings"] = (
     _instance_type_offerings
 )
+
+
+# --- OBSERVABILITY: the metrics workspace and its managed scraper ---------------------------
+
+
+def _amp_workspace(name: str, inputs: dict[str, Any]) -> dict[str, Any]:
+    workspace_id = f"ws-{short_hash(name)}"
+    return {
+        "id": workspace_id,
+        "arn": arn("aps", f"workspace/{workspace_id}"),
+        "prometheusEndpoint": (
+            f"https://aps-workspaces.{_region.name}.amazonaws.com/workspaces/{workspace_id}/"
+        ),
+    }
+
+
+def _amp_scraper(name: str, inputs: dict[str, Any]) -> dict[str, Any]:
+    scraper_id = f"s-{short_hash(name)}"
+    return {
+        "id": scraper_id,
+        "arn": arn("aps", f"scraper/{scraper_id}"),
+        # AMP's service-linked role for the scraper (AMP-collector-how-to, "roleArn").
+        "roleArn": f"arn:aws:iam::{ACCOUNT_ID}:role/aws-service-role/scraper.aps.amazonaws.com/"
+        f"AWSServiceRoleForAmazonPrometheusScraper_{short_hash(name)}",
+    }
+
+
+RESOURCE_OUTPUTS["aws:amp/workspace:Workspace"] = _amp_workspace
+RESOURCE_OUTPUTS["aws:amp/scraper:Scraper"] = _amp_scraper
+INVOKE_RESULTS["aws:ec2/getVpc:getVpc"] = lambda args: {
+    "id": args.get("id", "vpc-unknown"),
+    "cidrBlock": "10.0.0.0/16",
+    "arn": arn("ec2", f"vpc/{args.get('id', 'vpc-unknown')}"),
+}
+INVOKE_RESULTS["aws:amp/getWorkspace:getWorkspace"] = lambda args: {
+    "id": args["workspaceId"],
+    "workspaceId": args["workspaceId"],
+    "arn": arn("aps", f"workspace/{args['workspaceId']}"),
+    "prometheusEndpoint": (
+        f"https://aps-workspaces.{_region.name}.amazonaws.com/workspaces/{args['workspaceId']}/"
+    ),
+    "status": "ACTIVE",
+}

@@ -55,7 +55,7 @@ def dashboard(stack: str, out: Path | None, open_file: bool) -> int:
     from infra.job.dashboard import stack_dashboard
 
     name = stack_name(stack)
-    document = stack_dashboard(plan_run(load_stack_file(stack)), stack=name)
+    document = stack_dashboard(plan_run(load_stack_file(stack)))
     path = out or DEFAULT_FOLDER / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(document + "\n")

@@ -263,6 +263,7 @@ def summary_lines(plan: RunPlan, evaluation: Evaluation | None = None) -> list[s
         + (f"{config.job.max_run_hours:g} h" if config.job.max_run_hours else "none"),
         f"Cost:   {plan.cost.summary()}",
         f"Standing: {plan.standing.summary()}",
+        f"Metrics: {plan.metrics.summary()}",
     ]
 
 

@@ -21,7 +21,7 @@ def test_writes_the_plans_dashboard_and_says_how_to_import_it(
         main(["dashboard", "dev", "-o", str(out)])
     assert done.value.code == 0
     assert json.loads(out.read_text()) == json.loads(
-        stack_dashboard(plan_run(load_stack_file("dev")), stack="dev")
+        stack_dashboard(plan_run(load_stack_file("dev")))
     )
     printed = capsys.readouterr().out
     assert f"dashboard -> {out}" in printed and "Import" in printed

@@ -54,9 +54,10 @@ def test_the_default_plan_is_the_short_summary_a_reviewer_reads() -> None:
     assert "Time:   ~11.2 h (range 9.4-16.0 h)" in summary and "deadline 12 h" in summary
     assert "~$2,502.78 expected (~11.2 h), $2,641.92 per run at most (12 h)" in summary
     assert "a start that never completes $192.64 at most (3 nodes granted of 4" in summary
-    assert "Standing: $29.68/day (~$903/month) until `pulumi destroy`: EKS control plane" in (
+    assert "Standing: $30.64/day (~$932/month) until `pulumi destroy`: EKS control plane" in (
         summary
     )
+    assert "Metrics: on (auto: under 1% of the GPU cost) -> Amazon Managed Service" in summary
     assert guardrails.startswith("  all passed\n")
     assert "apiVersion: kubeflow.org/v1" not in result.out and "└─" not in result.out
     assert len(result.lines) < 22

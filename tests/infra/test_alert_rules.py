@@ -35,7 +35,7 @@ RUN = "r1"
 
 @pytest.fixture(scope="module")
 def thresholds() -> AlertThresholds:
-    return alert_thresholds(plan_run(load_stack_file(STACK)), stack=STACK)
+    return alert_thresholds(plan_run(load_stack_file(STACK)))
 
 
 @pytest.fixture(scope="module")
@@ -90,12 +90,12 @@ def healthy(minutes: int) -> list[dict[str, str]]:
         trainer("fsdp_train_skipped_steps_total", f"0x{n}"),
         trainer("fsdp_train_rollbacks_total", f"0x{n}"),
         trainer("fsdp_checkpoint_failures_total", f"0x{n}"),
-        node("DCGM_FI_DEV_GPU_UTIL", f"97x{n}", Hostname="n1", gpu="0"),
-        node("DCGM_EXP_XID_ERRORS_COUNT", f"0x{n}", Hostname="n1", gpu="0", xid="13"),
-        node("DCGM_EXP_GPU_HEALTH_STATUS", f"0x{n}", Hostname="n1", gpu="0"),
-        node("DCGM_FI_DEV_ROW_REMAP_FAILURE", f"0x{n}", Hostname="n1", gpu="0"),
+        node("DCGM_FI_DEV_GPU_UTIL", f"97x{n}", node="n1", gpu="0"),
+        node("DCGM_EXP_XID_ERRORS_COUNT", f"0x{n}", node="n1", gpu="0", xid="13"),
+        node("DCGM_EXP_GPU_HEALTH_STATUS", f"0x{n}", node="n1", gpu="0"),
+        node("DCGM_FI_DEV_ROW_REMAP_FAILURE", f"0x{n}", node="n1", gpu="0"),
         *(
-            node(f"efa_{counter}_total", f"0x{n}", instance="n1", device="efa_0", port="1")
+            node(f"efa_{counter}_total", f"0x{n}", node="n1", device="efa_0", port="1")
             for counter in (
                 "rdma_read_wr_err",
                 "rdma_write_wr_err",
@@ -104,8 +104,8 @@ def healthy(minutes: int) -> list[dict[str, str]]:
                 "impaired_remote_conn_events",
             )
         ),
-        node("efa_rx_bytes_total", f"0+1e9x{n}", instance="n1", device="efa_0", port="1"),
-        node("efa_retrans_bytes_total", f"0+1e3x{n}", instance="n1", device="efa_0", port="1"),
+        node("efa_rx_bytes_total", f"0+1e9x{n}", node="n1", device="efa_0", port="1"),
+        node("efa_retrans_bytes_total", f"0+1e3x{n}", node="n1", device="efa_0", port="1"),
     ]
 
 
@@ -243,32 +243,32 @@ SCENARIOS: list[tuple[str, Any, str, str | None, dict[str, str], str | None]] = 
         "a GPU reports XID 79",
         lambda t: replaced(
             healthy(20),
-            node("DCGM_EXP_XID_ERRORS_COUNT", "0x10 1x10", Hostname="n1", gpu="0", xid="79"),
+            node("DCGM_EXP_XID_ERRORS_COUNT", "0x10 1x10", node="n1", gpu="0", xid="79"),
         ),
         "15m",
         "FsdpGpuXidError",
-        {"Hostname": "n1", "gpu": "0", "xid": "79", "severity": "critical"},
+        {"node": "n1", "gpu": "0", "xid": "79", "severity": "critical"},
         None,
     ),
     (
         "DCGM's health watches report a failure",
         lambda t: replaced(
-            healthy(20), node("DCGM_EXP_GPU_HEALTH_STATUS", "0x10 2x10", Hostname="n1", gpu="0")
+            healthy(20), node("DCGM_EXP_GPU_HEALTH_STATUS", "0x10 2x10", node="n1", gpu="0")
         ),
         "15m",
         "FsdpGpuUnhealthy",
-        {"Hostname": "n1", "gpu": "0", "severity": "critical"},
+        {"node": "n1", "gpu": "0", "severity": "critical"},
         None,
     ),
     (
         "a GPU fails to remap a row",
         lambda t: replaced(
             healthy(20),
-            node("DCGM_FI_DEV_ROW_REMAP_FAILURE", "0x10 1x10", Hostname="n1", gpu="0"),
+            node("DCGM_FI_DEV_ROW_REMAP_FAILURE", "0x10 1x10", node="n1", gpu="0"),
         ),
         "15m",
         "FsdpGpuUnhealthy",
-        {"Hostname": "n1", "gpu": "0", "severity": "critical"},
+        {"node": "n1", "gpu": "0", "severity": "critical"},
         None,
     ),
     (
@@ -278,27 +278,27 @@ SCENARIOS: list[tuple[str, Any, str, str | None, dict[str, str], str | None]] = 
             node(
                 "efa_retrans_timeout_events_total",
                 "0+5x30",
-                instance="n1",
+                node="n1",
                 device="efa_0",
                 port="1",
             ),
         ),
         "25m",
         "FsdpEfaErrorsRising",
-        {"instance": "n1", "severity": "warning"},
+        {"node": "n1", "severity": "warning"},
         None,
     ),
     (
         "a GPU node is up with no trainer for 15 minutes",
-        lambda t: [node("DCGM_FI_DEV_GPU_UTIL", "0x20", Hostname="n1", gpu="0")],
+        lambda t: [node("DCGM_FI_DEV_GPU_UTIL", "0x20", node="n1", gpu="0")],
         "16m",
         "FsdpGpuNodesIdle",
-        {"Hostname": "n1", "severity": "warning"},
+        {"node": "n1", "severity": "warning"},
         None,
     ),
     (
         "a GPU node up for 10 minutes before the trainer starts is not idle yet",
-        lambda t: [node("DCGM_FI_DEV_GPU_UTIL", "0x20", Hostname="n1", gpu="0")],
+        lambda t: [node("DCGM_FI_DEV_GPU_UTIL", "0x20", node="n1", gpu="0")],
         "10m",
         None,
         {},
@@ -372,14 +372,14 @@ def test_thresholds_follow_the_plan(thresholds: AlertThresholds) -> None:
 
 
 def test_a_big_run_waits_longer_before_calling_a_hang() -> None:
-    big = alert_thresholds(plan_run(load_stack_file("llama31-8b-p5")), stack="llama31-8b-p5")
-    small = alert_thresholds(plan_run(load_stack_file(STACK)), stack=STACK)
+    big = alert_thresholds(plan_run(load_stack_file("llama31-8b-p5")))
+    small = alert_thresholds(plan_run(load_stack_file(STACK)))
     assert small.hang_after_seconds == 300  # the floor
     assert big.hang_after_seconds is not None and big.hang_after_seconds > 300
 
 
 def test_an_existing_cluster_gets_no_idle_gpu_rule() -> None:
-    t = alert_thresholds(plan_run(load_stack_file("team-cluster")), stack="team-cluster")
+    t = alert_thresholds(plan_run(load_stack_file("team-cluster")))
     assert not t.owns_gpu_nodes and "FsdpGpuNodesIdle" not in alert_names(t)
 
 
@@ -419,7 +419,7 @@ def test_the_prometheus_rule_is_valid_against_the_operators_crd(stack: str) -> N
 
     crd = yaml.safe_load(PROMETHEUS_RULE_CRD.read_text())
     (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
-    t = alert_thresholds(plan_run(load_stack_file(stack)), stack=stack)
+    t = alert_thresholds(plan_run(load_stack_file(stack)))
     jsonschema.validate(
         prometheus_rule(t, name=f"fsdp-eks-{stack}", namespace="monitoring"),
         version["schema"]["openAPIV3Schema"],

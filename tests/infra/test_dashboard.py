@@ -43,7 +43,7 @@ def series_names(expr: str) -> set[str]:
 @pytest.fixture(scope="module", params=["dev", "llama31-8b-p5", "team-cluster"])
 def document(request: pytest.FixtureRequest) -> str:
     plan = plan_run(load_stack_file(request.param))
-    thresholds = alert_thresholds(plan, stack=request.param)
+    thresholds = alert_thresholds(plan)
     return dashboard_json(thresholds, plan_figures(plan, thresholds))
 
 
@@ -94,7 +94,7 @@ def test_the_panels_the_issue_asks_for_are_there(document: str) -> None:
 
 def test_the_plan_is_drawn_beside_the_run() -> None:
     plan = plan_run(load_stack_file("dev"))
-    thresholds = alert_thresholds(plan, stack="dev")
+    thresholds = alert_thresholds(plan)
     queries = panel_queries(dashboard_json(thresholds, plan_figures(plan, thresholds)))
     assert plan.duration is not None
     assert f"vector({plan.duration.mfu.expected:g})" in queries

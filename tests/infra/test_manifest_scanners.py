@@ -40,11 +40,13 @@ from kubernetes_validate.utils import VersionNotSupportedError  # type: ignore[i
 
 from infra.config import StackConfig
 from infra.estimates.run_plan import plan_run
+from infra.facts.exporter_metrics import DCGM_EXPORTER_CHART_VERSION
 from infra.job.cluster_checks import validation_manifests
 from infra.job.manifest import CONTAINER_NAME
 from infra.offline import Evaluation
 from infra.platform.addons import EFA_CHART, NVIDIA_CHART
 from infra.platform.autoscaler import CHART as AUTOSCALER_CHART
+from infra.platform.observability import DCGM_CHART
 from scripts.dev import VENV
 from tests.infra.test_stacks import STACKS, stack
 
@@ -116,13 +118,13 @@ ALLOWED: dict[str, Allowed] = {
         r"^Job\..*-gpu-check$",
         "The same root probe as CKV_K8S_23: uid 0 only with the FSx claim mounted.",
     ),
-    # --- the training operator (infra/platform/training_operator.py)
-    # --------------------------------
+    # --- the training operator and the EFA exporter (infra/platform/observability_manifests.py)
     "CKV_K8S_43": Allowed(
-        r"^Deployment\.kubeflow\.training-operator$",
-        "The v1.9.4 operator image is pinned by tag: no digest for it is published or could "
-        "be verified (infra/config/addons.py); addons.trainingOperator.image takes a "
-        "`@sha256:` pin, with which this check passes.",
+        r"^(Deployment\.kubeflow\.training-operator|DaemonSet\..*-metrics\.efa-exporter)$",
+        "The v1.9.4 operator image and node_exporter v1.12.1 are pinned by tag: no digest "
+        "for either is published or could be verified from where this was written (no "
+        "registry access; infra/config/addons.py, infra/facts/exporter_metrics.py); "
+        "addons.trainingOperator.image takes an `@sha256:` pin, with which this check passes.",
     ),
     "CKV_K8S_38": Allowed(
         r"^Deployment\.kubeflow\.training-operator$",
@@ -557,6 +559,48 @@ CHART_VALUE_KEYS: dict[tuple[str, str], frozenset[str]] = {
             "nameOverride",
             "fullnameOverride",
             "imagePullSecrets",
+        }
+    ),
+    # Top-level keys of deployment/values.yaml in NVIDIA/dcgm-exporter at tag 4.5.3-4.8.2
+    # (commit 691c92762eb551313c825f6efe4ceeee20982801, chart 4.8.2), read 2026-11-27, and
+    # `customMetrics`, which that file documents commented out and metrics-configmap.yaml reads.
+    (DCGM_CHART, DCGM_EXPORTER_CHART_VERSION): frozenset(
+        {
+            "affinity",
+            "arguments",
+            "basicAuth",
+            "debugDump",
+            "extraConfigMapVolumes",
+            "extraEnv",
+            "extraHostVolumes",
+            "extraVolumeMounts",
+            "fullnameOverride",
+            "hostNetwork",
+            "hostPID",
+            "image",
+            "imagePullSecrets",
+            "kubeletPath",
+            "kubernetes",
+            "kubernetesDRA",
+            "livenessProbe",
+            "nameOverride",
+            "namespaceOverride",
+            "nodeSelector",
+            "podAnnotations",
+            "podLabels",
+            "podSecurityContext",
+            "priorityClassName",
+            "readinessProbe",
+            "resources",
+            "rollingUpdate",
+            "runtimeClassName",
+            "securityContext",
+            "service",
+            "serviceAccount",
+            "serviceMonitor",
+            "tlsServerConfig",
+            "tolerations",
+            "customMetrics",
         }
     ),
 }

@@ -196,3 +196,79 @@ def test_the_model_admits_everything_without_a_policy() -> None:
     assert not allowed(enforced, intruder, workers[0], RENDEZVOUS_PORT)
     ignored = Cluster(enforced.policies, {}, enforced=False)
     assert allowed(ignored, intruder, workers[0], RENDEZVOUS_PORT)
+
+
+# --- the run's metrics: scrapes reach the metrics ports, nothing else does ----------------
+
+TRAINER_METRICS_PORT = 9090
+"""Any number: the policies name the trainer's port `metrics` (the job declares it)."""
+DCGM_PORT, EFA_PORT, HOSTENGINE_PORT = 9400, 9100, 5555
+SCRAPER = Endpoint("AMP managed scraper ENI", "10.0.64.7")
+"""In one of the cluster's subnets, so inside the VPC's CIDR (the fake cloud's 10.0.0.0/16)."""
+OUTSIDE_VPC = Endpoint("elsewhere", "192.168.7.7")
+
+
+def _exporters(result: Evaluation) -> list[Endpoint]:
+    from infra.platform.observability_manifests import DCGM_APP, EFA_APP, NAME_LABEL
+
+    [namespace] = [
+        r.inputs["metadata"]["name"]
+        for r in result.of_type("kubernetes:core/v1:Namespace")
+        if r.name == "observability-namespace"
+    ]
+    return [
+        Endpoint("dcgm", "10.0.1.40", namespace, {NAME_LABEL: DCGM_APP},
+                 node_ip="10.0.1.200", ports={"metrics": DCGM_PORT}),
+        Endpoint("efa", "10.0.1.41", namespace, {NAME_LABEL: EFA_APP},
+                 node_ip="10.0.1.200", ports={"metrics": EFA_PORT}),
+    ]  # fmt: skip
+
+
+def _with_metrics_port(workers: list[Endpoint]) -> list[Endpoint]:
+    return [
+        Endpoint(w.name, w.ip, w.namespace, w.labels, node_ip=w.node_ip,
+                 ports={**w.ports, "metrics": TRAINER_METRICS_PORT})
+        for w in workers
+    ]  # fmt: skip
+
+
+def test_the_managed_scraper_reaches_every_metrics_port_and_nothing_else() -> None:
+    config, result = stack("llama31-8b-p5")
+    cluster = _cluster(config, result, [])
+    worker0 = _with_metrics_port(_job_pods(result.one(JOB).inputs, 2, subnet=1))[0]
+    dcgm, efa = _exporters(result)
+    assert allowed(cluster, SCRAPER, worker0, TRAINER_METRICS_PORT)
+    assert allowed(cluster, SCRAPER, dcgm, DCGM_PORT)
+    assert allowed(cluster, SCRAPER, efa, EFA_PORT)
+    # The scrape opens only the metrics ports: not the store, NCCL, or DCGM's host engine.
+    assert not allowed(cluster, SCRAPER, worker0, RENDEZVOUS_PORT)
+    assert not allowed(cluster, SCRAPER, worker0, NCCL_PORT)
+    assert not allowed(cluster, SCRAPER, dcgm, HOSTENGINE_PORT)
+    for target, port in ((worker0, TRAINER_METRICS_PORT), (dcgm, DCGM_PORT), (efa, EFA_PORT)):
+        assert not allowed(cluster, OUTSIDE_VPC, target, port), target.name
+    # kubelet's probes still reach the exporters (the agent admits the local node).
+    assert allowed(cluster, Endpoint("kubelet", "10.0.1.200"), efa, EFA_PORT)
+
+
+def test_the_cluster_prometheus_alone_reaches_the_metrics_ports() -> None:
+    from tests.infra.test_observability import existing
+
+    config, _ = stack("team-cluster")
+    result = existing('{"clusterPrometheus": {"namespace": "monitoring"}}')
+    policies = [r.inputs for r in result.of_type(NETWORK_POLICY)]
+    namespaces = {
+        name: {"kubernetes.io/metadata.name": name}
+        for name in ("monitoring", "default", config.job.namespace)
+    }
+    cluster = Cluster(policies, namespace_labels=namespaces)
+    prometheus = Endpoint(
+        "prometheus-k8s-0", "10.0.7.10", "monitoring", {"app.kubernetes.io/name": "prometheus"}
+    )
+    grafana = Endpoint("grafana", "10.0.7.11", "monitoring", {"app.kubernetes.io/name": "grafana"})
+    worker0 = _with_metrics_port(_job_pods(result.one(JOB).inputs, 1, subnet=1))[0]
+    dcgm, _ = _exporters(result)
+    for target, port in ((worker0, TRAINER_METRICS_PORT), (dcgm, DCGM_PORT)):
+        assert allowed(cluster, prometheus, target, port), target.name
+        for other in (grafana, SCRAPER):
+            assert not allowed(cluster, other, target, port), (other.name, target.name)
+    assert not allowed(cluster, prometheus, worker0, RENDEZVOUS_PORT)

@@ -20,7 +20,7 @@ from infra.platform.run_alerts import RunAlerts, RunAlertsArgs, email_resource_n
 
 WORKSPACE_ID = "ws-0123abcd"
 WORKSPACE_ARN = f"arn:aws:aps:us-west-2:123456789012:workspace/{WORKSPACE_ID}"
-THRESHOLDS = alert_thresholds(plan_run(load_stack_file("dev")), stack="dev")
+THRESHOLDS = alert_thresholds(plan_run(load_stack_file("dev")))
 
 
 def evaluated(config: dict[str, Any], **args: Any) -> Any:

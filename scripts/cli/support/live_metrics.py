@@ -184,14 +184,15 @@ def stack_live_text(outputs: Mapping[str, Any], stack_file: str | None) -> str:
 
     raw = read_stack_file(stack_file)
     plan = plan_run(load_stack_file(stack_file))
+    thresholds = alert_thresholds(plan)
     pace = PlanPace(
-        tokens_per_second=alert_thresholds(plan, stack=raw.stack_name).expected_tokens_per_second,
+        tokens_per_second=thresholds.expected_tokens_per_second,
         mfu=plan.duration.mfu.expected if plan.duration is not None else None,
     )
     region = raw.config.get("aws:region")
     return live_text(
         outputs,
-        stack=raw.stack_name,
+        stack=thresholds.stack,
         region=region if isinstance(region, str) else None,
         plan=pace,
     )
