@@ -347,6 +347,8 @@ class ParallelConfig:
                 f"--fp8_recipe {self.fp8_recipe} applies only to --precision fp8, "
                 f"not {self.precision}"
             )
+        if self.precision == "fp8" and self.fp8_recipe is None:
+            self.fp8_recipe = "rowwise"
         if self.fp8_emulate and self.precision != "fp8":
             raise ValueError("--fp8_emulate applies only to --precision fp8")
         if self.loss_chunk_tokens < 0:
