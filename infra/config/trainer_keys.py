@@ -39,6 +39,11 @@ def rendered_flag_names() -> frozenset[str]:
     return frozenset(row.name for row in flag_table() if row.rendered)
 
 
+TABLE_SUPPLIED_KEYS: set[str] = set()
+"""Stack keys a section got from the table (not declared by the section itself): unset, they
+render nothing, so adding one leaves every run id as it was (`infra.job.flags.run_id`)."""
+
+
 def _optional(annotation: Any) -> Any:
     if get_origin(annotation) in (Union, types.UnionType) and type(None) in get_args(annotation):
         return annotation
@@ -67,6 +72,7 @@ class TrainerKeyedSection(ConfigSection):
             shown = "unset" if row.default is None else repr(row.default)
             description = f"{row.help} Default: the trainer's ({shown})."
             setattr(cls, field_name, Field(default=None, description=description))
+            TABLE_SUPPLIED_KEYS.add(key)
 
 
 def stack_value(config: BaseModel, key: str) -> Any:

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from infra.config.trainer_keys import stack_value
+from infra.config.trainer_keys import TABLE_SUPPLIED_KEYS, stack_value
 from infra.facts.instances import ALLREDUCE_BUSBW_FLOOR_GBPS, HYPERPOD_PREFIX
 from trainer.config import flag_table, format_args
 
@@ -81,7 +81,9 @@ def trainer_flags(plan: RunPlan) -> dict[str, Any]:
         if row.name in resolved:
             flags[row.name] = resolved[row.name]
         elif row.stack_key is not None:
-            flags[row.name] = stack_value(plan.config, row.stack_key)
+            value = stack_value(plan.config, row.stack_key)
+            if value is not None or row.stack_key not in TABLE_SUPPLIED_KEYS:
+                flags[row.name] = value
         elif row.rendered_from is not None and row.name not in RUN_PATH_FLAGS:
             raise AssertionError(f"--{row.name} is rendered from {row.rendered_from}: no rule")
     return {**flags, **plan.config.training.extra_args}
