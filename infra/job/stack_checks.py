@@ -78,12 +78,12 @@ def _refusal(message: str, plan: RunPlan) -> str:
     first flag it names (`--flag` mentions of keyed flags are followed by their key)."""
     config = plan.config
     named = list(dict.fromkeys(_ARGPARSE_FLAG.findall(message)))
-    origins = {flag: flag_origin(flag, config) for flag in named}
-    keys = [flag for flag in named if origins[flag] is not None]
+    origins = {flag: key for flag in named if (key := flag_origin(flag, config)) is not None}
+    keys = list(origins)
     others = "; ".join(f"--{flag} is {origins[flag]}" for flag in keys[1:])
     explained = f"{message} ({others})" if others else message
     if not keys:
-        return f"training: the trainer refuses the job's flags: {explained}"
+        return f"the job's trainer flags: the trainer refuses them: {explained}"
     flag, key = keys[0], origins[keys[0]]
     extra = config.training.extra_args
     value = extra[flag] if flag in extra else stack_value(config, key)
