@@ -38,7 +38,8 @@ def test_a_word_for_a_number_names_the_key_the_value_and_the_type(
         ("{max_steps: 9}", ("training.extraArgs.max_steps", "allowed: training.maxSteps")),
         ("{preflight: warn}", ("training.extraArgs.preflight", "allowed: job.preflight")),
         # No stack key: the program renders it from the instance type, which a message must say.
-        ("{expect_gpu: H100}", ("training.extraArgs.expect_gpu is no setting", "gpuNodes.instanceType")),
+        ("{expect_gpu: H100}",
+         ("training.extraArgs.expect_gpu is no setting", "from gpuNodes.instanceType")),
         ("{device: tpu}", ("training.extraArgs.device 'tpu'", "allowed: auto, cuda, cpu")),
         ("{cpu_offload_now: 1}", ("training.extraArgs.cpu_offload_now is not a trainer flag",)),
     ],

@@ -14,7 +14,7 @@ from pathlib import Path
 from infra.config.trainer_keys import keyed_rows, rendered_flag_names, stack_value
 from infra.job.flags import RUN_PATH_FLAGS, run_paths, trainer_argv, trainer_flags
 from infra.job.stack_checks import plan_stack_file
-from trainer.config import flag_table, shape_flag_names
+from trainer.config import shape_flag_names
 
 ROOT = Path(__file__).resolve().parents[2]
 
