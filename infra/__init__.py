@@ -16,7 +16,7 @@ Pulumi wings:
 program.py    the architecture: one stack config in, one training run's resources out
 policy/       the guardrail policy pack, over what the program registers
 
-A wing imports only wings listed above it here (tests/infra/test_architecture.py holds this).
+A wing imports only wings listed above it here (tests/test_architecture.py holds this).
 `image_build.py` and `job_watch.py` at this level only re-export dynamic providers under the
 module paths that deployed stacks pickled them at.
 """

@@ -42,12 +42,30 @@ AC_SWITCHES: dict[str, str] = {**dict.fromkeys(_TRUE, "full"), **dict.fromkeys(_
 sample takes it: on means every layer (full), off none."""
 
 
-def _flag(default: Any, help: str, *aliases: str, synonyms: Mapping[str, str] | None = None) -> Any:
-    """A config field that is also a command-line flag (aliases are extra spellings of the
-    flag; synonyms, for a choice, extra spellings of a value)."""
+def _flag(
+    default: Any,
+    help: str,
+    *aliases: str,
+    synonyms: Mapping[str, str] | None = None,
+    stack_key: str | None = None,
+    rendered_from: str | None = None,
+    shape: bool = False,
+) -> Any:
+    """A config field that is also a command-line flag: one row of the table of trainer flags
+    (`flag_table`). Aliases are extra spellings of the flag; synonyms, for a choice, extra
+    spellings of a value. `stack_key`: the stack-file key (camelCase, `section.key`) the Pulumi
+    program renders this flag from; `rendered_from`: what the program renders it from when no
+    key of its own holds it; `shape`: the flag changes the model's architecture."""
     return field(
         default=default,
-        metadata={"help": help, "aliases": aliases, "synonyms": dict(synonyms or {})},
+        metadata={
+            "help": help,
+            "aliases": aliases,
+            "synonyms": dict(synonyms or {}),
+            "stack_key": stack_key,
+            "rendered_from": rendered_from,
+            "shape": shape,
+        },
     )
 
 
@@ -60,37 +78,68 @@ class ModelConfig:
         "Model preset (published shapes): "
         + ", ".join(PRESETS)
         + f". Default: the family of --model_type, else {DEFAULT_PRESET}.",
+        stack_key="model.preset",
+        shape=True,
     )
     model_type: str | None = _flag(
         None,
         "Model family, overriding the preset's: llama (or llama_v2, llama_v3), mistral, mixtral.",
+        shape=True,
     )
-    hidden_width: int | None = _flag(None, "Hidden size (overrides the preset).")
-    num_layers: int | None = _flag(None, "Number of decoder layers (overrides the preset).")
-    num_heads: int | None = _flag(None, "Number of attention heads (overrides the preset).")
+    num_layers: int | None = _flag(
+        None,
+        "Number of decoder layers (overrides the preset).",
+        stack_key="model.numLayers",
+        shape=True,
+    )
+    hidden_width: int | None = _flag(
+        None, "Hidden size (overrides the preset).", stack_key="model.hiddenSize", shape=True
+    )
+    num_heads: int | None = _flag(
+        None,
+        "Number of attention heads (overrides the preset).",
+        stack_key="model.numHeads",
+        shape=True,
+    )
     num_key_value_heads: int | None = _flag(
-        None, "Key/value heads for grouped-query attention (overrides the preset)."
+        None,
+        "Key/value heads for grouped-query attention (overrides the preset).",
+        stack_key="model.numKeyValueHeads",
+        shape=True,
     )
     intermediate_size: int | None = _flag(
-        None, "MLP inner size (overrides the preset).", "--llama_intermediate_size"
+        None,
+        "MLP inner size (overrides the preset).",
+        "--llama_intermediate_size",
+        stack_key="model.intermediateSize",
+        shape=True,
     )
-    vocab_size: int | None = _flag(None, "Vocabulary size (overrides the preset).")
-    num_local_experts: int | None = _flag(None, "Experts per MoE layer (mixtral only).")
-    num_experts_per_tok: int | None = _flag(None, "Experts each token is routed to (mixtral).")
-    rope_theta: float | None = _flag(None, "Rotary embedding base (overrides the preset).")
+    vocab_size: int | None = _flag(
+        None, "Vocabulary size (overrides the preset).", stack_key="model.vocabSize", shape=True
+    )
+    num_local_experts: int | None = _flag(None, "Experts per MoE layer (mixtral only).", shape=True)
+    num_experts_per_tok: int | None = _flag(
+        None, "Experts each token is routed to (mixtral).", shape=True
+    )
+    rope_theta: float | None = _flag(
+        None, "Rotary embedding base (overrides the preset).", shape=True
+    )
     tie_word_embeddings: bool | None = _flag(
-        None, "Share input embedding and LM head weights (overrides the preset)."
+        None, "Share input embedding and LM head weights (overrides the preset).", shape=True
     )
     max_context_width: int = _flag(
-        2048, "Training sequence length in tokens; every sequence is packed to exactly this."
+        2048,
+        "Training sequence length in tokens; every sequence is packed to exactly this.",
+        stack_key="training.contextWidth",
     )
     init_from: str | None = _flag(
         None,
         "Hugging Face hub id or local directory with pretrained weights; "
         "default: random initialisation from the config.",
+        stack_key="model.initFrom",
     )
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = _flag(
-        "sdpa", "Attention kernel."
+        "sdpa", "Attention kernel.", stack_key="model.attnImplementation"
     )
 
     def __post_init__(self) -> None:
@@ -104,19 +153,15 @@ class ModelConfig:
                 f"allowed: {', '.join(MODEL_TYPE_BASE_PRESET)}"
             )
         _require_positive(self, "max_context_width")
-        for name in (
-            "hidden_width",
-            "num_layers",
-            "num_heads",
-            "num_key_value_heads",
-            "intermediate_size",
-            "vocab_size",
-            "num_experts_per_tok",
-        ):
-            if getattr(self, name) is not None:
-                _require_positive(self, name)
-        if self.num_local_experts is not None and self.num_local_experts < 0:
-            raise ValueError(f"--num_local_experts must be >= 0, got {self.num_local_experts}")
+        # Every count of the shape is positive, except experts (0: a dense model).
+        for row in flag_table():
+            value = getattr(self, row.name, None)
+            if not row.shape or not isinstance(value, int) or isinstance(value, bool):
+                continue
+            if row.name == "num_local_experts" and value < 0:
+                raise ValueError(f"--num_local_experts must be >= 0, got {value}")
+            if row.name != "num_local_experts":
+                _require_positive(self, row.name)
         # Fail at parse time (not after minutes of setup) on an inconsistent shape.
         self.shape()
 
@@ -172,21 +217,30 @@ class DataConfig:
         "Hub dataset id (streamed) or local path (save_to_disk dir, or a folder of "
         "json/jsonl/parquet/txt files).",
         "--dataset_path",
+        stack_key="data.dataset",
     )
     dataset_config_name: str | None = _flag(
-        "en", "Dataset configuration (subset) name; an empty value means none."
+        "en",
+        "Dataset configuration (subset) name; an empty value means none.",
+        stack_key="data.datasetConfigName",
     )
     tokenizer: str | None = _flag(
         None,
         "Tokenizer: hub id or local directory. Default: --init_from when given, else "
         f"{DEFAULT_TOKENIZER}.",
+        stack_key="data.tokenizer",
     )
-    text_column: str = _flag("text", "Column of the dataset that holds the raw text.")
+    text_column: str = _flag(
+        "text", "Column of the dataset that holds the raw text.", stack_key="data.textColumn"
+    )
     num_workers: int = _flag(
         0,
         "Batches each rank reads and tokenises ahead in a background thread (0: inline).",
+        stack_key="data.numWorkers",
     )
-    train_batch_size: int = _flag(2, "Sequences per rank per micro-batch.")
+    train_batch_size: int = _flag(
+        2, "Sequences per rank per micro-batch.", stack_key="training.microBatchSize"
+    )
     val_batch_size: int = _flag(4, "Sequences per rank per validation batch.")
 
     def __post_init__(self) -> None:
@@ -210,31 +264,17 @@ class ParallelConfig:
         "hybrid: shard within a node, replicate across nodes (HSDP); "
         "shard_grad_op: keep params gathered between forward and backward (ZeRO-2); "
         "no_shard: replicate everything (DDP-equivalent).",
+        stack_key="training.shardingStrategy",
     )
     hsdp_shard_size: int = _flag(
         0,
         "Ranks per shard group for hybrid sharding; 0 means LOCAL_WORLD_SIZE (one node).",
+        stack_key="training.hsdpShardSize",
     )
     bf16: bool = _flag(
-        True, "bf16 mixed precision: bf16 compute and all-gather, fp32 master weights and reduce."
-    )
-    precision: Literal["bf16", "fp8"] = _flag(
-        "bf16",
-        "Matmul precision of the decoder's linear layers. bf16: as --bf16 says; fp8: torchao's "
-        "float8 training for the layers large enough to gain (not the LM head), needs --bf16 1, "
-        "--compile on and a GPU with FP8 tensor cores (compute capability >= 8.9: L4, L40S, "
-        "H100, H200, B200). Weights, optimizer state and checkpoints stay those of a bf16 run.",
-    )
-    fp8_recipe: Literal["rowwise", "tensorwise"] = _flag(
-        "rowwise",
-        "With --precision fp8, torchao's scaling recipe: rowwise (per-row scales, more "
-        "accurate) or tensorwise (one scale per tensor, faster; weights are all-gathered in "
-        "float8 when a shard group has more than one rank).",
-    )
-    fp8_emulate: bool = _flag(
-        False,
-        "Testing: run --precision fp8's float8 matmuls emulated in fp32 (torchao's emulate), "
-        "so fp8 numerics can be checked on a CPU and without compile; no speed-up.",
+        True,
+        "bf16 mixed precision: bf16 compute and all-gather, fp32 master weights and reduce.",
+        stack_key="training.bf16",
     )
     activation_checkpointing: Literal["off", "full", "op", "selective"] = _flag(
         "full",
@@ -244,15 +284,42 @@ class ParallelConfig:
         "every --ac_every-th layer; off: keep everything. 1/true and 0/false mean full and "
         "off, as in the awsome-distributed-training FSDP sample.",
         synonyms=AC_SWITCHES,
+        stack_key="training.activationCheckpointing",
     )
     ac_every: int = _flag(
         2, "With --activation_checkpointing selective, checkpoint one layer in every N."
     )
-    cpu_offload: bool = _flag(False, "Keep sharded params, grads and optimizer state in CPU RAM.")
+    cpu_offload: bool = _flag(
+        False,
+        "Keep sharded params, grads and optimizer state in CPU RAM.",
+        stack_key="training.cpuOffload",
+    )
     compile: bool | None = _flag(
         None,
         "torch.compile each decoder layer. Unset: on with CUDA (fused kernels for the norms, "
         "rotary and SiLU), off on CPU (minutes of C++ compilation for a short local run).",
+        stack_key="training.compile",
+    )
+    precision: Literal["bf16", "fp8"] = _flag(
+        "bf16",
+        "Matmul precision of the decoder's linear layers. bf16: as --bf16 says; fp8: torchao's "
+        "float8 training for the layers large enough to gain (not the LM head), needs --bf16 1, "
+        "--compile on and a GPU with FP8 tensor cores (compute capability >= 8.9: L4, L40S, "
+        "H100, H200, B200). Weights, optimizer state and checkpoints stay those of a bf16 run.",
+        stack_key="training.precision",
+    )
+    fp8_recipe: Literal["rowwise", "tensorwise"] | None = _flag(
+        None,
+        "With --precision fp8, torchao's scaling recipe (unset: rowwise): rowwise (per-row "
+        "scales, more "
+        "accurate) or tensorwise (one scale per tensor, faster; weights are all-gathered in "
+        "float8 when a shard group has more than one rank).",
+        stack_key="training.fp8Recipe",
+    )
+    fp8_emulate: bool = _flag(
+        False,
+        "Testing: run --precision fp8's float8 matmuls emulated in fp32 (torchao's emulate), "
+        "so fp8 numerics can be checked on a CPU and without compile; no speed-up.",
     )
     loss_chunk_tokens: int = _flag(
         1024,
@@ -276,6 +343,13 @@ class ParallelConfig:
                 "--precision fp8 needs --compile 1: without it the float8 scale and cast "
                 "kernels run unfused and fp8 is slower than bf16"
             )
+        if self.fp8_recipe is not None and self.precision != "fp8":
+            raise ValueError(
+                f"--fp8_recipe {self.fp8_recipe} applies only to --precision fp8, "
+                f"not {self.precision}"
+            )
+        if self.precision == "fp8" and self.fp8_recipe is None:
+            self.fp8_recipe = "rowwise"
         if self.fp8_emulate and self.precision != "fp8":
             raise ValueError("--fp8_emulate applies only to --precision fp8")
         if self.loss_chunk_tokens < 0:
@@ -289,26 +363,45 @@ class OptimConfig:
     """AdamW, the learning-rate schedule and the length of the run."""
 
     max_steps: int = _flag(
-        5000, "Optimizer steps; training stops exactly here.", "--max_training_steps"
+        5000,
+        "Optimizer steps; training stops exactly here.",
+        "--max_training_steps",
+        stack_key="training.maxSteps",
     )
-    lr: float = _flag(1e-4, "Peak learning rate.")
-    min_lr: float = _flag(1e-5, "Learning rate at the end of the decay.")
+    lr: float = _flag(1e-4, "Peak learning rate.", stack_key="training.lr")
+    min_lr: float = _flag(
+        1e-5, "Learning rate at the end of the decay.", stack_key="training.minLr"
+    )
     warmup: float = _flag(
         0.0032,
         "Linear warmup: a fraction of --max_steps when below 1 (the FSDP sample's meaning), "
         "else a number of steps.",
+        stack_key="training.warmup",
     )
     lr_decay_style: Literal["cosine", "linear", "constant"] = _flag(
-        "cosine", "Decay after warmup, down to --min_lr."
+        "cosine", "Decay after warmup, down to --min_lr.", stack_key="training.lrDecayStyle"
     )
-    weight_decay: float = _flag(0.2, "AdamW weight decay (not applied to norms and biases).")
-    beta1: float = _flag(0.9, "AdamW beta1.")
-    beta2: float = _flag(0.95, "AdamW beta2.")
-    grad_clip: float = _flag(1.0, "Clip the global gradient norm to this; 0 disables clipping.")
+    weight_decay: float = _flag(
+        0.2,
+        "AdamW weight decay (not applied to norms and biases).",
+        stack_key="training.weightDecay",
+    )
+    beta1: float = _flag(0.9, "AdamW beta1.", stack_key="training.beta1")
+    beta2: float = _flag(0.95, "AdamW beta2.", stack_key="training.beta2")
+    grad_clip: float = _flag(
+        1.0,
+        "Clip the global gradient norm to this; 0 disables clipping.",
+        stack_key="training.gradClip",
+    )
     gradient_accumulation_steps: int = _flag(
-        1, "Micro-batches per optimizer step.", "--grad_accum_steps"
+        1,
+        "Micro-batches per optimizer step.",
+        "--grad_accum_steps",
+        stack_key="training.gradientAccumulationSteps",
     )
-    seed: int = _flag(12345, "Seed for initialisation, data order and dropout.")
+    seed: int = _flag(
+        12345, "Seed for initialisation, data order and dropout.", stack_key="training.seed"
+    )
 
     def __post_init__(self) -> None:
         _require_positive(self, "max_steps")
@@ -321,6 +414,11 @@ class OptimConfig:
             raise ValueError(
                 "--warmup must be a fraction in [0, 1) or a whole number of steps, "
                 f"got {self.warmup}"
+            )
+        if self.warmup >= 1 and self.warmup > self.max_steps:
+            raise ValueError(
+                f"--warmup {int(self.warmup)} steps exceeds --max_steps {self.max_steps}; "
+                "allowed: at most --max_steps, or a fraction below 1"
             )
         for name in ("beta1", "beta2"):
             if not 0 <= getattr(self, name) < 1:
@@ -343,11 +441,13 @@ class CheckpointConfig:
     checkpoint_dir: str | None = _flag(
         None,
         "Directory, or s3://bucket/prefix, for step-N checkpoints (DCP); default: none.",
+        rendered_from="the run's directory, on storage.fsx.mountPath or in the stack's bucket",
     )
     resume_from_checkpoint: str | None = _flag(
         None,
         "Directory to resume from (may equal --checkpoint_dir): the latest complete step-N "
         "in it, or a step-N directory itself. Empty or missing: start fresh.",
+        rendered_from="the run's directory, on storage.fsx.mountPath or in the stack's bucket",
     )
     allow_world_size_change: bool = _flag(
         False,
@@ -355,23 +455,29 @@ class CheckpointConfig:
         "and schedule reshard to this run, but each rank's data position cannot, so the data "
         "starts again from its beginning.",
     )
-    checkpoint_freq: int = _flag(1000, "Save every N steps (0: only the final save).")
+    checkpoint_freq: int = _flag(
+        1000, "Save every N steps (0: only the final save).", stack_key="training.checkpointEvery"
+    )
     async_checkpoint: bool = _flag(
         True,
         "Write periodic checkpoints in the background: a step waits only while the state is "
         "copied to host memory (the final and the stop-signal saves are always synchronous).",
     )
     keep_last_checkpoints: int = _flag(
-        3, "Keep the newest K checkpoints and delete older ones (0: keep all)."
+        3,
+        "Keep the newest K checkpoints and delete older ones (0: keep all).",
+        stack_key="training.keepLastCheckpoints",
     )
     export_dir: str | None = _flag(
         None,
         "At the end, write a Hugging Face safetensors model here (bf16 weights when --bf16).",
+        rendered_from="training.exportModel: the run directory's export folder",
     )
     staging_dir: str | None = _flag(
         None,
         "Local directory where rank 0 writes the outputs given as s3:// URIs (metrics file, "
         "TensorBoard events, export) before copying them to S3; default: under the temp dir.",
+        rendered_from="the pod's local volume when the run lives in the stack's bucket",
     )
 
     def __post_init__(self) -> None:
@@ -391,18 +497,27 @@ class LoggingConfig:
         10,
         "Log (and all-reduce the loss: the one host-device sync of a step) every N steps; "
         "the steps in between run without any.",
+        stack_key="training.loggingEvery",
     )
     digest_freq: int = _flag(
         100,
         "Record every rank's batch fingerprint (an all_gather_object) on logging steps that "
         "are a multiple of N, and on the first one: evidence that ranks read different data.",
     )
-    validation_freq: int = _flag(0, "Validate every N steps (0: never).")
-    validation_batches: int = _flag(10, "Batches per validation pass.")
+    validation_freq: int = _flag(
+        0, "Validate every N steps (0: never).", stack_key="training.validationEvery"
+    )
+    validation_batches: int = _flag(
+        10, "Batches per validation pass.", stack_key="training.validationBatches"
+    )
     metrics_file: str | None = _flag(
         None, "JSONL metrics file; default: metrics.jsonl in --checkpoint_dir if set."
     )
-    tensorboard_dir: str | None = _flag(None, "Also write TensorBoard scalars here.")
+    tensorboard_dir: str | None = _flag(
+        None,
+        "Also write TensorBoard scalars here.",
+        rendered_from="the run's directory: its tensorboard folder",
+    )
     progress_bar: bool | None = _flag(
         None, "tqdm progress bar; default: on when stderr is a terminal."
     )
@@ -435,6 +550,7 @@ class SafetyConfig:
         600.0,
         "The watchdog never fires sooner than this: it must cover a checkpoint save or a "
         "validation pass between two steps.",
+        rendered_from="the plan's estimate of one checkpoint save",
     )
     rollback_after_nonfinite: int = _flag(
         3,
@@ -451,12 +567,27 @@ class SafetyConfig:
         "Before step 1, check each node's GPUs and EFA devices against the --expect_* flags "
         "and the all-reduce bandwidth against --allreduce_floor_gbps; enforce: a failure "
         "exits (code 140) with one line naming the node and the check; warn: it is logged.",
+        stack_key="job.preflight",
     )
-    expect_gpu: str | None = _flag(None, "Preflight: the GPU model each rank must see (e.g. H100).")
-    expect_gpu_memory_gib: int | None = _flag(None, "Preflight: memory each GPU must have.")
-    expect_efa_devices: int = _flag(0, "Preflight: EFA devices each node must have (0: none).")
+    expect_gpu: str | None = _flag(
+        None,
+        "Preflight: the GPU model each rank must see (e.g. H100).",
+        rendered_from="gpuNodes.instanceType: its GPU model",
+    )
+    expect_gpu_memory_gib: int | None = _flag(
+        None,
+        "Preflight: memory each GPU must have.",
+        rendered_from="gpuNodes.instanceType: its GPU memory",
+    )
+    expect_efa_devices: int = _flag(
+        0,
+        "Preflight: EFA devices each node must have (0: none).",
+        rendered_from="gpuNodes.instanceType: its EFA interfaces when EFA is on",
+    )
     allreduce_floor_gbps: float = _flag(
-        0.0, "Preflight: all-reduce bus bandwidth in GB/s below which the network is broken."
+        0.0,
+        "Preflight: all-reduce bus bandwidth in GB/s below which the network is broken.",
+        rendered_from="gpuNodes.instanceType: its all-reduce bandwidth floor",
     )
 
     def __post_init__(self) -> None:
@@ -682,6 +813,56 @@ def _build_config(values: Mapping[str, Any]) -> TrainConfig:
         names = {f.name for f in dataclasses.fields(section_type)}
         sections[section_name] = section_type(**{k: v for k, v in values.items() if k in names})
     return TrainConfig(**sections)
+
+
+@dataclass(frozen=True)
+class FlagRow:
+    """One row of the table of trainer flags: a config field, read from its `_flag` metadata."""
+
+    name: str
+    section: str
+    annotation: Any
+    """The field's type (`int | None`, a `Literal[...]`, ...)."""
+    default: Any
+    help: str
+    stack_key: str | None
+    """The stack key the Pulumi program renders the flag from (camelCase `section.key`)."""
+    rendered_from: str | None
+    """What the program renders the flag from when no stack key of its own holds it."""
+    shape: bool
+    """Whether the flag changes the model's architecture."""
+
+    @property
+    def rendered(self) -> bool:
+        """Whether the program renders the flag itself (`training.extraArgs` may not set it)."""
+        return self.stack_key is not None or self.rendered_from is not None
+
+
+def flag_table() -> list[FlagRow]:
+    """Every trainer flag, in the order of the sections and their fields: the one table from
+    which the parser, the program's rendering, its stack keys and their docs are derived."""
+    rows = []
+    for section_name, section_type in _SECTION_TYPES.items():
+        hints = get_type_hints(section_type)
+        for f in dataclasses.fields(section_type):
+            rows.append(
+                FlagRow(
+                    name=f.name,
+                    section=section_name,
+                    annotation=hints[f.name],
+                    default=f.default,
+                    help=f.metadata["help"],
+                    stack_key=f.metadata.get("stack_key"),
+                    rendered_from=f.metadata.get("rendered_from"),
+                    shape=f.metadata.get("shape", False),
+                )
+            )
+    return rows
+
+
+def shape_flag_names() -> tuple[str, ...]:
+    """The flags that describe the architecture (a pretrained model brings its own)."""
+    return tuple(row.name for row in flag_table() if row.shape)
 
 
 def flag_names() -> frozenset[str]:

@@ -29,7 +29,7 @@ from trainer.checkpoint import (
     find_latest,
     restore_rng_state,
 )
-from trainer.config import TrainConfig
+from trainer.config import TrainConfig, shape_flag_names
 from trainer.data import build_train_loader, build_val_loader, load_tokenizer
 from trainer.distributed import (
     all_reduce_mean,
@@ -78,21 +78,6 @@ from trainer.watchdog import HangWatchdog
 
 logger = get_logger("train")
 
-# Flags that describe the architecture, which a pretrained model brings itself.
-SHAPE_FLAGS = (
-    "model",
-    "model_type",
-    "hidden_width",
-    "num_layers",
-    "num_heads",
-    "num_key_value_heads",
-    "intermediate_size",
-    "vocab_size",
-    "num_local_experts",
-    "num_experts_per_tok",
-    "rope_theta",
-    "tie_word_embeddings",
-)
 # Per-rank batch fingerprints go into the metrics file (evidence that ranks read different
 # data) up to this world size; beyond it the lines would be mostly fingerprints.
 MAX_RANKS_WITH_DIGESTS = 64
@@ -189,7 +174,8 @@ class Trainer:
         # Tokenizer and model config (a preset shape, or the pretrained model's own).
         self.tokenizer = load_tokenizer(cfg.tokenizer_name)
         if cfg.model.init_from is not None:
-            ignored = [f"--{name}" for name in SHAPE_FLAGS if getattr(cfg.model, name) is not None]
+            shaping = shape_flag_names()  # a pretrained model brings its own architecture
+            ignored = [f"--{name}" for name in shaping if getattr(cfg.model, name) is not None]
             if ignored:
                 logger.warning(
                     "--init_from %s: the architecture comes from its config.json; ignoring %s",
@@ -247,7 +233,7 @@ class Trainer:
             check_torch_pairing()
             check_fp8_device(self.device, emulate=cfg.parallel.fp8_emulate)
             self.float8 = plan_float8(
-                cfg.parallel.fp8_recipe,
+                cfg.parallel.fp8_recipe or "rowwise",
                 emulate=cfg.parallel.fp8_emulate,
                 shard_group_size=self.mesh.size(self.mesh.ndim - 1),
                 cpu_offload=cfg.parallel.cpu_offload,

@@ -9,7 +9,7 @@ block price or another region's prices can put the price they really pay here.
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from infra.config.base import ConfigSection
 
@@ -29,13 +29,21 @@ class CostConfig(ConfigSection):
             "otherwise). null switches the ceiling off."
         ),
     )
-    max_run_hours: float | None = Field(
+    priced_run_hours: float | None = Field(
         default=None,
         gt=0,
         description=(
             "Hours to price one run at when the job has no deadline (job.maxRunHours); a run "
             "bounded only by training.maxSteps has no known length, so the stack states one. "
             "When the job has a deadline, the deadline is the worst case and is used instead."
+        ),
+    )
+    max_run_hours: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "Deprecated spelling of cost.pricedRunHours (it read like job.maxRunHours, the "
+            "deadline); still read, with a warning in the plan."
         ),
     )
     usd_per_instance_hour: float | None = Field(
@@ -57,4 +65,22 @@ class CostConfig(ConfigSection):
         """
         if job_max_run_hours is not None:
             return job_max_run_hours
-        return self.max_run_hours
+        return self.priced_run_hours if self.priced_run_hours is not None else self.max_run_hours
+
+    @model_validator(mode="after")
+    def _one_spelling(self) -> CostConfig:
+        if self.priced_run_hours is not None and self.max_run_hours is not None:
+            raise ValueError(
+                f"cost.maxRunHours {self.max_run_hours:g} is the old spelling of "
+                f"cost.pricedRunHours {self.priced_run_hours:g}; allowed: cost.pricedRunHours only"
+            )
+        return self
+
+    def deprecations(self) -> list[str]:
+        """One line per deprecated key the stack still uses."""
+        if self.max_run_hours is None:
+            return []
+        return [
+            "cost.maxRunHours is deprecated: it is the hours a run without a deadline is priced "
+            "at, not a deadline (job.maxRunHours); write cost.pricedRunHours"
+        ]

@@ -10,14 +10,12 @@ node) live in `infra.config.stack`, and what the run will need or cost in `infra
 
 from __future__ import annotations
 
-import difflib
 import re
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
-from infra.config.base import ConfigSection
-from trainer.config import flag_names, test_only_flag_names
+from infra.config.trainer_keys import TrainerKeyedSection, extra_arg_problem
 from trainer.presets import PRESETS
 
 # Kubernetes names pods `<job>-worker-<i>` and services after them; a DNS-1123 label is at
@@ -41,25 +39,6 @@ FORBIDDEN_ENV: dict[str, str] = {
 }
 
 
-RENDERED_TRAINER_FLAGS = frozenset(
-    {
-        "model", "num_layers", "hidden_width", "num_heads", "num_key_value_heads",
-        "intermediate_size", "vocab_size", "max_context_width", "init_from",
-        "attn_implementation", "dataset", "dataset_config_name", "tokenizer", "text_column",
-        "num_workers", "train_batch_size", "sharding_strategy", "hsdp_shard_size", "bf16",
-        "activation_checkpointing", "cpu_offload", "compile", "precision", "fp8_recipe",
-        "max_steps", "lr", "min_lr", "warmup", "lr_decay_style", "weight_decay", "beta1",
-        "beta2", "grad_clip", "gradient_accumulation_steps", "seed", "checkpoint_freq",
-        "keep_last_checkpoints", "logging_freq", "validation_freq", "validation_batches",
-        "checkpoint_dir", "resume_from_checkpoint", "export_dir", "tensorboard_dir",
-        "staging_dir", "watchdog_floor_s", "preflight", "expect_gpu", "expect_gpu_memory_gib",
-        "expect_efa_devices", "allreduce_floor_gbps",
-    }
-)  # fmt: skip
-"""Trainer flags rendered from stack keys (infra/job/flags.py); `training.extraArgs` may not
-repeat them, so every setting has exactly one place in the stack file."""
-
-
 DEFAULT_START_TIMEOUT_MINUTES = 60
 """How long one worker may take from the job's creation to a running trainer: GPU nodes scaling
 up from zero (instance launch, EFA, device plugins: minutes) and a ~20 GB image pull (minutes
@@ -75,7 +54,7 @@ def _check_dns_label(value: str, what: str) -> str:
     return value
 
 
-class JobConfig(ConfigSection):
+class JobConfig(TrainerKeyedSection, stack_section="job"):
     """`fsdp-eks:job`: the PyTorchJob around the trainer: name, lifetime, restarts."""
 
     name: str | None = Field(
@@ -243,7 +222,7 @@ class JobConfig(ConfigSection):
         return self.start_timeout_minutes * 60
 
 
-class ModelConfig(ConfigSection):
+class ModelConfig(TrainerKeyedSection, stack_section="model"):
     """`fsdp-eks:model`: which architecture to train, and from which weights."""
 
     preset: str = Field(
@@ -282,7 +261,7 @@ class ModelConfig(ConfigSection):
         return value
 
 
-class DataConfig(ConfigSection):
+class DataConfig(TrainerKeyedSection, stack_section="data"):
     """`fsdp-eks:data`: where the tokens come from."""
 
     dataset: str = Field(
@@ -303,7 +282,7 @@ class DataConfig(ConfigSection):
     num_workers: int = Field(default=2, ge=0, description="DataLoader workers per GPU process.")
 
 
-class TrainingConfig(ConfigSection):
+class TrainingConfig(TrainerKeyedSection, stack_section="training"):
     """`fsdp-eks:training`: the optimisation and its memory/speed trade-offs."""
 
     max_steps: int = Field(default=5000, ge=1, description="Optimizer steps; training stops here.")
@@ -430,27 +409,10 @@ class TrainingConfig(ConfigSection):
     def _extra_args_are_other_trainer_flags(
         cls, value: dict[str, str | int | float | bool]
     ) -> dict[str, str | int | float | bool]:
-        known = flag_names()
-        for flag in value:
-            name = flag.lstrip("-")
-            if name not in known:
-                close = difflib.get_close_matches(name, sorted(known), n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise ValueError(
-                    f"training.extraArgs.{flag} is not a trainer flag{hint}; "
-                    "`fsdp-eks trainer-flags` lists them"
-                )
-            if name in test_only_flag_names():
-                raise ValueError(
-                    f"training.extraArgs.{flag} is a test-only trainer flag (an injected fault "
-                    "or fp8 emulation) and no setting for a run; allowed: the other flags "
-                    "`fsdp-eks trainer-flags` lists"
-                )
-            if name in RENDERED_TRAINER_FLAGS or name != flag:
-                raise ValueError(
-                    f"training.extraArgs.{flag} is set from its own stack key (or has dashes); "
-                    "set that key instead of repeating the flag here"
-                )
+        for flag, setting in value.items():
+            problem = extra_arg_problem(flag, setting)
+            if problem is not None:
+                raise ValueError(problem)
         return value
 
     @field_validator("activation_checkpointing", mode="before")
@@ -459,39 +421,3 @@ class TrainingConfig(ConfigSection):
         if isinstance(value, bool):
             return "full" if value else "off"
         return value
-
-    @model_validator(mode="after")
-    def _consistent(self) -> TrainingConfig:
-        if self.min_lr > self.lr:
-            raise ValueError(f"training.minLr {self.min_lr} must not exceed training.lr {self.lr}")
-        if self.warmup >= 1 and not float(self.warmup).is_integer():
-            raise ValueError(
-                f"training.warmup {self.warmup} must be a fraction below 1 "
-                "or a whole number of steps"
-            )
-        if self.warmup >= 1 and self.warmup > self.max_steps:
-            raise ValueError(
-                f"training.warmup {int(self.warmup)} steps exceeds "
-                f"training.maxSteps {self.max_steps}"
-            )
-        if self.fp8_recipe is not None and self.precision != "fp8":
-            raise ValueError(
-                f"training.fp8Recipe {self.fp8_recipe!r} applies only to training.precision fp8, "
-                f"not {self.precision!r}"
-            )
-        if self.precision == "fp8" and not self.bf16:
-            raise ValueError(
-                "training.precision fp8 needs training.bf16 true: the layers it leaves out run "
-                "in bf16"
-            )
-        if self.precision == "fp8" and self.compile is False:
-            raise ValueError(
-                "training.precision fp8 needs compile (training.compile true or unset): without "
-                "it float8's scale and cast kernels run unfused and fp8 is slower than bf16"
-            )
-        if self.hsdp_shard_size is not None and self.sharding_strategy != "hybrid":
-            raise ValueError(
-                "training.hsdpShardSize applies only to training.shardingStrategy hybrid, "
-                f"not {self.sharding_strategy!r}"
-            )
-        return self

@@ -167,11 +167,22 @@ def gated_hub_references(*, init_from: Any, tokenizer: Any, dataset: Any) -> lis
     ]
 
 
+def gpus_per_node_problem(config: StackConfig) -> str | None:
+    """`job.gpusPerNode` beyond the instance's GPUs, the one count no figure survives."""
+    gpus, asked = config.instance.gpus, config.job.gpus_per_node
+    if asked is None or asked <= gpus:
+        return None
+    return (
+        f"job.gpusPerNode {asked} exceeds the {gpus} GPU(s) of gpuNodes.instanceType "
+        f"{config.gpu_nodes.instance_type!r}; allowed: 1 to {gpus}"
+    )
+
+
 def figures_possible(config: StackConfig) -> bool:
     """Whether the run's figures (memory, duration, cost) can be computed at all: a GPU count
     the instance has and a model shape that exists. Every other problem leaves them
     meaningful, so they are listed beside the rest."""
-    if config.job.gpus_per_node is not None and config.job.gpus_per_node > config.instance.gpus:
+    if gpus_per_node_problem(config) is not None:
         return False
     try:
         config.model_shape()
@@ -187,12 +198,8 @@ def cross_section_problems(config: StackConfig) -> list[str]:
     nodes = config.gpu_nodes
     training = config.training
 
-    if config.job.gpus_per_node is not None and config.job.gpus_per_node > facts.gpus:
-        problems.append(
-            f"job.gpusPerNode {config.job.gpus_per_node} exceeds the {facts.gpus} GPU(s) of "
-            f"gpuNodes.instanceType {nodes.instance_type!r}; allowed: 1 to {facts.gpus}"
-        )
-        return problems  # every figure below depends on a possible GPU count
+    if (too_many := gpus_per_node_problem(config)) is not None:
+        return [too_many]  # every figure below depends on a possible GPU count
 
     per_micro_step = training.micro_batch_size * config.world_size
     if training.global_batch_size is not None:

@@ -76,7 +76,7 @@ class CostEstimate:
     usd_per_instance_hour: float
     usd_per_hour: float
     run_hours: float | None
-    """None: the run has no known length (no deadline and no cost.maxRunHours)."""
+    """None: the run has no known length (no deadline and no cost.pricedRunHours)."""
     expected_hours: float | None
     """The run's expected wall time (`infra.estimates.duration`); None when it cannot be
     estimated."""
@@ -125,7 +125,7 @@ class CostEstimate:
         run = (
             f"${self.usd_per_run:,.2f} per run at most ({self.run_hours:g} h)"
             if self.usd_per_run is not None and self.run_hours is not None
-            else "per run: unknown (no deadline and no cost.maxRunHours)"
+            else "per run: unknown (no deadline and no cost.pricedRunHours)"
         )
         if self.expected_usd is not None and self.expected_hours is not None:
             run = f"~${self.expected_usd:,.2f} expected (~{self.expected_hours:.1f} h), {run}"

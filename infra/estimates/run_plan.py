@@ -128,6 +128,7 @@ def plan_run(config: StackConfig) -> RunPlan:
     if config.job.max_run_hours is None:
         warnings.append(_NO_DEADLINE)
     warnings.extend(_init_from_warnings(config))
+    warnings.extend(config.cost.deprecations())
     cost: CostEstimate | None = None
     try:
         cost = cost_estimate(config, expected_hours=duration.hours if duration else None)

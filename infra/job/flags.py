@@ -13,9 +13,9 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from infra.config.job import RENDERED_TRAINER_FLAGS
+from infra.config.trainer_keys import TABLE_SUPPLIED_KEYS, stack_value
 from infra.facts.instances import ALLREDUCE_BUSBW_FLOOR_GBPS, HYPERPOD_PREFIX
-from trainer.config import format_args
+from trainer.config import flag_table, format_args
 
 if TYPE_CHECKING:
     from infra.config import StackConfig
@@ -46,62 +46,47 @@ def preflight_flags(config: StackConfig) -> dict[str, Any]:
     }
 
 
-def trainer_flags(plan: RunPlan) -> dict[str, Any]:
-    """Every trainer flag the experiment sets, except the run's paths (`{flag: value}`).
+RUN_PATH_FLAGS = frozenset(
+    {"checkpoint_dir", "resume_from_checkpoint", "export_dir", "tensorboard_dir", "staging_dir"}
+)
+"""Flags rendered from the run's paths (`trainer_argv`): not in `trainer_flags` nor its hash."""
 
-    Values left `None` keep the trainer's default. `dataset_config_name` is rendered as ''
-    when the stack sets it to null, because the trainer's own default is 'en'.
-    """
+
+def resolved_flags(plan: RunPlan) -> dict[str, Any]:
+    """The flags whose value is not their stack key's as written: an `auto` the plan resolves,
+    a value derived from other keys, and those rendered from no key of their own."""
     config = plan.config
-    model, data, training = config.model, config.data, config.training
     chosen = plan.parallelism
-    flags: dict[str, Any] = {
-        "model": model.preset,
-        "num_layers": model.num_layers,
-        "hidden_width": model.hidden_size,
-        "num_heads": model.num_heads,
-        "num_key_value_heads": model.num_key_value_heads,
-        "intermediate_size": model.intermediate_size,
-        "vocab_size": model.vocab_size,
-        "max_context_width": training.context_width,
-        "init_from": model.init_from,
-        "attn_implementation": model.attn_implementation,
-        "dataset": data.dataset,
-        "dataset_config_name": data.dataset_config_name or "",
-        "tokenizer": data.tokenizer,
-        "text_column": data.text_column,
-        "num_workers": data.num_workers,
-        "train_batch_size": training.micro_batch_size,
+    return {
         # `auto` keys resolved by the memory estimate (the run plan's parallelism).
         "sharding_strategy": chosen.sharding_strategy,
-        "hsdp_shard_size": training.hsdp_shard_size,
-        "bf16": training.bf16,
         "activation_checkpointing": chosen.activation_checkpointing,
-        "cpu_offload": training.cpu_offload,
-        "compile": training.compile,
-        "precision": training.precision,
-        "fp8_recipe": training.fp8_recipe,
-        "max_steps": training.max_steps,
-        "lr": training.lr,
-        "min_lr": training.min_lr,
-        "warmup": training.warmup,
-        "lr_decay_style": training.lr_decay_style,
-        "weight_decay": training.weight_decay,
-        "beta1": training.beta1,
-        "beta2": training.beta2,
-        "grad_clip": training.grad_clip,
         "gradient_accumulation_steps": config.gradient_accumulation_steps,
-        "seed": training.seed,
-        "checkpoint_freq": training.checkpoint_every,
-        "keep_last_checkpoints": training.keep_last_checkpoints,
-        "logging_freq": training.logging_every,
-        "validation_freq": training.validation_every,
-        "validation_batches": training.validation_batches,
+        # The trainer's own default is 'en': a null stack value is rendered as ''.
+        "dataset_config_name": config.data.dataset_config_name or "",
         # A save of this model is no hang (trainer.watchdog): the floor is sized from it.
         "watchdog_floor_s": plan.timeouts.watchdog_floor_seconds,
         **preflight_flags(config),
     }
-    return {**flags, **training.extra_args}
+
+
+def trainer_flags(plan: RunPlan) -> dict[str, Any]:
+    """Every trainer flag the experiment sets, except the run's paths (`{flag: value}`), in
+    the order of the trainer's table of flags (`trainer.config.flag_table`): each flag with a
+    stack key takes that key's value, resolved where the plan resolves it; `training.extraArgs`
+    follow. Values left `None` keep the trainer's default."""
+    resolved = resolved_flags(plan)
+    flags: dict[str, Any] = {}
+    for row in flag_table():
+        if row.name in resolved:
+            flags[row.name] = resolved[row.name]
+        elif row.stack_key is not None:
+            value = stack_value(plan.config, row.stack_key)
+            if value is not None or row.stack_key not in TABLE_SUPPLIED_KEYS:
+                flags[row.name] = value
+        elif row.rendered_from is not None and row.name not in RUN_PATH_FLAGS:
+            raise AssertionError(f"--{row.name} is rendered from {row.rendered_from}: no rule")
+    return {**flags, **plan.config.training.extra_args}
 
 
 def run_id(plan: RunPlan) -> str:
@@ -219,8 +204,3 @@ def torchrun_command(plan: RunPlan, paths: RunPaths) -> list[str]:
         "trainer",
         *trainer_argv(plan, paths),
     ]
-
-
-def rendered_flag_names() -> frozenset[str]:
-    """Flags this module renders itself (extraArgs may not set them)."""
-    return RENDERED_TRAINER_FLAGS

@@ -33,6 +33,7 @@ from infra.config import StackConfigError, read_stack_file
 from infra.config.files import display_path
 from infra.config.parse import validate_stack_config
 from infra.config.stack import figures_possible
+from infra.config.trainer_keys import stack_key_of, stack_value
 from infra.estimates.run_plan import RunPlan, plan_run
 from infra.facts.hub_models import HUB_MODELS
 from infra.job.flags import RunPaths, trainer_argv
@@ -47,7 +48,7 @@ from infra.job.manifest import (
     s3_env,
 )
 from infra.job.staging_fit import staging_problems
-from trainer.config import DEFAULT_TOKENIZER, parse_args
+from trainer.config import DEFAULT_TOKENIZER, flag_table, parse_args, shape_flag_names
 from trainer.presets import get_preset
 
 if TYPE_CHECKING:
@@ -64,40 +65,52 @@ SECRET_VALUE = re.compile(
 """Hugging Face tokens, AWS access key ids, GitHub tokens, OpenAI-style keys."""
 _ARGPARSE_FLAG = re.compile(r"--(\w+)")
 
-SHAPE_EXTRA_ARGS = (
-    "model_type", "num_local_experts", "num_experts_per_tok", "rope_theta", "tie_word_embeddings",
-)  # fmt: skip
-"""Trainer flags no stack key renders that change the model it builds
-(`trainer.config.ModelConfig.shape`): set through extraArgs, the trainer would build another
-model than every estimate of the plan (`StackConfig.model_shape`)."""
+
+def flag_origin(flag: str, config: StackConfig) -> str | None:
+    """The stack key a rendered trainer flag comes from: its `training.extraArgs` entry, else
+    its own key in the table of flags (`trainer.config.flag_table`)."""
+    if flag in config.training.extra_args:
+        return f"training.extraArgs.{flag}"
+    return stack_key_of(flag)
 
 
-def extra_args_problems(plan: RunPlan) -> list[str]:
-    """The job's whole trainer argv (paths included), extraArgs merged in, through the
-    trainer's own parser and its own consistency checks (what every worker does at start);
-    then what the parsed flags contradict of the stack: the model (the shape flags above) and
-    the device (`cpu` on the GPU nodes the stack pays for).
+def _refusal(message: str, plan: RunPlan) -> str:
+    """The trainer's refusal of the rendered flags, as one line under the stack key of the
+    first flag it names (`--flag` mentions of keyed flags are followed by their key)."""
+    config = plan.config
+    named = list(dict.fromkeys(_ARGPARSE_FLAG.findall(message)))
+    origins = {flag: key for flag in named if (key := flag_origin(flag, config)) is not None}
+    keys = list(origins)
+    others = "; ".join(f"--{flag} is {origins[flag]}" for flag in keys[1:])
+    explained = f"{message} ({others})" if others else message
+    if not keys:
+        return f"the job's trainer flags: the trainer refuses them: {explained}"
+    flag, key = keys[0], origins[keys[0]]
+    extra = config.training.extra_args
+    value = extra[flag] if flag in extra else stack_value(config, key)
+    return f"{key} {value!r}: the trainer refuses it: {explained}"
+
+
+def trainer_problems(plan: RunPlan) -> list[str]:
+    """The job's whole trainer argv (paths included) through the trainer's own parser and its
+    own consistency checks (what every worker does at start), each refusal under the stack key
+    it came from; then what extraArgs contradict of the stack: the model (shape flags that no
+    stack key renders) and the device (`cpu` on the GPU nodes the stack pays for).
 
     argparse reports a bad value by printing to stderr and raising SystemExit(2) (Python's
     `argparse.ArgumentParser.error`); stderr is captured, so nothing is printed and nothing
     exits."""
     config = plan.config
     extra = config.training.extra_args
-    if not extra:
-        return []
     stderr = io.StringIO()
     try:
         with contextlib.redirect_stderr(stderr):
             parsed = parse_args(_rendered_argv(plan))
     except SystemExit:
         message = stderr.getvalue().strip().splitlines()[-1].split("error: ", 1)[-1]
-        named = _ARGPARSE_FLAG.findall(message)
-        flag = next((name for name in named if name in extra), None)
-        if flag is None:
-            return [f"training.extraArgs: the trainer refuses the job's flags: {message}"]
-        return [f"training.extraArgs.{flag} {extra[flag]!r}: the trainer refuses it: {message}"]
+        return [_refusal(message, plan)]
     problems = []
-    shaping = [flag for flag in SHAPE_EXTRA_ARGS if flag in extra]
+    shaping = [flag for flag in shape_flag_names() if flag in extra]
     if shaping and config.model.init_from is None:
         built, planned = parsed.model.shape(), config.model_shape()
         changed = [
@@ -231,17 +244,6 @@ def vocabulary_problems(config: StackConfig) -> list[str]:
     ]
 
 
-SHAPE_KEYS = {
-    "num_layers": "model.numLayers",
-    "hidden_size": "model.hiddenSize",
-    "num_heads": "model.numHeads",
-    "num_key_value_heads": "model.numKeyValueHeads",
-    "intermediate_size": "model.intermediateSize",
-    "vocab_size": "model.vocabSize",
-}
-"""The stack's shape overrides (`ModelConfig`), by field."""
-
-
 def init_from_problems(config: StackConfig) -> list[str]:
     """Weights decide the model the trainer builds: it reads their `config.json` and ignores
     every shape flag (`trainer.train`, `--init_from`), while every estimate of the plan is the
@@ -252,7 +254,14 @@ def init_from_problems(config: StackConfig) -> list[str]:
     if model.init_from is None:
         return []
     problems = []
-    overridden = [key for field, key in SHAPE_KEYS.items() if getattr(model, field) is not None]
+    overridden = [
+        row.stack_key
+        for row in flag_table()
+        if row.shape
+        and row.stack_key
+        and row.stack_key != "model.preset"
+        and stack_value(config, row.stack_key) is not None
+    ]
     if overridden:
         problems.append(
             f"{', '.join(overridden)} with model.initFrom {model.init_from!r}: the trainer takes "
@@ -511,7 +520,7 @@ def semantic_problems(plan: RunPlan) -> list[str]:
     ]
     if plan.has_timeouts:
         problems = [
-            *extra_args_problems(plan),
+            *trainer_problems(plan),
             *extra_env_problems(plan),
             *problems,
             *path_problems(plan),

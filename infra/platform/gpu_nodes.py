@@ -131,10 +131,6 @@ def gpu_node_user_data() -> str:
     return base64.b64encode(document.encode()).decode()
 
 
-_ReservationTarget = (
-    aws.ec2.LaunchTemplateCapacityReservationSpecificationCapacityReservationTargetArgs
-)
-
 _CAPACITY_TYPES = {
     "on-demand": "ON_DEMAND",
     "spot": "SPOT",

@@ -136,7 +136,7 @@ def check_cost_ceiling(resources: Sequence[Resource], config: Mapping[str, Any])
     if hours is None:
         findings.append(
             Finding(
-                f"the run has no known length (no job deadline, no cost.maxRunHours), so the "
+                f"the run has no known length (no job deadline, no cost.pricedRunHours), so the "
                 f"${hourly:,.2f}/h of {nodes} cannot be held to the ${float(ceiling):,.2f} "
                 f"ceiling; set fsdp-eks:job.maxRunHours or fsdp-eks:cost.maxRunHours"
             )

@@ -18,13 +18,13 @@ def trainer_flags(names: tuple[str, ...]) -> int:
         fsdp-eks trainer-flags loss_chunk_tokens watchdog_factor
         fsdp-eks trainer-flags --lr           # with dashes, as in training.extraArgs
 
-    Flags the stack renders from its own keys are marked: set those keys instead.
+    Flags the stack renders are marked with the stack key to set instead (or with what the
+    program renders them from).
     """
     import argparse
 
-    from infra.config.job import RENDERED_TRAINER_FLAGS
     from scripts.cli.support.errors import CliError
-    from trainer.config import build_parser, flag_names
+    from trainer.config import build_parser, flag_names, flag_table
 
     parser = build_parser()
     parser.prog = "torchrun [...] -m trainer"  # how the job runs it (no venv needed to read)
@@ -39,12 +39,13 @@ def trainer_flags(names: tuple[str, ...]) -> int:
             for name in unknown
         ]  # fmt: skip
         raise CliError(f"not a trainer flag: {', '.join(hints)}")
+    marks = {row.name: _mark(row.stack_key, row.rendered_from) for row in flag_table()}
     if not wanted:
         click.echo(parser.format_help())
-        click.echo(
-            "Rendered from stack keys (not for training.extraArgs): "
-            + ", ".join(sorted(RENDERED_TRAINER_FLAGS))
-        )
+        click.echo("Rendered by the stack (not for training.extraArgs):")
+        for name, mark in marks.items():
+            if mark:
+                click.echo(f"  --{name}{mark}")
         return 0
     actions = {
         action.dest: action
@@ -53,7 +54,15 @@ def trainer_flags(names: tuple[str, ...]) -> int:
     }
     for name in dict.fromkeys(name.lstrip("-") for name in names):  # as asked, once each
         action = actions[name]
-        rendered = " (rendered from a stack key)" if action.dest in RENDERED_TRAINER_FLAGS else ""
         choices = f" {{{','.join(map(str, action.choices))}}}" if action.choices else ""
-        click.echo(f"--{action.dest}{choices}{rendered}\n    {action.help}")
+        click.echo(f"--{action.dest}{choices}{marks[name]}\n    {action.help}")
     return 0
+
+
+def _mark(stack_key: str | None, rendered_from: str | None) -> str:
+    """How the listing marks a flag the stack renders: the key to set, or its source."""
+    if stack_key is not None:
+        return f" (set by stack key {stack_key})"
+    if rendered_from is not None:
+        return f" (rendered from {rendered_from})"
+    return ""

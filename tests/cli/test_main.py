@@ -346,12 +346,15 @@ def test_trainer_flags_lists_the_trainers_flags_and_names_a_typo() -> None:
     assert listed.code == 0 and "--loss_chunk_tokens" in listed.out
     one = run_cli("trainer-flags", "loss_chunk_tokens", "activation_checkpointing")
     assert one.code == 0, one
-    assert one.out.startswith("--loss_chunk_tokens") and "rendered from a stack key" in one.out
+    assert one.out.startswith("--loss_chunk_tokens\n")  # no stack key renders it
+    assert "--activation_checkpointing {off,full,op,selective} (set by stack key " in one.out
+    assert "training.activationCheckpointing)" in one.out
     assert_one_line_mistake(
         run_cli("trainer-flags", "loss_chunk_token"), "did you mean loss_chunk_tokens"
     )
     dashed = run_cli("trainer-flags", "--lr")  # as the flag is written in training.extraArgs
-    assert dashed.code == 0 and dashed.out.startswith("--lr (rendered from a stack key)"), dashed
+    assert dashed.code == 0 and dashed.out.startswith("--lr (set by stack key training.lr)")
+    assert "--expect_gpu (rendered from gpuNodes.instanceType: its GPU model)" in listed.out
     assert_one_line_mistake(run_cli("trainer-flags", "--lrr"), "not a trainer flag: lrr")
     assert listed.out.startswith("usage: torchrun [...] -m trainer ")  # not `python -m trainer`
 

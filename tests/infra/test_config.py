@@ -204,8 +204,9 @@ BAD_CONFIGS: list[tuple[str, dict[str, Any], str]] = [
     ),
     (
         "shard size without hybrid sharding",
-        with_(training={"hsdpShardSize": 8}),
-        "training.hsdpShardSize applies only to training.shardingStrategy hybrid, not 'auto'",
+        with_(training={**BASE["training"], "shardingStrategy": "full", "hsdpShardSize": 8}),
+        "training.hsdpShardSize 8: the trainer refuses it: --hsdp_shard_size applies only to "
+        "--sharding_strategy hybrid (--sharding_strategy is training.shardingStrategy)",
     ),
     (
         "unknown sharding strategy",
@@ -215,13 +216,16 @@ BAD_CONFIGS: list[tuple[str, dict[str, Any], str]] = [
     ),
     (
         "final learning rate above the peak",
-        with_(training={"lr": 0.0001, "minLr": 0.1}),
-        "training.minLr 0.1 must not exceed training.lr 0.0001",
+        with_(training={**BASE["training"], "lr": 0.0001, "minLr": 0.1}),
+        "training.minLr 0.1: the trainer refuses it: --min_lr must be in [0, --lr=0.0001], got "
+        "0.1 (--lr is training.lr)",
     ),
     (
         "warmup longer than the run",
         with_(training={"maxSteps": 100, "warmup": 500}),
-        "training.warmup 500 steps exceeds training.maxSteps 100",
+        "training.warmup 500.0: the trainer refuses it: --warmup 500 steps exceeds --max_steps "
+        "100; allowed: at most --max_steps, or a fraction below 1 (--max_steps is "
+        "training.maxSteps)",
     ),
     (
         "number given as words",

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from infra.config import StackConfigError
-from infra.config.job import RENDERED_TRAINER_FLAGS
+from infra.config.trainer_keys import rendered_flag_names
 from infra.estimates.duration import FP8_SPEEDUP_BY_GPU, MFU_BY_GPU, estimate_duration
 from infra.facts.instances import GPU_COMPUTE_CAPABILITY, INSTANCE_FACTS
 from infra.job.flags import format_args, trainer_flags
@@ -61,9 +61,13 @@ def test_the_plan_refuses_it_in_one_line_with_exit_2(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("training", "fragment"),
     [
-        ({"fp8Recipe": "tensorwise"}, "training.fp8Recipe 'tensorwise' applies only to"),
-        ({"precision": "fp8", "compile": False}, "training.precision fp8 needs compile"),
-        ({"precision": "fp8", "bf16": False}, "training.precision fp8 needs training.bf16"),
+        ({"fp8Recipe": "tensorwise"}, "training.fp8Recipe 'tensorwise': the trainer refuses it: "
+         "--fp8_recipe tensorwise applies only to --precision fp8, not bf16 (--precision is "
+         "training.precision)"),
+        ({"precision": "fp8", "compile": False}, "training.precision 'fp8': the trainer refuses "
+         "it: --precision fp8 needs --compile 1"),
+        ({"precision": "fp8", "bf16": False}, "training.precision 'fp8': the trainer refuses it: "
+         "--precision fp8 needs --bf16 1"),
         ({"precision": "fp16"}, "training.precision"),
     ],
 )
@@ -72,9 +76,10 @@ def test_settings_fp8_cannot_run_with_are_refused(training: dict[str, Any], frag
 
 
 def test_the_precision_flags_are_the_stacks_keys_not_extra_args() -> None:
-    assert {"precision", "fp8_recipe"} <= RENDERED_TRAINER_FLAGS
+    assert {"precision", "fp8_recipe"} <= rendered_flag_names()
     [message] = problems(stack("p5.48xlarge", extraArgs={"precision": "fp8"}))
-    assert "training.extraArgs.precision is set from its own stack key" in message
+    assert "training.extraArgs.precision is set from its own stack key; allowed: " in message
+    assert message.endswith("training.precision instead")
 
 
 @pytest.mark.parametrize(("recipe", "expected"), [(None, "rowwise"), ("rowwise", "rowwise"),

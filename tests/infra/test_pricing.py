@@ -34,15 +34,15 @@ from tests.infra.test_stacks import stack
 def test_cost_config_defaults_to_a_low_ceiling_and_table_prices() -> None:
     cost = CostConfig.model_validate({})
     assert cost.max_usd_per_run == DEFAULT_MAX_USD_PER_RUN
-    assert cost.max_run_hours is None
+    assert cost.priced_run_hours is None
     assert cost.usd_per_instance_hour is None
 
 
 def test_cost_config_reads_camel_case_keys() -> None:
     cost = CostConfig.model_validate(
-        {"maxUsdPerRun": 2500, "maxRunHours": 12, "usdPerInstanceHour": 31.5}
+        {"maxUsdPerRun": 2500, "pricedRunHours": 12, "usdPerInstanceHour": 31.5}
     )
-    assert (cost.max_usd_per_run, cost.max_run_hours, cost.usd_per_instance_hour) == (
+    assert (cost.max_usd_per_run, cost.priced_run_hours, cost.usd_per_instance_hour) == (
         2500,
         12,
         31.5,
@@ -68,10 +68,24 @@ def test_null_ceiling_switches_it_off() -> None:
 
 
 def test_run_hours_prefers_the_job_deadline() -> None:
-    cost = CostConfig.model_validate({"maxRunHours": 3})
+    cost = CostConfig.model_validate({"pricedRunHours": 3})
     assert cost.run_hours(10) == 10
     assert cost.run_hours(None) == 3
     assert CostConfig.model_validate({}).run_hours(None) is None
+
+
+def test_the_old_spelling_of_priced_run_hours_still_prices_with_a_warning() -> None:
+    """`cost.maxRunHours` read like `job.maxRunHours` (the deadline) but only priced a run."""
+    values = {"gpuNodes": {"instanceType": "g5.8xlarge", "count": 1}, "cost": {"maxRunHours": 3}}
+    plan = plan_run(parse_stack_config(values, stack_name="exp"))
+    assert plan.config.cost.run_hours(None) == 3
+    [warning] = [w for w in plan.warnings if "cost.maxRunHours" in w]
+    assert warning.endswith("write cost.pricedRunHours")
+    renamed = {**values, "cost": {"pricedRunHours": 3}}
+    assert not any("deprecated" in w for w in plan_run(
+        parse_stack_config(renamed, stack_name="exp")).warnings)  # fmt: skip
+    with pytest.raises(ValidationError, match=r"old spelling of cost\.pricedRunHours"):
+        CostConfig.model_validate({"maxRunHours": 3, "pricedRunHours": 4})
 
 
 def test_every_cost_field_has_a_description() -> None:

@@ -153,6 +153,11 @@ def test_aliases() -> None:
         (["--model_type", "gpt2"], "--model_type 'gpt2' is not supported"),
         (["--min_lr", "1", "--lr", "0.1"], "--min_lr"),
         (["--warmup", "2.5"], "--warmup"),
+        # Once written in the stack schema too (issue 29 item 1): the trainer's rules only.
+        (["--max_steps", "10", "--warmup", "20"], "--warmup 20 steps exceeds --max_steps 10"),
+        (["--fp8_recipe", "tensorwise"], "--fp8_recipe tensorwise applies only to --precision"),
+        (["--num_layers", "0"], "--num_layers must be > 0"),
+        (["--num_local_experts", "-1"], "--num_local_experts must be >= 0"),
         (["--model", "tiny", "--num_heads", "3"], "hidden_size=128"),
         (["--hsdp_shard_size", "2"], "--hsdp_shard_size applies only"),
         (["--activation_checkpointing", "some"], "--activation_checkpointing"),

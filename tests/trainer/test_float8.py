@@ -193,7 +193,7 @@ def test_emulation_may_run_uncompiled() -> None:
 def test_fp8_on_a_cpu_ends_in_one_line_not_a_traceback(
     tiny_assets: TinyAssets, tmp_path: Path
 ) -> None:
-    args = tiny_args(tiny_assets, bf16=1, precision="fp8", max_steps=1)
+    args = tiny_args(tiny_assets, bf16=1, precision="fp8", max_steps=1, warmup=1)
     done = subprocess.run(
         [sys.executable, "-m", "trainer", *args, "--metrics_file", str(tmp_path / "m.jsonl")],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=False,

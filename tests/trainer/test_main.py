@@ -14,7 +14,7 @@ def test_missing_dataset_is_one_line_naming_the_flag(
     tiny_assets: TinyAssets, tmp_path: Path
 ) -> None:
     missing = tmp_path / "no-such-corpus"
-    argv = tiny_args(tiny_assets, dataset=str(missing), max_steps=1)
+    argv = tiny_args(tiny_assets, dataset=str(missing), max_steps=1, warmup=1)
     result = subprocess.run(
         [sys.executable, "-m", "trainer", *argv],
         capture_output=True,
