@@ -5,11 +5,12 @@ were paid for and the model is not finished. The estimate here is the trainer's 
 run backwards, so plan, tests and the trainer's own log line agree on one set of figures:
 
     hours = max_steps x global batch x context width x FLOPs per token
-            / (GPUs x peak bf16 FLOP/s per GPU x MFU) / 3600
+            / (GPUs x peak FLOP/s per GPU x MFU) / 3600
             + checkpoint saves x checkpoint bytes / write throughput  +  start-up allowance
 
-FLOPs per token and the per-GPU peak come from `trainer.flops` (what `trainer.metrics`
-reports MFU with); nothing is re-derived here. The MFU is a per-GPU-family assumption with a
+FLOPs per token and the per-GPU bf16 peak come from `trainer.flops` (what `trainer.metrics`
+reports MFU with); a `training.bf16: false` run is timed at the fp32 peak of
+`infra.facts.instances`. Nothing is re-derived here. The MFU is a per-GPU-family assumption with a
 range (`MFU_BY_GPU`), so the plan shows a range and the deadline check uses the expected
 figure. Torch-free: the Pulumi program may import it.
 
@@ -29,6 +30,7 @@ from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
+from infra.facts.instances import GPU_PEAK_FP32_FLOPS
 from trainer.flops import flops_per_token, peak_flops_of
 from trainer.presets import approx_num_parameters
 
@@ -291,13 +293,16 @@ def estimate_duration(
 ) -> DurationEstimate:
     """Expected wall time of `config`'s run on its GPU nodes; `mfu` pins the MFU (no range)."""
     gpu = config.instance.gpu_model
-    peak = peak_flops_of(gpu)
-    if peak is None or gpu not in MFU_BY_GPU:
-        raise UnknownPeakError(
-            f"no peak bf16 FLOP/s (trainer/flops.py) or MFU (infra/estimates/duration.py) for "
-            f"GPU {gpu!r}"
-        )
     training = config.training
+    # bf16: false computes in fp32 on the CUDA cores, at a tenth or less of the bf16 peak.
+    peak = peak_flops_of(gpu) if training.bf16 else GPU_PEAK_FP32_FLOPS.get(gpu)
+    if peak is None or gpu not in MFU_BY_GPU:
+        kind = "bf16 FLOP/s (trainer/flops.py)" if training.bf16 else (
+            "fp32 FLOP/s (infra/facts/instances.py)"
+        )  # fmt: skip
+        raise UnknownPeakError(
+            f"no peak {kind} or MFU (infra/estimates/duration.py) for GPU {gpu!r}"
+        )
     assumption = mfu_assumption(gpu, training.precision, training.fp8_recipe)
     if mfu is not None:
         if not 0 < mfu <= 1:
@@ -313,7 +318,9 @@ def estimate_duration(
         startup_hours=startup_hours,
         start_budget_hours=config.job.start_timeout_seconds / 3600,
         precision=(
-            f"fp8 {training.fp8_recipe or 'rowwise'}" if training.precision == "fp8" else "bf16"
+            f"fp8 {training.fp8_recipe or 'rowwise'}"
+            if training.precision == "fp8"
+            else ("bf16" if training.bf16 else "fp32")
         ),
         checkpoint_hours=0.0,
     )
