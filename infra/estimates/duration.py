@@ -229,17 +229,44 @@ class DurationEstimate:
         start = max(self.startup_hours, self.start_budget_hours)
         return self.training_hours_at(self.mfu.low) + self.checkpoint_hours + start
 
-    def summary(self) -> str:
-        """One line: how long, the range, and why."""
+    def headline(self) -> str:
+        """How long, and the range."""
+        return f"~{self.hours:.1f} h (range {self.low_hours:.1f}-{self.high_hours:.1f} h)"
+
+    def arithmetic(self) -> str:
+        """Why: the tokens, the FLOPs and the MFU the training hours rest on, and the rest."""
         kind = "measured" if self.mfu.measured else "assumed"
         return (
-            f"~{self.hours:.1f} h (range {self.low_hours:.1f}-{self.high_hours:.1f} h): "
-            f"{self.tokens / 1e9:.2f}B tokens x {self.flops_per_token / 1e9:.1f} GFLOP/token on "
-            f"{self.gpus} GPUs at {self.mfu.expected:.0%} MFU ({self.precision}, {kind}, range "
+            f"{count_text(self.tokens)} tokens x {self.flops_per_token / 1e9:.1f} GFLOP/token on "
+            f"{self.gpus} GPU{'s' if self.gpus != 1 else ''} at {self.mfu.expected:.0%} MFU "
+            f"({self.precision}, {kind}, range "
             f"{self.mfu.low:.0%}-{self.mfu.high:.0%}) of {self.peak_flops_per_gpu / 1e12:g} "
-            f"TFLOP/s = {self.training_hours:.1f} h, + {self.checkpoint_hours:.2f} h "
-            f"checkpoints, + {self.startup_hours:g} h start-up"
+            f"TFLOP/s = {hours_text(self.training_hours)}, + {hours_text(self.checkpoint_hours)} "
+            f"checkpoints, + {hours_text(self.startup_hours)} start-up"
         )
+
+    def summary(self) -> str:
+        """One line: how long, the range, and why."""
+        return f"{self.headline()}: {self.arithmetic()}"
+
+
+def count_text(count: int) -> str:
+    """`7.34B`, `12.6M`, `819,200`: a count with its magnitude, never `0.00B`."""
+    if count >= 1e9:
+        return f"{count / 1e9:.2f}B"
+    if count >= 1e6:
+        return f"{count / 1e6:.1f}M"
+    return f"{count:,}"
+
+
+def hours_text(hours: float) -> str:
+    """`10.7 h`, `0.5 h`, `3 min`, `40 s`: small figures in the unit that shows them (never
+    `0.00 h`)."""
+    if hours >= 0.1:
+        return f"{hours:.1f} h"
+    if hours * 60 >= 1:
+        return f"{hours * 60:.0f} min"
+    return f"{hours * 3600:.0f} s"
 
 
 class UnknownPeakError(LookupError):

@@ -92,8 +92,9 @@ class RunPlan:
         return self._timeouts
 
 
-def plan_run(config: StackConfig) -> RunPlan:
-    """Estimate `config`'s run once: its parallelism, memory, duration, cost and timeouts."""
+def plan_run(config: StackConfig, *, region: str | None = None) -> RunPlan:
+    """Estimate `config`'s run once: its parallelism, memory, duration, cost and timeouts;
+    `region` is the stack's `aws:region` (None: not set), which its prices are for."""
     chosen = parallelism(config)
     fit = memory_fit(config)
     problems = memory_problems(config)
@@ -125,7 +126,9 @@ def plan_run(config: StackConfig) -> RunPlan:
     warnings.extend(_checkpoint_cadence_warnings(config))
     cost: CostEstimate | None = None
     try:
-        cost = cost_estimate(config, expected_hours=duration.hours if duration else None)
+        cost = cost_estimate(
+            config, expected_hours=duration.hours if duration else None, region=region
+        )
     except PriceUnknownError as err:
         problems.append(f"gpuNodes.instanceType: {err}")
     else:
@@ -137,7 +140,7 @@ def plan_run(config: StackConfig) -> RunPlan:
         memory=fit,
         duration=duration,
         cost=cost,
-        standing=standing_cost(config),
+        standing=standing_cost(config, region=region),
         problems=tuple(problems),
         warnings=tuple(warnings),
         _timeouts=timeouts,

@@ -23,6 +23,8 @@ from infra.facts.eks_versions import DEFAULT_KUBERNETES_VERSION
 from infra.facts.instances import INSTANCE_FACTS
 
 ACCOUNT_ID = "123456789012"
+DEPLOYER_ARN = f"arn:aws:iam::{ACCOUNT_ID}:user/deployer"
+"""The offline caller identity: who runs `pulumi up` is only known at preview."""
 DEFAULT_REGION = "us-west-2"
 """The region of a stack file without `aws:region` (the AWS provider would use the
 environment's; offline there is none)."""
@@ -342,7 +344,7 @@ INVOKE_RESULTS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     },
     "aws:index/getCallerIdentity:getCallerIdentity": lambda args: {
         "accountId": ACCOUNT_ID,
-        "arn": f"arn:aws:iam::{ACCOUNT_ID}:user/deployer",
+        "arn": DEPLOYER_ARN,
         "userId": "AIDAEXAMPLE",
         "id": ACCOUNT_ID,
     },
