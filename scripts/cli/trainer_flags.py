@@ -18,7 +18,8 @@ def trainer_flags(names: tuple[str, ...]) -> int:
         fsdp-eks trainer-flags loss_chunk_tokens watchdog_factor
         fsdp-eks trainer-flags --lr           # with dashes, as in training.extraArgs
 
-    Flags the stack renders from its own keys are marked: set those keys instead.
+    Flags the stack renders from its own keys are listed after the help (and marked when
+    asked for by name): set those keys instead.
     """
     import argparse
 
