@@ -438,8 +438,12 @@ class Trainer:
         logger.info("%s", self.choices_line())
         if self.start.attempt > 1:
             logger.warning("%s", self.start.summary())
-        # The whole configuration, so a log or metrics file explains its own run.
-        logger.info("config: %s", json.dumps(cfg.to_dict(), sort_keys=True))
+        # The whole configuration, so a log or metrics file explains its own run: once, at
+        # its first start; a restart runs the same flags (they name the run directory).
+        if self.start.attempt == 1:
+            logger.info("config: %s", json.dumps(cfg.to_dict(), sort_keys=True))
+        else:
+            logger.info("config: as at start 1 (the run line of the metrics file holds it)")
         self.sinks.write(
             {
                 "kind": "run",

@@ -34,14 +34,23 @@ def stack_name(stack: str | Path) -> str:
 
 
 def stack_file_path(stack: str | Path, stacks_dir: Path | None = None) -> Path:
-    """The stack file of a name or path; UnknownStackError naming the stacks there are."""
+    """The stack file of a name or path; UnknownStackError naming the stacks there are, or,
+    for a path (a folder in it, or a YAML file name), naming that path: a path that does not
+    exist is not looked up under `stacks/` as a name it never was."""
     candidate = Path(stack)
+    directory = stacks_dir or STACKS_DIR
     if candidate.suffix in SUFFIXES and candidate.is_file():
         return candidate
-    directory = stacks_dir or STACKS_DIR
-    path = directory / f"{PREFIX}{stack_name(stack)}.yaml"
-    if not path.is_file():
+    text = str(stack)
+    named = directory / f"{PREFIX}{stack_name(stack)}.yaml"
+    has_folder = "/" in text or "\\" in text
+    if has_folder or (candidate.suffix in SUFFIXES and not text.startswith(PREFIX)):
         raise UnknownStackError(
-            f"no stack {str(stack)!r}: no file {path}; stacks: {', '.join(stack_names(directory))}"
+            f"no stack file {text}: no such file; a stack is a stack file's path or a "
+            f"name under stacks/: {', '.join(stack_names(directory))}"
         )
-    return path
+    if not named.is_file():
+        raise UnknownStackError(
+            f"no stack {text!r}: no file {named}; stacks: {', '.join(stack_names(directory))}"
+        )
+    return named

@@ -40,9 +40,18 @@ def _unqualified(key: str) -> str | None:
     return name if namespace == PROJECT else None
 
 
-def _looks_like_project(namespace: str) -> bool:
-    """`fsdp_eks`, `fsdp-EKS`, `fsdpeks`: a misspelt project namespace, not a provider's."""
+PROVIDER_NAMESPACES = frozenset({"aws", "kubernetes", "eks", "pulumi"})
+"""Namespaces something else reads: the providers this program uses (pyproject.toml: pulumi-aws,
+pulumi-kubernetes, pulumi-eks read `<package>:<key>`) and the engine's own (`pulumi:tags`)."""
+
+
+def _looks_like_project(namespace: str, name: str) -> bool:
+    """`fsdp_eks`, `fsdp-EKS`, `fsdpeks`: a misspelt project namespace, not a provider's; and
+    any namespace no provider reads holding one of this project's section names (`fsdp:training`
+    is too far from `fsdp-eks` to look misspelt, yet nothing would read it)."""
     folded = re.sub(r"[^a-z0-9]", "", namespace.lower())
+    if name in config_keys() and namespace not in PROVIDER_NAMESPACES:
+        return True
     return folded == re.sub(r"[^a-z0-9]", "", PROJECT) or bool(
         difflib.get_close_matches(namespace, [PROJECT], n=1, cutoff=0.75)
     )
@@ -105,8 +114,8 @@ def validate_stack_config(
     for key, raw in values.items():
         name = _unqualified(key)
         if name is None:
-            namespace = key.rpartition(":")[0]
-            if _looks_like_project(namespace):
+            namespace, _, section = key.rpartition(":")
+            if _looks_like_project(namespace, section):
                 problems.append(
                     f"{key} is in namespace {namespace!r}, which the program does not read (it "
                     f"reads {PROJECT}:<key> only): the setting would be silently ignored; "

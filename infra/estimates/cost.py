@@ -14,11 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from infra.estimates.duration import hours_text
 from infra.facts.eks_versions import UPGRADE_SUPPORT_TYPE
 from infra.facts.prices import (
     AMP_PRICES,
     FSX_PERSISTENT_2_USD_PER_GB_MONTH,
     PRICE_REGION,
+    SAME_PRICE_REGIONS,
     SOURCES,
     STANDING_PRICES,
     SYSTEM_NODE_USD_PER_HOUR,
@@ -26,6 +28,7 @@ from infra.facts.prices import (
     PriceUnknownError,
     StandingPrice,
     instance_price,
+    region_is_priced,
 )
 
 if TYPE_CHECKING:
@@ -91,6 +94,14 @@ class CostEstimate:
     before scale-down); None: they run until `pulumi destroy`."""
     start_budget_hours: float = 1.0
     """`job.startTimeoutMinutes`: how long the workers that did start wait for the others."""
+    region: str | None = None
+    """The stack's `aws:region`; None: not set (the AWS provider's default applies)."""
+
+    @property
+    def region_priced(self) -> bool:
+        """Whether the price is the region's own (the stack's rate, or a region the tables
+        hold); else the figures are us-east-1's, shown as such."""
+        return self.basis.startswith("cost.usdPerInstanceHour") or region_is_priced(self.region)
 
     @property
     def partial_start_worst_usd(self) -> float | None:
@@ -120,41 +131,74 @@ class CostEstimate:
             return None
         return round(self.usd_per_hour * (self.expected_hours + (self.lease_tail_hours or 0)), 2)
 
-    def summary(self) -> str:
-        """One line for plans, PR comments and stack outputs."""
-        run = (
-            f"${self.usd_per_run:,.2f} per run at most ({self.run_hours:g} h)"
-            if self.usd_per_run is not None and self.run_hours is not None
-            else "per run: unknown (no deadline and no cost.pricedRunHours)"
-        )
-        if self.expected_usd is not None and self.expected_hours is not None:
-            run = f"~${self.expected_usd:,.2f} expected (~{self.expected_hours:.1f} h), {run}"
-        if not self.nodes_owned:
-            run += " (the existing cluster's GPU nodes: their idle time is its operators' choice)"
-        elif self.lease_tail_hours is None:
-            run += " (nodes bill on after the job until `pulumi destroy`)"
+    @property
+    def tail_usd(self) -> float:
+        """What the leased nodes cost while they idle after the job, before scale-down."""
+        return round(self.usd_per_hour * (self.lease_tail_hours or 0), 2)
+
+    def summary_lines(self) -> list[str]:
+        """The estimate in short lines: the price and its basis, what the run is expected to
+        cost (the scale-down tail apart), the most it may cost, and how the nodes come and go."""
+        what = f"{self.count} x {self.instance_type} ({self.capacity_type})"
+        if self.region_priced:
+            lines = [f"{what}: ${self.usd_per_hour:,.2f}/hour; {self.basis}; GPU nodes only"]
+            at = ""
         else:
-            tail = self.lease_tail_hours * 60
-            run += f" (GPU nodes 0 -> {self.count} for the job, 0 again ~{tail:.0f} min after it)"
-        worst = self.partial_start_worst_usd
-        if worst is not None and self.lease_tail_hours is not None and self.count > 1:
-            hours = self.start_budget_hours + self.lease_tail_hours
-            granted = self.count - 1
-            run += (
-                f"; a start that never completes ${worst:,.2f} at most ({granted} "
-                f"node{'s' if granted > 1 else ''} granted of {self.count}, held {hours:.2f} h: "
-                "the start budget and the tail)"
-            )
+            lines = [
+                f"{what}: price unknown for {self.region} (list prices are kept for "
+                f"{', '.join(SAME_PRICE_REGIONS)}); set cost.usdPerInstanceHour to its rate",
+                f"at {PRICE_REGION}'s ${self.usd_per_hour:,.2f}/hour ({self.basis}), which "
+                "the ceiling is checked against:",
+            ]
+            at = "  "
+        if self.expected_usd is not None and self.expected_hours is not None:
+            run_usd = round(self.usd_per_hour * self.expected_hours, 2)
+            expected = f"expected ~${run_usd:,.2f} for the run (~{hours_text(self.expected_hours)})"
+            if self.nodes_owned and self.lease_tail_hours:
+                expected += (
+                    f" + ~${self.tail_usd:,.2f} for the ~{self.lease_tail_hours * 60:.0f} min "
+                    f"the nodes idle before scale-down = ~${self.expected_usd:,.2f}"
+                )
+            lines.append(at + expected)
         ceiling = (
             "no ceiling"
             if self.max_usd_per_run is None
             else f"ceiling ${self.max_usd_per_run:,.2f}"
             + (" EXCEEDED" if self.exceeds_ceiling else "")
         )
-        return (
-            f"{self.count} x {self.instance_type} ({self.capacity_type}): "
-            f"${self.usd_per_hour:,.2f}/hour, {run}, {ceiling}; {self.basis}; GPU nodes only"
+        lines.append(
+            at
+            + (
+                f"at most ${self.usd_per_run:,.2f} per run ({self.run_hours:g} h), {ceiling}"
+                if self.usd_per_run is not None and self.run_hours is not None
+                else f"per run: unknown (no deadline and no cost.pricedRunHours), {ceiling}"
+            )
         )
+        if not self.nodes_owned:
+            lines.append(
+                at + "the existing cluster's GPU nodes: their idle time is its operators' choice"
+            )
+        elif self.lease_tail_hours is None:
+            lines.append(at + "nodes bill on after the job until `pulumi destroy`")
+        else:
+            tail = self.lease_tail_hours * 60
+            lines.append(
+                at + f"GPU nodes 0 -> {self.count} for the job, 0 again ~{tail:.0f} min after it"
+            )
+        worst = self.partial_start_worst_usd
+        if worst is not None and self.lease_tail_hours is not None and self.count > 1:
+            hours = self.start_budget_hours + self.lease_tail_hours
+            granted = self.count - 1
+            lines.append(
+                at + f"a start that never completes ${worst:,.2f} at most ({granted} "
+                f"node{'s' if granted > 1 else ''} granted of {self.count}, held {hours:.2f} h: "
+                "the start budget and the tail)"
+            )
+        return lines
+
+    def summary(self) -> str:
+        """One line for PR comments, problems and stack outputs."""
+        return "; ".join(line.strip().rstrip(":") for line in self.summary_lines())
 
     def as_outputs(self) -> dict[str, object]:
         """Stack-output shaped dict (camelCase), for `pulumi.export("cost", ...)`."""
@@ -188,6 +232,7 @@ def estimate_cost(
     lease_tail_hours: float | None = None,
     nodes_owned: bool = True,
     start_budget_hours: float = 1.0,
+    region: str | None = None,
 ) -> CostEstimate:
     """The full estimate for one stack's GPU nodes.
 
@@ -202,7 +247,7 @@ def estimate_cost(
     per_run = round(hourly * run_hours, 2) if run_hours is not None else None
     basis = price.basis
     if price.source is not None:
-        basis += f", {PRICE_REGION}, as of {price.source.as_of}"
+        basis += f", {price_region(region)}, as of {price.source.as_of}"
         if not price.source.confirmed:
             basis += " (unconfirmed)"
     return CostEstimate(
@@ -216,10 +261,18 @@ def estimate_cost(
         lease_tail_hours=lease_tail_hours,
         nodes_owned=nodes_owned,
         start_budget_hours=start_budget_hours,
+        region=region,
         usd_per_run=per_run,
         max_usd_per_run=max_usd_per_run,
         basis=basis,
     )
+
+
+def price_region(region: str | None) -> str:
+    """Which region's list prices a figure is, as the plan says it."""
+    if region is None:
+        return f"{PRICE_REGION} (aws:region not set)"
+    return region if region_is_priced(region) else PRICE_REGION
 
 
 def lease_tail_hours(config: StackConfig) -> float | None:
@@ -231,9 +284,12 @@ def lease_tail_hours(config: StackConfig) -> float | None:
     return autoscaler.scale_down_unneeded_minutes / 60
 
 
-def cost_estimate(config: StackConfig, *, expected_hours: float | None) -> CostEstimate:
+def cost_estimate(
+    config: StackConfig, *, expected_hours: float | None, region: str | None = None
+) -> CostEstimate:
     """The GPU nodes' estimated cost, as plans and stack outputs show it; `expected_hours` is
-    the duration estimate's (None when the run cannot be estimated)."""
+    the duration estimate's (None when the run cannot be estimated), `region` the stack's
+    `aws:region` (None: not set)."""
     nodes, cost = config.gpu_nodes, config.cost
     return estimate_cost(
         nodes.instance_type,
@@ -246,6 +302,7 @@ def cost_estimate(config: StackConfig, *, expected_hours: float | None) -> CostE
         start_budget_hours=config.job.start_timeout_seconds / 3600,
         max_usd_per_run=cost.max_usd_per_run,
         usd_per_instance_hour=cost.usd_per_instance_hour,
+        region=region,
     )
 
 
@@ -270,6 +327,8 @@ class StandingCost:
     items: tuple[StandingItem, ...]
     confirmed: bool
     """Whether every price used was read from AWS itself (see `infra.facts.prices`)."""
+    region: str | None = None
+    """The stack's `aws:region`; None: not set."""
 
     @property
     def usd_per_hour(self) -> float:
@@ -287,22 +346,36 @@ class StandingCost:
     def unpriced(self) -> list[str]:
         return [i.name for i in self.items if i.usd_per_hour is None]
 
-    def summary(self) -> str:
-        """One line: the daily figure and what it is made of."""
+    def summary_lines(self) -> list[str]:
+        """The daily figure and whose prices, what it is made of, and what it leaves out."""
         if not self.items:
-            return "$0.00/day: the stack creates nothing that bills while no job runs"
+            return ["$0.00/day: the stack creates nothing that bills while no job runs"]
         parts = ", ".join(
             f"{i.name} ${24 * i.usd_per_hour:,.2f}" if i.usd_per_hour is not None
             else f"{i.name} unpriced"
             for i in self.items
         )  # fmt: skip
         bound = "at least " if self.unpriced else ""
-        sources = f"list prices, {PRICE_REGION}" + ("" if self.confirmed else " (unconfirmed)")
-        return (
+        unconfirmed = "" if self.confirmed else " (unconfirmed)"
+        figure = (
             f"{bound}${self.usd_per_day:,.2f}/day (~${self.usd_per_month:,.0f}/month) until "
-            f"`pulumi destroy`: {parts}; {sources}; not counted: data through the NAT, "
-            "CloudWatch logs, S3 and ECR storage"
+            "`pulumi destroy`"
         )
+        if region_is_priced(self.region):
+            head = f"{figure}; list prices, {price_region(self.region)}{unconfirmed}"
+        else:
+            head = (
+                f"unknown for {self.region}; at {PRICE_REGION}'s list prices{unconfirmed}, {figure}"
+            )
+        return [
+            head,
+            parts,
+            "not counted: data through the NAT, CloudWatch logs, S3 and ECR storage",
+        ]
+
+    def summary(self) -> str:
+        """One line: the daily figure and what it is made of."""
+        return "; ".join(self.summary_lines())
 
     def as_outputs(self) -> dict[str, object]:
         return {
@@ -322,7 +395,9 @@ def _item(name: str, count: float, price: StandingPrice, what: str) -> StandingI
     )
 
 
-def standing_cost(config: StackConfig, metrics: MetricsPlan | None = None) -> StandingCost:
+def standing_cost(
+    config: StackConfig, metrics: MetricsPlan | None = None, *, region: str | None = None
+) -> StandingCost:
     """Everything the stack keeps, priced per hour: on a cluster it creates, the control
     plane (in standard support: `infra.facts.eks_versions`), the system nodes and their root
     volumes, the NAT gateways of a VPC it creates (one, or one per system AZ) and their public
@@ -399,4 +474,6 @@ def standing_cost(config: StackConfig, metrics: MetricsPlan | None = None) -> St
             )
         )
         used.append(collector.source)
-    return StandingCost(items=tuple(items), confirmed=all(SOURCES[key].confirmed for key in used))
+    return StandingCost(
+        items=tuple(items), confirmed=all(SOURCES[key].confirmed for key in used), region=region
+    )

@@ -5,11 +5,12 @@ were paid for and the model is not finished. The estimate here is the trainer's 
 run backwards, so plan, tests and the trainer's own log line agree on one set of figures:
 
     hours = max_steps x global batch x context width x FLOPs per token
-            / (GPUs x peak bf16 FLOP/s per GPU x MFU) / 3600
+            / (GPUs x peak FLOP/s per GPU x MFU) / 3600
             + checkpoint saves x checkpoint bytes / write throughput  +  start-up allowance
 
-FLOPs per token and the per-GPU peak come from `trainer.flops` (what `trainer.metrics`
-reports MFU with); nothing is re-derived here. The MFU is a per-GPU-family assumption with a
+FLOPs per token and the per-GPU bf16 peak come from `trainer.flops` (what `trainer.metrics`
+reports MFU with); a `training.bf16: false` run is timed at the fp32 peak of
+`infra.facts.instances`. Nothing is re-derived here. The MFU is a per-GPU-family assumption with a
 range (`MFU_BY_GPU`), so the plan shows a range and the deadline check uses the expected
 figure. Torch-free: the Pulumi program may import it.
 
@@ -29,6 +30,7 @@ from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
+from infra.facts.instances import GPU_PEAK_FP32_FLOPS
 from trainer.flops import flops_per_token, peak_flops_of
 from trainer.presets import approx_num_parameters
 
@@ -227,17 +229,44 @@ class DurationEstimate:
         start = max(self.startup_hours, self.start_budget_hours)
         return self.training_hours_at(self.mfu.low) + self.checkpoint_hours + start
 
-    def summary(self) -> str:
-        """One line: how long, the range, and why."""
+    def headline(self) -> str:
+        """How long, and the range."""
+        return f"~{self.hours:.1f} h (range {self.low_hours:.1f}-{self.high_hours:.1f} h)"
+
+    def arithmetic(self) -> str:
+        """Why: the tokens, the FLOPs and the MFU the training hours rest on, and the rest."""
         kind = "measured" if self.mfu.measured else "assumed"
         return (
-            f"~{self.hours:.1f} h (range {self.low_hours:.1f}-{self.high_hours:.1f} h): "
-            f"{self.tokens / 1e9:.2f}B tokens x {self.flops_per_token / 1e9:.1f} GFLOP/token on "
-            f"{self.gpus} GPUs at {self.mfu.expected:.0%} MFU ({self.precision}, {kind}, range "
+            f"{count_text(self.tokens)} tokens x {self.flops_per_token / 1e9:.1f} GFLOP/token on "
+            f"{self.gpus} GPU{'s' if self.gpus != 1 else ''} at {self.mfu.expected:.0%} MFU "
+            f"({self.precision}, {kind}, range "
             f"{self.mfu.low:.0%}-{self.mfu.high:.0%}) of {self.peak_flops_per_gpu / 1e12:g} "
-            f"TFLOP/s = {self.training_hours:.1f} h, + {self.checkpoint_hours:.2f} h "
-            f"checkpoints, + {self.startup_hours:g} h start-up"
+            f"TFLOP/s = {hours_text(self.training_hours)}, + {hours_text(self.checkpoint_hours)} "
+            f"checkpoints, + {hours_text(self.startup_hours)} start-up"
         )
+
+    def summary(self) -> str:
+        """One line: how long, the range, and why."""
+        return f"{self.headline()}: {self.arithmetic()}"
+
+
+def count_text(count: int) -> str:
+    """`7.34B`, `12.6M`, `819,200`: a count with its magnitude, never `0.00B`."""
+    if count >= 1e9:
+        return f"{count / 1e9:.2f}B"
+    if count >= 1e6:
+        return f"{count / 1e6:.1f}M"
+    return f"{count:,}"
+
+
+def hours_text(hours: float) -> str:
+    """`10.7 h`, `0.5 h`, `3 min`, `40 s`: small figures in the unit that shows them (never
+    `0.00 h`)."""
+    if hours >= 0.1:
+        return f"{hours:.1f} h"
+    if hours * 60 >= 1:
+        return f"{hours * 60:.0f} min"
+    return f"{hours * 3600:.0f} s"
 
 
 class UnknownPeakError(LookupError):
@@ -291,13 +320,16 @@ def estimate_duration(
 ) -> DurationEstimate:
     """Expected wall time of `config`'s run on its GPU nodes; `mfu` pins the MFU (no range)."""
     gpu = config.instance.gpu_model
-    peak = peak_flops_of(gpu)
-    if peak is None or gpu not in MFU_BY_GPU:
-        raise UnknownPeakError(
-            f"no peak bf16 FLOP/s (trainer/flops.py) or MFU (infra/estimates/duration.py) for "
-            f"GPU {gpu!r}"
-        )
     training = config.training
+    # bf16: false computes in fp32 on the CUDA cores, at a tenth or less of the bf16 peak.
+    peak = peak_flops_of(gpu) if training.bf16 else GPU_PEAK_FP32_FLOPS.get(gpu)
+    if peak is None or gpu not in MFU_BY_GPU:
+        kind = "bf16 FLOP/s (trainer/flops.py)" if training.bf16 else (
+            "fp32 FLOP/s (infra/facts/instances.py)"
+        )  # fmt: skip
+        raise UnknownPeakError(
+            f"no peak {kind} or MFU (infra/estimates/duration.py) for GPU {gpu!r}"
+        )
     assumption = mfu_assumption(gpu, training.precision, training.fp8_recipe)
     if mfu is not None:
         if not 0 < mfu <= 1:
@@ -313,7 +345,9 @@ def estimate_duration(
         startup_hours=startup_hours,
         start_budget_hours=config.job.start_timeout_seconds / 3600,
         precision=(
-            f"fp8 {training.fp8_recipe or 'rowwise'}" if training.precision == "fp8" else "bf16"
+            f"fp8 {training.fp8_recipe or 'rowwise'}"
+            if training.precision == "fp8"
+            else ("bf16" if training.bf16 else "fp32")
         ),
         checkpoint_hours=0.0,
     )

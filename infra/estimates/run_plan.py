@@ -97,8 +97,9 @@ class RunPlan:
         return self._timeouts
 
 
-def plan_run(config: StackConfig) -> RunPlan:
-    """Estimate `config`'s run once: its parallelism, memory, duration, cost and timeouts."""
+def plan_run(config: StackConfig, *, region: str | None = None) -> RunPlan:
+    """Estimate `config`'s run once: its parallelism, memory, duration, cost and timeouts;
+    `region` is the stack's `aws:region` (None: not set), which its prices are for."""
     chosen = parallelism(config)
     fit = memory_fit(config)
     problems = memory_problems(config)
@@ -129,9 +130,12 @@ def plan_run(config: StackConfig) -> RunPlan:
         warnings.append(_NO_DEADLINE)
     warnings.extend(_init_from_warnings(config))
     warnings.extend(config.cost.deprecations())
+    warnings.extend(_checkpoint_cadence_warnings(config))
     cost: CostEstimate | None = None
     try:
-        cost = cost_estimate(config, expected_hours=duration.hours if duration else None)
+        cost = cost_estimate(
+            config, expected_hours=duration.hours if duration else None, region=region
+        )
     except PriceUnknownError as err:
         problems.append(f"gpuNodes.instanceType: {err}")
     else:
@@ -141,13 +145,14 @@ def plan_run(config: StackConfig) -> RunPlan:
         gpu_usd_per_hour=cost.usd_per_hour if cost is not None else None,
         expected_hours=duration.hours if duration is not None else None,
     )
+    warnings.extend(_idle_gpu_warnings(config, cost))
     return RunPlan(
         config=config,
         parallelism=chosen,
         memory=fit,
         duration=duration,
         cost=cost,
-        standing=standing_cost(config, metrics),
+        standing=standing_cost(config, metrics, region=region),
         metrics=metrics,
         problems=tuple(problems),
         warnings=tuple(warnings),
@@ -189,6 +194,41 @@ def _init_from_warnings(config: StackConfig) -> list[str]:
         f"model.initFrom {init_from!r} is read only when the pods start: the trainer builds "
         "the architecture of its config.json, and every estimate (memory, time, cost) assumes "
         f"model.preset {preset!r}'s; check that the weights are a {preset}"
+    ]
+
+
+def _idle_gpu_warnings(config: StackConfig, cost: CostEstimate | None) -> list[str]:
+    """`job.gpusPerNode` below the instance's GPUs: EC2 bills the whole node, GPUs idle or not."""
+    used, facts = config.job.gpus_per_node, config.instance
+    if used is None or used >= facts.gpus:
+        return []
+    instance_type = config.gpu_nodes.instance_type
+    bill = (
+        f" (${cost.usd_per_instance_hour:,.2f}/hour a node, ${cost.usd_per_hour:,.2f}/hour for "
+        f"{cost.count} node{'s' if cost.count != 1 else ''}, as the cost line shows)"
+        if cost is not None
+        else ""
+    )
+    return [
+        f"job.gpusPerNode {used} runs {used} trainer processes on each {instance_type}, which "
+        f"has {facts.gpus} GPUs: every node bills all {facts.gpus}{bill} while "
+        f"{facts.gpus - used} per node sit idle; leave job.gpusPerNode out to use them all, or "
+        f"choose a gpuNodes.instanceType with {used} GPUs"
+    ]
+
+
+def _checkpoint_cadence_warnings(config: StackConfig) -> list[str]:
+    """A cadence at or beyond the last step saves only at the end: a failure before it loses
+    the whole run."""
+    training = config.training
+    every, steps = training.checkpoint_every, training.max_steps
+    if not every or every < steps:
+        return []
+    return [
+        f"training.checkpointEvery {every} is not below training.maxSteps {steps}: the run "
+        f"saves only at its end (step {steps}), so a stop or a failure before then starts it "
+        f"again from step 0; set training.checkpointEvery below {steps} (0 says 'only at the "
+        "end' on purpose, without this warning)"
     ]
 
 

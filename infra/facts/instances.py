@@ -98,6 +98,24 @@ H200 9.0, B200 10.0). What the GPU can run, e.g. FP8 tensor cores from 8.9
 (`trainer.flops.MIN_FP8_CAPABILITY`)."""
 
 
+GPU_PEAK_FP32_FLOPS: dict[str, float] = {
+    "A10G": 31.2e12,
+    "A100": 19.5e12,
+    "L40S": 91.6e12,
+    "H100": 67.0e12,
+    "H200": 67.0e12,
+    "B200": 75.0e12,
+}
+"""Peak plain FP32 FLOP/s per GPU (CUDA cores, no tensor cores), from NVIDIA's data sheets: A100
+19.5 (A100 Tensor Core GPU data sheet), H100 SXM and H200 SXM 67 (H100 and H200 data sheets),
+L40S 91.6 (L40S data sheet), B200 75 (HGX B200: 600 TFLOPS FP32 over 8 GPUs), A10G 31.2 (the
+A10 data sheet's figure for the same GA102 part; AWS publishes none for the A10G). What a
+`training.bf16: false` run's matmuls run at: the trainer leaves torch's TF32 switch
+(`torch.backends.cuda.matmul.allow_tf32`) at its default, off since torch 1.12 (pytorch
+`docs/source/notes/cuda.rst`, "TensorFloat-32 (TF32) on Ampere (and later) devices"), so fp32
+matmuls skip the tensor cores."""
+
+
 ALLREDUCE_BUSBW_FLOOR_GBPS: dict[str, float] = {
     "p4d.24xlarge": 20.0,
     "p4de.24xlarge": 20.0,

@@ -38,7 +38,23 @@ CapacityType = Literal["on-demand", "spot", "reservation", "block"]
 CAPACITY_TYPES: tuple[CapacityType, ...] = ("on-demand", "spot", "reservation", "block")
 
 PRICE_REGION = "us-east-1"
-"""Region the table's prices are for."""
+"""Region the table's prices were read for."""
+
+SAME_PRICE_REGIONS: dict[str, str] = {
+    "us-east-1": "the region the tables were read for",
+    "us-east-2": "lists the same On-Demand rates as us-east-1 for these types",
+    "us-west-2": "lists the same On-Demand rates as us-east-1 for these types",
+}
+"""Regions whose list prices are the tables' (read 2026-11-09 to 2026-11-30 with them, from the
+same Price List snapshots; US East (Ohio) and US West (Oregon) list the P4d, P5, P5en, G5 and
+G6e rates, the EKS, NAT, EBS, KMS and FSx rates and the M/T rates of us-east-1). The shipped
+stacks run in us-west-2 (the offline plan's default region too). Any other region's prices
+differ and are not kept: a plan there says "unknown for <region>"."""
+
+
+def region_is_priced(region: str | None) -> bool:
+    """Whether the tables hold `region`'s list prices (None: not set, the tables' own region)."""
+    return region is None or region in SAME_PRICE_REGIONS
 
 
 @dataclass(frozen=True)

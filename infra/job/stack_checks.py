@@ -530,7 +530,11 @@ def semantic_problems(plan: RunPlan) -> list[str]:
 
 
 def check_run(
-    config: StackConfig, *, source: str, config_problems: Collection[str] = ()
+    config: StackConfig,
+    *,
+    source: str,
+    config_problems: Collection[str] = (),
+    region: str | None = None,
 ) -> RunPlan:
     """`config`'s run plan when nothing stops the run; else StackConfigError listing every
     problem at once: the config's own (`config_problems`, the rules between its sections),
@@ -540,7 +544,7 @@ def check_run(
     problems = list(config_problems)
     if not figures_possible(config):
         raise StackConfigError(problems, source=source)
-    plan = plan_run(config)
+    plan = plan_run(config, region=region)
     problems += [*plan.problems, *semantic_problems(plan)]
     if problems:
         raise StackConfigError(problems, source=source)
@@ -564,6 +568,7 @@ def checked_run_plan(
         validated.config,
         source=source or f"stack {stack_name!r}",
         config_problems=validated.problems,
+        region=region if isinstance(region := values.get("aws:region"), str) else None,
     )
 
 

@@ -24,6 +24,8 @@ from infra.facts.instances import INSTANCE_FACTS
 from infra.job.kubeconfig import exec_kubeconfig
 
 ACCOUNT_ID = "123456789012"
+DEPLOYER_ARN = f"arn:aws:iam::{ACCOUNT_ID}:user/deployer"
+"""The offline caller identity: who runs `pulumi up` is only known at preview."""
 DEFAULT_REGION = "us-west-2"
 """The region of a stack file without `aws:region` (the AWS provider would use the
 environment's; offline there is none)."""
@@ -321,7 +323,7 @@ INVOKE_RESULTS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     },
     "aws:index/getCallerIdentity:getCallerIdentity": lambda args: {
         "accountId": ACCOUNT_ID,
-        "arn": f"arn:aws:iam::{ACCOUNT_ID}:user/deployer",
+        "arn": DEPLOYER_ARN,
         "userId": "AIDAEXAMPLE",
         "id": ACCOUNT_ID,
     },

@@ -41,26 +41,35 @@ class NodeGroupScaling:
 
 
 def lease_line(config: StackConfig) -> str:
-    """The plan's "GPUs" line: how many nodes bill now, during the job and after it."""
+    """The plan's "GPUs" line: how many GPUs (on how many nodes) bill now, during the job and
+    after it."""
     nodes = config.gpu_nodes
-    start = f"all {nodes.count} placed within {config.job.start_timeout_minutes} min or none"
+    per_node = config.instance.gpus
+    total = nodes.count * per_node
+    gpus = (
+        f"{total} GPU{'s' if total != 1 else ''} ({nodes.count} x {nodes.instance_type}, "
+        f"{per_node} each)"
+    )
+    start = (
+        f"all {nodes.count} node{'s' if nodes.count != 1 else ''} placed within "
+        f"{config.job.start_timeout_minutes} min or none"
+    )
     if config.cluster.mode != "create":
         return (
-            f"{nodes.count} x {nodes.instance_type} from the existing cluster's node groups "
-            f"({start}); the stack does not scale them: whether they go to zero after the job, "
-            "and who pays for idle ones, is the cluster's operators' (looked up at preview: "
-            "output gpuLease)"
+            f"{gpus} from the existing cluster's node groups ({start}); the stack does not scale "
+            "them: whether they go to zero after the job, and who pays for idle ones, is the "
+            "cluster's operators' (looked up at preview: output gpuLease)"
         )
     tail = lease_tail_hours(config)
     if tail is not None:
         return (
-            f"0 now, {nodes.count} while the job runs ({start}), 0 about {tail * 60:.0f} min "
-            "after it ends (cluster autoscaler)"
+            f"0 now, {gpus} while the job runs ({start}), 0 about {tail * 60:.0f} min after it "
+            "ends (cluster autoscaler)"
         )
     why = "gpuNodes.keepWarm" if nodes.keep_warm else "addons.clusterAutoscaler.install false"
     return (
-        f"{nodes.count} from `pulumi up` until `pulumi destroy`, with or without a job ({why}): "
-        "every node-hour bills"
+        f"{gpus} from `pulumi up` until `pulumi destroy`, with or without a job ({why}): every "
+        "node-hour bills"
     )
 
 

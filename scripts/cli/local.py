@@ -23,6 +23,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -57,10 +58,15 @@ AGENT_GRACE_S = 60
 """How long the other agents may take to notice that one failed before they are stopped."""
 
 
+PREVIOUS_PREFIX = "previous-"
+"""The figures of the run before, kept in the new run's folder under this prefix."""
+
+
 def fresh_run_root(out_dir: Path, stack_name: str) -> Path:
     """`out_dir/<stack>`, emptied for a new run: a folder an earlier run of this command made
     (its `RUN_MARKER`, or anywhere under the repository's own `.local-run/`) is removed, any
-    other one is refused in one line."""
+    other one is refused in one line. The last run's figures (`loss.png`, a `plot` of its
+    metrics) stay, as `previous-<name>.png`: a re-run is not the place to lose them."""
     from scripts.cli.support.local_topology import local_run_root
 
     run_root = local_run_root(out_dir, stack_name)
@@ -73,8 +79,17 @@ def fresh_run_root(out_dir: Path, stack_name: str) -> Path:
                 f"--out {out_dir}: {run_root} exists and was not made by `fsdp-eks local` (no "
                 f"{RUN_MARKER} in it), so it is not removed: pass another --out, or remove it"
             )
+        figures = {
+            png.name.removeprefix(PREVIOUS_PREFIX): png.read_bytes()
+            for png in sorted(run_root.glob("*.png"))
+            if not png.name.startswith(PREVIOUS_PREFIX)
+        }
         shutil.rmtree(run_root)
+    else:
+        figures = {}
     run_root.mkdir(parents=True)
+    for name, data in figures.items():
+        (run_root / f"{PREVIOUS_PREFIX}{name}").write_bytes(data)
     (run_root / RUN_MARKER).write_text("made by `fsdp-eks local`; its next run removes it\n")
     return run_root
 
@@ -105,9 +120,19 @@ def agent_log(plan: LocalPlan, agent: LocalAgent) -> Path:
 REPORT_STARTS = (
     "Traceback (most recent call last):",
     "torch.distributed.elastic.multiprocessing.errors.ChildFailedError",
+    # multiprocessing's header before a child's traceback (`BaseProcess._bootstrap`): DCP's
+    # checkpoint process, torn down by the planned exit, printed it cut off from its report.
+    "Process SpawnProcess-",
 )
 """Lines where torchrun's account of a failed worker begins: after the planned interruption it
 is ~40 lines of elastic-agent traceback and a `Root Cause` box about an exit we asked for."""
+
+
+TORCH_INFO_LINE = re.compile(r"^\[\d+\] \d{4}-\d\d-\d\d [\d:,]+ - root - INFO - ")
+"""torch's own INFO lines: DCP's checkpoint background process sets the root logger to INFO
+with its own `[rank] time - root - INFO - ...` handler (torch `distributed/checkpoint/logger.py`
+`_init_logger`, called in `_async_process_executor._checkpointing_subprocess`), a process the
+trainer's logging never reaches. Kept in the agent's log, not shown."""
 
 
 @dataclass
@@ -126,7 +151,7 @@ class AgentOutput:
             self.log.flush()
             if self.held or line.lstrip().startswith(REPORT_STARTS):
                 self.held.append(line)
-            elif self.shown is not None:
+            elif self.shown is not None and not TORCH_INFO_LINE.match(line):
                 self.shown.write(self.prefix + line)
                 self.shown.flush()
 
@@ -341,7 +366,8 @@ def local(
         fsdp-eks local llama31-8b-p5      # any stack (two agents sharing one directory as FSx)
 
     Without a stack it runs `dev`. It writes .local-run/<stack>/ (checkpoints, metrics, each
-    node's log, loss.png) and needs no AWS account, Pulumi or secret.
+    node's log, loss.png; the run before's figures kept as previous-*.png) and needs no AWS
+    account, Pulumi or secret.
     """
     from infra.job.stack_checks import plan_stack_file
     from scripts.cli.support.local_topology import (
@@ -381,6 +407,11 @@ def local(
         f"The data is the generated tiny corpus and tokenizer, not {config.data.dataset!r} and "
         f"{config.data.tokenizer!r}: no download, no hfToken or other secret needed.\n"
     )
+    if plan.replaced:
+        say(
+            "Replaced for a model this small (the cluster runs the stack's): "
+            + ", ".join(plan.replaced)
+        )
     say("  torchrun " + shlex.join([*agent_command(plan, plan.agents[0])[3:]]) + "\n")
     if len(plan.agents) > 1:
         say(f"  (and {len(plan.agents) - 1} more agent(s) like it, joining its rendezvous)\n")
@@ -435,4 +466,7 @@ def local(
         f"{'yes' if summary.resumed else 'no'}"
     )
     say(f"Checkpoints: {plan.run_dir}\nMetrics:     {plan.metrics_file}\nLoss plot:   {png}")
+    kept = sorted(png.parent.glob(f"{PREVIOUS_PREFIX}*.png"))
+    if kept:
+        say(f"Kept from the run before: {', '.join(str(path) for path in kept)}")
     return 0

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import statistics
+import textwrap
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -259,12 +260,36 @@ def summary_lines(plan: RunPlan, evaluation: Evaluation | None = None) -> list[s
         f"sequences ({config.tokens_per_step:,} tokens) per step, {training.max_steps} steps",
         f"Memory: {'fits' if fit.fits else 'DOES NOT FIT'}, {fit.summary()}",
         saves_line(plan),
-        f"Time:   {plan.duration.summary()}; deadline "
-        + (f"{config.job.max_run_hours:g} h" if config.job.max_run_hours else "none"),
-        f"Cost:   {plan.cost.summary()}",
-        f"Standing: {plan.standing.summary()}",
-        f"Metrics: {plan.metrics.summary()}",
+        *labelled(
+            "Time:",
+            [
+                f"{plan.duration.headline()}; deadline "
+                + (f"{config.job.max_run_hours:g} h" if config.job.max_run_hours else "none"),
+                f"= {plan.duration.arithmetic()}",
+            ],
+        ),
+        *labelled("Cost:", plan.cost.summary_lines()),
+        *labelled("Standing:", plan.standing.summary_lines()),
+        *labelled("Metrics:", [plan.metrics.summary()]),
     ]
+
+
+LINE_WIDTH = 100
+"""Where a figure of several lines wraps (its parts are split first, then long ones wrapped)."""
+
+
+def labelled(label: str, lines: list[str]) -> list[str]:
+    """A figure of several lines: the label on the first, the rest aligned under its text,
+    each wrapped at a comma or a space to stay readable in a terminal or a PR comment."""
+    width = max(len(label) + 1, 8)
+    wrapped = [
+        part
+        for line in lines
+        for part in textwrap.wrap(
+            line, LINE_WIDTH - width, subsequent_indent="  ", break_on_hyphens=False
+        )
+    ]
+    return [f"{label:<{width}}{wrapped[0]}", *(" " * width + line for line in wrapped[1:])]
 
 
 def render(plan: Plan, *, verbose: bool = False) -> str:
@@ -287,7 +312,7 @@ def render(plan: Plan, *, verbose: bool = False) -> str:
             f"({len(evaluation.resources)} resources; `--verbose` lists them, the outputs and "
             "the PyTorchJob)",
         ]
-        return "\n".join(lines)
+        return "\n".join(label_placeholders(line) for line in lines)
     lines += [
         "",
         f"Resources ({len(evaluation.resources)}), evaluated offline in {plan.seconds:.2f}s:",
@@ -316,7 +341,34 @@ def render(plan: Plan, *, verbose: bool = False) -> str:
         )
         # Sorted keys, as `kubectl get -o yaml` shows objects.
         lines += ["", "PyTorchJob:", "---", _yaml(manifest)]
-    return "\n".join(lines)
+    return "\n".join(label_placeholders(line) for line in "\n".join(lines).splitlines())
+
+
+PLAIN_SETTING = re.compile(r"^\s*(- )?[\w./-]+: [^\s#]+$")
+"""A `key: value` line whose value is one plain YAML scalar: a comment may follow it."""
+
+
+def label_placeholders(line: str) -> str:
+    """The mock runtime's account, caller and image digests said to be stand-ins, so that no
+    one copies them: the principal in prose, a YAML comment after a setting that holds one."""
+    from infra.offline.outputs import ACCOUNT_ID, DEPLOYER_ARN
+
+    if DEPLOYER_ARN in line and not PLAIN_SETTING.match(line):
+        return line.replace(
+            DEPLOYER_ARN,
+            f"{DEPLOYER_ARN}, an offline placeholder for whoever runs `pulumi up`",
+        )
+    held = [
+        what
+        for what, present in (
+            (f"account {ACCOUNT_ID}", ACCOUNT_ID in line),
+            ("image digest", "@sha256:" in line),
+        )
+        if present
+    ]
+    if held and PLAIN_SETTING.match(line):
+        return f"{line}  # offline placeholder{'s' if len(held) > 1 else ''}: {', '.join(held)}"
+    return line
 
 
 def _yaml(value: Any, *, flow: bool = False) -> str:

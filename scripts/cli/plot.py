@@ -130,12 +130,22 @@ def plot_curves(curves: LossCurves, out: Path, *, title: str, smooth: float = 0.
     return out
 
 
+def names_a_file(source: str) -> bool:
+    """A path to a metrics file, not a stack: a folder in it or a file suffix other than a stack
+    file's (`Pulumi.dev.yaml` and `stacks/Pulumi.dev.yaml` name the stack `dev`)."""
+    path = Path(source)
+    if path.suffix in (".yaml", ".yml"):
+        return False
+    return "/" in source or bool(path.suffix)
+
+
 @click.command()
 @click.argument("source", required=False, metavar="[STACK|FILE]", shell_complete=complete_stacks)
 @click.option("-s", "--stack", help="A deployed stack: its run's metrics file in S3.",
               shell_complete=complete_stacks)  # fmt: skip
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
-              help="The PNG (default: loss.png beside a local file, else here).")  # fmt: skip
+              help="The PNG (default: the metrics file's name with .png, beside a local "
+                   "file, else here; never the local rehearsal's loss.png).")  # fmt: skip
 @click.option("--smooth", type=click.FloatRange(0, 1, max_open=True), default=0.0,
               show_default=True, help="EMA weight of the smoothed curve.")  # fmt: skip
 def plot(source: str | None, stack: str | None, out: Path | None, smooth: float) -> int:
@@ -144,12 +154,20 @@ def plot(source: str | None, stack: str | None, out: Path | None, smooth: float)
 
     \b
         fsdp-eks plot llama31-8b-p5 --out loss.png     # the deployed run
-        fsdp-eks plot .local-run/dev/metrics.jsonl     # what `fsdp-eks local dev` wrote
+        fsdp-eks plot .local-run/dev/metrics.jsonl     # writes .local-run/dev/metrics.png
         fsdp-eks plot s3://bucket/checkpoints/run-1/metrics.jsonl --smooth 0.9
     """
     metrics = None
-    if source is not None and (source.startswith("s3://") or Path(source).is_file()):
+    stack_file = source is not None and Path(source).suffix in (".yaml", ".yml")
+    if source is not None and (
+        source.startswith("s3://") or (Path(source).is_file() and not stack_file)
+    ):
         metrics = source
+    elif source is not None and names_a_file(source):
+        raise CliError(
+            f"no metrics file {source}: no such file (`fsdp-eks local <stack>` writes "
+            ".local-run/<stack>/metrics.jsonl; a deployed run: fsdp-eks plot -s STACK)"
+        )
     elif source is not None:
         stack = resolve([source, *([stack] if stack else [])], all_stacks=False, many=False,
                         default=None)[0]  # fmt: skip
@@ -161,12 +179,12 @@ def plot(source: str | None, stack: str | None, out: Path | None, smooth: float)
         source = metrics or f"{resolve_target(stack).require_checkpoint_uri()}/{METRICS_FILE}"
         if source.startswith("s3://"):
             path = fetch_object(source, Path(scratch))
-            out = out or Path("loss.png")
+            out = out or Path(path.name).with_suffix(".png")
         else:
             path = Path(source)
             if not path.is_file():
                 raise CliError(f"no metrics file {source}")
-            out = out or path.with_name("loss.png")
+            out = out or path.with_suffix(".png")
         with path.open(encoding="utf-8") as lines:
             curves = read_curves(lines)
         try:

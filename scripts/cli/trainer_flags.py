@@ -18,8 +18,8 @@ def trainer_flags(names: tuple[str, ...]) -> int:
         fsdp-eks trainer-flags loss_chunk_tokens watchdog_factor
         fsdp-eks trainer-flags --lr           # with dashes, as in training.extraArgs
 
-    Flags the stack renders are marked with the stack key to set instead (or with what the
-    program renders them from).
+    Flags the stack renders are listed after the help (and marked when asked for by name)
+    with the stack key to set instead, or what the program renders them from.
     """
     import argparse
 

@@ -330,7 +330,7 @@ def test_plot_command_writes_a_png(tmp_path: Path) -> None:
     write_metrics(path)
     result = run_cli("plot", str(path), "--smooth", "0.6")
     assert result.code == 0, result
-    png = path.with_name("loss.png")
+    png = path.with_name("metrics.png")  # not local's loss.png
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     assert f"wrote {png}" in result.out
     empty = tmp_path / "empty.jsonl"

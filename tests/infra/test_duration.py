@@ -167,7 +167,12 @@ def test_the_cost_shows_the_expected_run_beside_the_deadline_worst_case() -> Non
     assert cost.expected_usd == pytest.approx(cost.usd_per_hour * (hours + 10 / 60), abs=0.01)
     assert "GPU nodes 0 -> 4 for the job, 0 again ~10 min after it" in cost.summary()
     assert cost.usd_per_run == pytest.approx(cost.usd_per_hour * 12, abs=0.01)
-    assert f"~${cost.expected_usd:,.2f} expected" in cost.summary()
+    # The tail is said apart from the run, and the sum is the expected figure.
+    run_usd = cost.usd_per_hour * hours
+    assert (
+        f"expected ~${run_usd:,.2f} for the run (~{hours:.1f} h) + ~${cost.tail_usd:,.2f} for the "
+        f"~10 min the nodes idle before scale-down = ~${cost.expected_usd:,.2f}"
+    ) in cost.summary()
     assert cost.as_outputs()["expectedUsd"] == cost.expected_usd
 
 

@@ -71,13 +71,16 @@ def test_no_managed_group_of_the_type_says_the_stack_cannot_see(
 def test_the_plan_line_says_when_billing_starts_and_stops() -> None:
     shipped = load_stack_file("llama31-8b-p5")
     assert lease_line(shipped) == (
-        "0 now, 4 while the job runs (all 4 placed within 60 min or none), 0 about 10 min "
+        "0 now, 32 GPUs (4 x p5.48xlarge, 8 each) while the job runs (all 4 nodes placed within "
+        "60 min or none), 0 about 10 min "
         "after it ends (cluster autoscaler)"
     )
     warm = shipped.model_copy(
         update={"gpu_nodes": shipped.gpu_nodes.model_copy(update={"keep_warm": True})}
     )
-    assert lease_line(warm).startswith("4 from `pulumi up` until `pulumi destroy`")
+    assert lease_line(warm).startswith(
+        "32 GPUs (4 x p5.48xlarge, 8 each) from `pulumi up` until `pulumi destroy`"
+    )
     assert "(gpuNodes.keepWarm)" in lease_line(warm)
     existing = load_stack_file("team-cluster")
     assert "the stack does not scale them" in lease_line(existing)
@@ -93,7 +96,7 @@ def test_a_shorter_start_budget_shows_in_the_line() -> None:
         },
         stack_name="exp",
     )
-    assert "(all 2 placed within 20 min or none)" in lease_line(config)
+    assert "(all 2 nodes placed within 20 min or none)" in lease_line(config)
 
 
 class TeamCloud(FakeCloud):

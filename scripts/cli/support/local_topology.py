@@ -61,6 +61,25 @@ LOCAL_OVERRIDES: dict[str, Any] = {
 }
 
 
+REPLACED_STACK_KEYS: dict[str, str] = {
+    "lr": "training.lr",
+    "min_lr": "training.minLr",
+    "weight_decay": "training.weightDecay",
+    "gradient_accumulation_steps": "training.gradientAccumulationSteps",
+}
+"""The stack's training values `LOCAL_OVERRIDES` replaces, by trainer flag: what the rehearsal
+says it changed (a run of the stack's own values is the cluster's, not this one)."""
+
+
+def replaced_values(stack_flags: dict[str, Any]) -> list[str]:
+    """`training.lr 0.0003 -> 0.003`, ...: each stack value the rehearsal replaces, as set."""
+    return [
+        f"{key} {stack_flags[flag]:g} -> {LOCAL_OVERRIDES[flag]:g}"
+        for flag, key in REPLACED_STACK_KEYS.items()
+        if stack_flags.get(flag) != LOCAL_OVERRIDES[flag]
+    ]
+
+
 @dataclass(frozen=True)
 class LocalAgent:
     """One torchrun agent of the rehearsal: what one node (one worker pod) runs on the cluster."""
@@ -100,6 +119,8 @@ class LocalPlan:
     fail_at_step: int
     max_steps: int
     preset: str
+    replaced: tuple[str, ...] = ()
+    """The stack's training values replaced for a model this small (`replaced_values`)."""
 
     @property
     def nproc(self) -> int:
@@ -189,8 +210,9 @@ def plan_local_run(
     checkpoint_every = max(1, steps // 5)
     # Interrupt half way between two checkpoints, so the restart visibly replays a few steps.
     fail_at = (steps // 2 // checkpoint_every) * checkpoint_every + max(1, checkpoint_every // 2)
+    stack_flags = trainer_flags(run)
     flags = {
-        **trainer_flags(run),
+        **stack_flags,
         **LOCAL_OVERRIDES,
         # The same kind of model at debug size: mixture-of-experts stacks get the tiny MoE.
         "model": "tiny-moe" if config.model_shape().num_local_experts else "tiny",
@@ -250,6 +272,7 @@ def plan_local_run(
         fail_at_step=fail_at,
         max_steps=steps,
         preset=str(flags["model"]),
+        replaced=tuple(replaced_values(stack_flags)),
     )
 
 
