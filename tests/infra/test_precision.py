@@ -61,13 +61,20 @@ def test_the_plan_refuses_it_in_one_line_with_exit_2(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("training", "fragment"),
     [
-        ({"fp8Recipe": "tensorwise"}, "training.fp8Recipe 'tensorwise': the trainer refuses it: "
-         "--fp8_recipe tensorwise applies only to --precision fp8, not bf16 (--precision is "
-         "training.precision)"),
-        ({"precision": "fp8", "compile": False}, "training.precision 'fp8': the trainer refuses "
-         "it: --precision fp8 needs --compile 1"),
-        ({"precision": "fp8", "bf16": False}, "training.precision 'fp8': the trainer refuses it: "
-         "--precision fp8 needs --bf16 1"),
+        (
+            {"fp8Recipe": "tensorwise"},
+            "training.fp8Recipe 'tensorwise': the trainer refuses it: "
+            "--fp8_recipe tensorwise applies only to --precision fp8, not bf16 (--precision is "
+            "training.precision)",
+        ),
+        (
+            {"precision": "fp8", "compile": False},
+            "training.precision 'fp8': the trainer refuses it: --precision fp8 needs --compile 1",
+        ),
+        (
+            {"precision": "fp8", "bf16": False},
+            "training.precision 'fp8': the trainer refuses it: --precision fp8 needs --bf16 1",
+        ),
         ({"precision": "fp16"}, "training.precision"),
     ],
 )

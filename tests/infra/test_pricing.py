@@ -190,8 +190,9 @@ def test_the_p5_stack_shows_its_standing_cost_and_worst_partial_start_in_its_out
     """The p5 stack keeps, until `pulumi destroy`: the control plane ($0.10/h), 2 x
     m6i.xlarge system nodes ($0.192/h) with 50 GB gp3 each, one NAT gateway and its public
     address, the secrets key, 2,400 GiB of FSx PERSISTENT_2 at 250 MB/s/TiB ($0.21/GB-month)
-    and the metrics' managed collector ($0.04/h); and a start that gets 3 of its 4 p5 nodes holds them through the 1 h start budget and the
-    10 minutes before the autoscaler removes them."""
+    and the metrics' managed collector ($0.04/h); and a start that gets 3 of its 4 p5 nodes
+    holds them through the 1 h start budget and the 10 minutes before the autoscaler removes
+    them."""
     _, result = stack("llama31-8b-p5")
     outputs = result.stack_outputs
     hourly = 0.10 + 2 * 0.192 + 100 * 0.08 / 730 + 0.045 + 0.005 + 1 / 730 + 2400 * 0.21 / 730

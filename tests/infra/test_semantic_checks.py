@@ -46,9 +46,13 @@ def test_an_extra_arg_the_trainer_refuses_names_the_key() -> None:
     [problem] = problems(training={"extraArgs": {"loss_spike_factor": 0.5}})
     assert problem.startswith("training.extraArgs.loss_spike_factor 0.5: the trainer refuses it")
     assert "--loss_spike_factor must be 0 (off) or > 1" in problem
-    with pytest.raises(StackConfigError, match=(
-        r"training.extraArgs.watchdog_factor 'often' is no value --watchdog_factor takes; "
-        "allowed: a number$")):
+    with pytest.raises(
+        StackConfigError,
+        match=(
+            r"training.extraArgs.watchdog_factor 'often' is no value --watchdog_factor takes; "
+            "allowed: a number$"
+        ),
+    ):
         problems(training={"extraArgs": {"watchdog_factor": "often"}})
     assert problems(training={"extraArgs": {"loss_spike_factor": 4}}) == []
 
