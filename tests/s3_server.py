@@ -1,5 +1,6 @@
-"""moto's S3 as a real HTTP server on loopback, for code that talks to S3 (boto3 and AWS's own
-CRT-based ``s3torchconnector`` alike): the same wire protocol as S3, not a mock object."""
+"""moto as a real HTTP server on loopback, for code that talks to AWS (boto3 and AWS's own
+CRT-based ``s3torchconnector`` alike): the same wire protocol as S3, EKS or CodeBuild, not a
+mock object. One server per context; every service moto emulates answers on it."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ REGION = "us-east-1"
 
 
 @contextmanager
-def moto_s3_endpoint() -> Iterator[str]:
+def moto_server_endpoint() -> Iterator[str]:
     """The endpoint URL of a moto server that lives as long as the context."""
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()

@@ -21,7 +21,7 @@ import boto3
 import pytest
 
 from tests.infra.kube_fake import TOKEN, ClusterApiServer, serving, user_kubeconfig
-from tests.s3_server import moto_s3_endpoint
+from tests.s3_server import moto_server_endpoint
 
 JOB_NAME = "llama31-8b-p5"
 NAMESPACE = "training"
@@ -264,7 +264,7 @@ def no_pulumi(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="module")
 def s3_endpoint() -> Iterator[str]:
-    with moto_s3_endpoint() as endpoint:
+    with moto_server_endpoint() as endpoint:
         yield endpoint
 
 

@@ -32,7 +32,7 @@ from tests.cli.conftest import (
     write_metrics,
 )
 from tests.infra.kube_fake import ClusterApiServer, user_kubeconfig
-from tests.s3_server import moto_s3_endpoint, s3_environment
+from tests.s3_server import moto_server_endpoint, s3_environment
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = "s3://cli-bucket/checkpoints/exp-1234"
@@ -200,7 +200,7 @@ def test_debug_shows_the_traceback_instead(no_credentials: None, no_pulumi: None
 
 @pytest.fixture
 def bucket(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    with moto_s3_endpoint() as endpoint:
+    with moto_server_endpoint() as endpoint:
         for key, value in s3_environment(endpoint).items():
             monkeypatch.setenv(key, value)
         monkeypatch.delenv("AWS_PROFILE", raising=False)

@@ -26,7 +26,7 @@ from tests.cli.conftest import (
 from tests.infra import kube_fake
 from tests.infra.kube_fake import ClusterApiServer, FakeClock, kubeconfig, serving
 from tests.infra.ssa_model import Pulumi, job_inputs
-from tests.s3_server import moto_s3_endpoint, s3_environment
+from tests.s3_server import moto_server_endpoint, s3_environment
 
 STACKS = Path(__file__).resolve().parents[2] / "stacks"
 
@@ -137,7 +137,7 @@ def test_the_commands_sign_as_pulumi_up_does(
     cluster_section["adminRoleArn"] = "arn:aws:iam::123456789012:role/ml-admins"
     stack = tmp_path / "Pulumi.shared.yaml"
     stack.write_text(yaml.safe_dump(shipped))
-    with moto_s3_endpoint() as endpoint:
+    with moto_server_endpoint() as endpoint:
         for key, value in s3_environment(endpoint).items():
             monkeypatch.setenv(key, value)
         monkeypatch.delenv("AWS_PROFILE", raising=False)

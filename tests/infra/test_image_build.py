@@ -28,7 +28,6 @@ import dill  # type: ignore[import-untyped, unused-ignore]
 import pytest
 from moto.codebuild.models import CodeBuildBackend
 from moto.ecr.models import ecr_backends
-from moto.moto_server.threaded_moto_server import ThreadedMotoServer
 from pulumi.dynamic.dynamic import serialize_provider
 
 from infra.image.build import (
@@ -37,6 +36,7 @@ from infra.image.build import (
     ImageBuildError,
     ImageBuildProvider,
 )
+from tests.s3_server import moto_server_endpoint
 
 ACCOUNT = "123456789012"
 REGION = "us-west-2"
@@ -56,13 +56,8 @@ SOURCE_URN = (
 @pytest.fixture(scope="module")
 def moto_endpoint() -> Iterator[str]:
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one access-log line per call
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
+    with moto_server_endpoint() as endpoint:
+        yield endpoint
 
 
 @pytest.fixture

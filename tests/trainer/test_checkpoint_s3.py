@@ -15,7 +15,7 @@ from typing import Any
 import boto3
 import pytest
 
-from tests.s3_server import moto_s3_endpoint, s3_environment
+from tests.s3_server import moto_server_endpoint, s3_environment
 from tests.trainer.test_checkpoint import Run, _round_trip, _save
 from trainer import checkpoint as ckpt_module
 from trainer.checkpoint import (
@@ -33,7 +33,7 @@ BUCKET = "fsdp-eks-ckpt-test"
 
 @pytest.fixture(scope="module")
 def s3_endpoint() -> Iterator[str]:
-    with moto_s3_endpoint() as endpoint:
+    with moto_server_endpoint() as endpoint:
         yield endpoint
 
 

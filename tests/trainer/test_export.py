@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from safetensors import safe_open
 from torch.distributed.fsdp import fully_shard
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
@@ -48,17 +46,6 @@ def _saved_keys(out_dir: Path) -> set[str]:
         with safe_open(file, framework="pt") as f:
             keys.update(f.keys())
     return keys
-
-
-@pytest.fixture
-def gloo_world_of_one(tmp_path: Path) -> Iterator[None]:
-    dist.init_process_group(
-        "gloo", init_method=f"file://{tmp_path / 'pg-store'}", rank=0, world_size=1
-    )
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])

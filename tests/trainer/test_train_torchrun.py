@@ -20,7 +20,7 @@ import boto3
 import pytest
 import torch
 
-from tests.s3_server import moto_s3_endpoint, s3_environment
+from tests.s3_server import moto_server_endpoint, s3_environment
 from tests.trainer.torchrun_util import RunResult, run_trainer, tiny_args
 from trainer.tiny_assets import TinyAssets
 
@@ -198,7 +198,7 @@ def _assert_set_aside_and_resumed(result: RunResult, newest: str, root: str) -> 
 @pytest.fixture(scope="module")
 def s3_env() -> Iterator[dict[str, str]]:
     """moto's S3 server and the environment that points a trainer process at it."""
-    with moto_s3_endpoint() as endpoint:
+    with moto_server_endpoint() as endpoint:
         env = s3_environment(endpoint)
         boto3.client(
             "s3",
