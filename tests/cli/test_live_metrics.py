@@ -47,10 +47,10 @@ def exporter() -> int:
     gauge("fsdp_train_tokens_per_second", 180_000, **LABELS)
     gauge("fsdp_train_mfu_ratio", 0.33, **LABELS)
     gauge("fsdp_train_last_step_timestamp_seconds", time.time() - LAST_STEP_AGO_S, **LABELS)
-    util = Gauge("DCGM_FI_DEV_GPU_UTIL", "util", ["Hostname", "gpu"], registry=registry)
-    util.labels(Hostname="n1", gpu="0").set(90)
-    util.labels(Hostname="n1", gpu="1").set(94)
-    util.labels(Hostname="other-teams-node", gpu="0").set(5)  # not the run's: left out
+    util = Gauge("DCGM_FI_DEV_GPU_UTIL", "util", ["node", "gpu"], registry=registry)
+    util.labels(node="n1", gpu="0").set(90)
+    util.labels(node="n1", gpu="1").set(94)
+    util.labels(node="other-teams-node", gpu="0").set(5)  # not the run's: left out
     server, _ = start_http_server(0, addr="127.0.0.1", registry=registry)
     return int(server.server_port)
 

@@ -6,8 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.trainer.torchrun_util import run_trainer, tiny_args
 from trainer.tiny_assets import TinyAssets
+
+# Two torchrun launches: the full tier only (tests/tiers.py).
+pytestmark = pytest.mark.slow
 
 
 def test_a_restart_does_not_log_the_config_again(tiny_assets: TinyAssets, tmp_path: Path) -> None:

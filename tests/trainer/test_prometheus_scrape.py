@@ -8,6 +8,7 @@ polls Prometheus's HTTP API against a deadline, and the run is stopped at the en
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -23,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from tests.tiers import require_slow_tier
 from tests.trainer.torchrun_util import REPO_ROOT, free_port, tiny_args
 from trainer.telemetry_names import TRAINER_METRICS
 from trainer.tiny_assets import TinyAssets
@@ -50,9 +52,29 @@ def _prometheus_or_skip() -> str:
     return found
 
 
+def _descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (from /proc): torchrun starts each worker in a session
+    of its own, so killing torchrun's process group leaves the workers training."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            # The field after the parenthesised command name: state, then the parent's pid.
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
 def _stop(process: subprocess.Popen[Any]) -> None:
+    """The process, its group and every process below it: nothing of the run outlives it."""
+    below = _descendants(process.pid)
     if process.poll() is None:
         os.killpg(process.pid, signal.SIGKILL)
+    for pid in below:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     process.wait(timeout=60)
 
 
@@ -145,6 +167,7 @@ def test_prometheus_sees_every_series_with_labels_and_the_step_moves(
     }
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     log = tmp_path / "trainer.log"
+    require_slow_tier("torchrun with 2 trainer processes")
     run = subprocess.Popen(
         [
             sys.executable,
