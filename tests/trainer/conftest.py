@@ -19,8 +19,8 @@ from trainer.tiny_assets import TinyAssets, ensure_tiny_assets
 
 def session_shared_dir(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
     """A directory that every pytest-xdist worker of this test session shares (a worker's
-    basetemp is `popen-gwN` under the session's; pytest-xdist docs, "Making session-scoped
-    fixtures execute only once"); without xdist, the session's own basetemp."""
+    basetemp is `popen-gwN` under the session's: pytest-xdist docs, how-to.html "Making
+    session-scoped fixtures execute only once"); without xdist, the session's own basetemp."""
     base = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         base = base.parent

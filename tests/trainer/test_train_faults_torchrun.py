@@ -34,6 +34,48 @@ from trainer.tiny_assets import TinyAssets
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.parametrize("store", ["filesystem", "s3"])
+def test_a_full_disk_ends_the_run_with_one_line_naming_the_file_and_the_cause(
+    store: str, tiny_assets: TinyAssets, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The last rank's checkpoint writer runs out of space inside DCP's write of the step-2
+    shards (in the upload process). Every rank learns of it when the next save waits for
+    this one, and ends with the same single line: no CheckpointException traceback, no
+    "Exception in thread", the marker never written."""
+    env: dict[str, str] | None = None
+    if store == "s3":
+        env = request.getfixturevalue("s3_env")
+        _s3_client(env).create_bucket(Bucket=DISK_FULL_BUCKET)
+        root = f"s3://{DISK_FULL_BUCKET}/checkpoints/disk-full"
+    else:
+        root = str(tmp_path / "ckpt")
+    args = tiny_args(
+        tiny_assets, max_steps=4, checkpoint_dir=root, checkpoint_freq=2, disk_full_at_step=2
+    )
+    result = run_trainer(args, metrics_file=tmp_path / "metrics.jsonl", env=env)
+    assert result.returncode != 0
+    written = ".tmp-step-2" if store == "filesystem" else "step-2"
+    lines = {line for line in result.output.splitlines() if "trainer: CheckpointError: " in line}
+    assert len(lines) == 1, result.output[-4000:]
+    assert re.search(
+        rf"trainer: CheckpointError: writing {re.escape(f'{root}/{written}')} failed: rank 1: "
+        rf"OSError: \[Errno 28\] No space left on device: "
+        rf"'{re.escape(f'{root}/{written}/__1_0.distcp')}'$",
+        lines.pop(),
+    )
+    for noise in ("CheckpointException", "Exception in thread", "[rank0]: Traceback"):
+        assert noise not in result.output
+    [failed] = [r for r in result.metrics if r["kind"] == "checkpoint"]
+    assert (failed["step"], failed["durable_s"]) == (2, None)
+    if store == "filesystem":
+        assert not (tmp_path / "ckpt" / "step-2").exists()
+    else:
+        listing = _s3_client(env or {}).list_objects_v2(Bucket=DISK_FULL_BUCKET)["Contents"]
+        keys = {item["Key"] for item in listing}
+        assert "checkpoints/disk-full/step-2/train_state/rank-00001.pt" in keys
+        assert "checkpoints/disk-full/step-2/COMPLETE" not in keys
+
+
 def test_s3_checkpoints_survive_a_rank_lost_mid_save_and_resume_exactly(
     reference_run: Any, tiny_assets: TinyAssets, tmp_path: Path, s3_env: dict[str, str]
 ) -> None:
@@ -233,48 +275,6 @@ def test_consecutive_non_finite_steps_roll_back_past_the_bad_data(
     # The same batches as the uninterrupted run, three steps further on.
     assert after[0]["batch_digests"] == expected[14]["batch_digests"]
     assert all(math.isfinite(r["loss"]) for r in after)
-
-
-@pytest.mark.parametrize("store", ["filesystem", "s3"])
-def test_a_full_disk_ends_the_run_with_one_line_naming_the_file_and_the_cause(
-    store: str, tiny_assets: TinyAssets, tmp_path: Path, request: pytest.FixtureRequest
-) -> None:
-    """The last rank's checkpoint writer runs out of space inside DCP's write of the step-2
-    shards (in the upload process). Every rank learns of it when the next save waits for
-    this one, and ends with the same single line: no CheckpointException traceback, no
-    "Exception in thread", the marker never written."""
-    env: dict[str, str] | None = None
-    if store == "s3":
-        env = request.getfixturevalue("s3_env")
-        _s3_client(env).create_bucket(Bucket=DISK_FULL_BUCKET)
-        root = f"s3://{DISK_FULL_BUCKET}/checkpoints/disk-full"
-    else:
-        root = str(tmp_path / "ckpt")
-    args = tiny_args(
-        tiny_assets, max_steps=4, checkpoint_dir=root, checkpoint_freq=2, disk_full_at_step=2
-    )
-    result = run_trainer(args, metrics_file=tmp_path / "metrics.jsonl", env=env)
-    assert result.returncode != 0
-    written = ".tmp-step-2" if store == "filesystem" else "step-2"
-    lines = {line for line in result.output.splitlines() if "trainer: CheckpointError: " in line}
-    assert len(lines) == 1, result.output[-4000:]
-    assert re.search(
-        rf"trainer: CheckpointError: writing {re.escape(f'{root}/{written}')} failed: rank 1: "
-        rf"OSError: \[Errno 28\] No space left on device: "
-        rf"'{re.escape(f'{root}/{written}/__1_0.distcp')}'$",
-        lines.pop(),
-    )
-    for noise in ("CheckpointException", "Exception in thread", "[rank0]: Traceback"):
-        assert noise not in result.output
-    [failed] = [r for r in result.metrics if r["kind"] == "checkpoint"]
-    assert (failed["step"], failed["durable_s"]) == (2, None)
-    if store == "filesystem":
-        assert not (tmp_path / "ckpt" / "step-2").exists()
-    else:
-        listing = _s3_client(env or {}).list_objects_v2(Bucket=DISK_FULL_BUCKET)["Contents"]
-        keys = {item["Key"] for item in listing}
-        assert "checkpoints/disk-full/step-2/train_state/rank-00001.pt" in keys
-        assert "checkpoints/disk-full/step-2/COMPLETE" not in keys
 
 
 def test_non_finite_steps_between_logging_steps_roll_back_and_each_rollback_skips_more(
