@@ -60,7 +60,8 @@ def _descendants(pid: int) -> set[int]:
         with contextlib.suppress(OSError, ValueError, IndexError):
             # The field after the parenthesised command name: state, then the parent's pid.
             parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-    found, frontier = set(), {pid}
+    found: set[int] = set()
+    frontier = {pid}
     while frontier:
         frontier = {child for child, parent in parents.items() if parent in frontier} - found
         found |= frontier
