@@ -14,7 +14,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import urllib.parse
 import urllib.request
@@ -25,7 +24,7 @@ from typing import Any
 import pytest
 
 from tests.tiers import require_slow_tier
-from tests.trainer.torchrun_util import REPO_ROOT, free_port, tiny_args
+from tests.trainer.torchrun_util import REPO_ROOT, free_port, tiny_args, torchrun
 from trainer.telemetry_names import TRAINER_METRICS
 from trainer.tiny_assets import TinyAssets
 
@@ -170,17 +169,7 @@ def test_prometheus_sees_every_series_with_labels_and_the_step_moves(
     log = tmp_path / "trainer.log"
     require_slow_tier("torchrun with 2 trainer processes")
     run = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=2",
-            f"--master_port={free_port()}",
-            "-m",
-            "trainer",
-            *args,
-        ],
+        [*torchrun(2), "-m", "trainer", *args],
         cwd=REPO_ROOT,
         env=env,
         stdout=log.open("w"),

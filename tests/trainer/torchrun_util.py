@@ -37,6 +37,18 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def torchrun(nproc: int) -> list[str]:
+    """`torchrun --standalone` of `nproc` processes on a free loopback port (this interpreter)."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        f"--master_port={free_port()}",
+    ]
+
+
 def tiny_args(assets: TinyAssets, **overrides: Any) -> list[str]:
     """Flags for a few-second CPU run of the tiny preset on the tiny corpus; `None` drops one."""
     values: dict[str, Any] = {
@@ -81,12 +93,7 @@ def run_trainer(
     caller reads them); `metrics_file`'s directory still holds the datasets cache."""
     require_slow_tier(f"torchrun with {nproc} trainer processes")
     command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={nproc}",
-        f"--master_port={free_port()}",
+        *torchrun(nproc),
         "-m",
         "trainer",
         *args,
@@ -126,16 +133,7 @@ def run_torchrun_script(
     tests that count what a few distributed steps do (collectives, timeouts)."""
     require_slow_tier(f"torchrun with {nproc} processes running {script.name}")
     return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc_per_node={nproc}",
-            f"--master_port={free_port()}",
-            str(script),
-            *args,
-        ],
+        [*torchrun(nproc), str(script), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
