@@ -39,6 +39,7 @@ def by_name(results: list[object]) -> dict[str, object]:
     return {r.name: r for r in results}  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow
 def test_full_level_passes_on_cpu_as_the_build_runs_it(tmp_path: Path) -> None:
     out = tmp_path / "results.json"
     env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "triton")}

@@ -161,6 +161,7 @@ def _two_agents_host_late(tmp_path: Path, read_timeout: int) -> tuple[int, str, 
     return early_rc, (tmp_path / "early.log").read_text(), (tmp_path / "host.log").read_text()
 
 
+@pytest.mark.slow
 def test_a_short_read_timeout_loses_an_early_worker_to_a_late_worker_0(tmp_path: Path) -> None:
     early_rc, early_out, host_out = _two_agents_host_late(tmp_path, SHORT_READ_TIMEOUT_S)
     assert early_rc != 0, early_out
@@ -169,6 +170,7 @@ def test_a_short_read_timeout_loses_an_early_worker_to_a_late_worker_0(tmp_path:
     assert "joined rank" not in early_out + host_out
 
 
+@pytest.mark.slow
 def test_a_long_read_timeout_waits_for_a_late_worker_0(tmp_path: Path) -> None:
     early_rc, early_out, host_out = _two_agents_host_late(tmp_path, LONG_READ_TIMEOUT_S)
     assert early_rc == 0, early_out + host_out
@@ -182,6 +184,7 @@ HELD_AT_LEAST_S = 20.0
 TRAINING_WORKER = WORKER + "\nimport time; time.sleep(600)  # training\n"
 
 
+@pytest.mark.slow
 def test_a_hung_worker_0_holds_the_others_past_any_read_timeout(tmp_path: Path) -> None:
     """Why the job's `read_timeout` stays at the start budget (infra/job/manifest.py
     `rendezvous_conf`, docs/operations.md): once training runs, each agent polls worker 0's

@@ -10,6 +10,7 @@ import pytest
 from scripts.bench import checkpoint_stall as bench_checkpoint
 
 
+@pytest.mark.slow
 def test_the_benchmark_reports_blocked_overlap_and_durable_for_each_way_and_store(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -154,6 +154,7 @@ def test_offloaded_parameters_live_in_cpu_memory_whatever_the_compute_device():
     assert parameter_device(ParallelPlan(cpu_offload=False), gpu) == gpu
 
 
+@pytest.mark.slow
 def test_the_matrix_runs_every_cell_and_writes_the_table_into_the_docs(tmp_path):
     """`--matrix` on CPU with the tiny preset: one process per compile x AC cell, the table
     between the markers of the docs file (kept text around it), one JSON line per cell."""

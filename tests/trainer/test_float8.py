@@ -190,6 +190,7 @@ def test_emulation_may_run_uncompiled() -> None:
     assert (cfg.parallel.precision, cfg.parallel.fp8_recipe) == ("fp8", "rowwise")
 
 
+@pytest.mark.slow
 def test_fp8_on_a_cpu_ends_in_one_line_not_a_traceback(
     tiny_assets: TinyAssets, tmp_path: Path
 ) -> None:
