@@ -1,28 +1,10 @@
 """`TrainerImage`: the trainer image the job runs, pinned by digest.
 
-With `image.uri` set, the component is a pass-through: the user's own image, nothing created.
-Otherwise it owns the whole pipeline:
-
-  ECR repository   scan on push, immutable tags (except the build-cache tag), lifecycle
-                   policy keeping the last N images
-  S3 bucket        the build source (versioned, encrypted, private), old sources expire
-  source archive   exactly the files the image needs (`infra.image.source`), named by the
-                   image's content tag
-  CodeBuild        privileged (Docker builds), log group with retention, timeout and size
-                   from config, an IAM role scoped to this repository, bucket and log group
-  ImageBuild       the dynamic resource that runs the build when the content tag changed and
-                   waits for it (`infra.image.build`)
-
-The content tag is a hash of the source archive plus every build setting, so `pulumi up`
-rebuilds exactly when the image would differ, and `image_uri` (repository@sha256:...) changes
-only then: the training job is never left on a stale image and never restarted for nothing.
-
-Construct it in `infra/program.py` as
-
-    image = TrainerImage("trainer-image", TrainerImageArgs(
-        config=stack.image, name_prefix=f"fsdp-eks-{pulumi.get_stack()}"))
-
-and give the job `image.image_uri`.
+With `image.uri` set, a pass-through; otherwise it owns the pipeline: ECR repository, S3 source
+bucket, source archive (`infra.image.source`), CodeBuild project and the `ImageBuild` that runs
+it (`infra.image.build`). The content tag hashes the sources and every build setting, so
+`image_uri` changes exactly when the image would differ. Built in `infra/program.py`; the job
+gets `image.image_uri`. Details: docs/design/image.md#trainer_image
 """
 
 from __future__ import annotations

@@ -1,30 +1,10 @@
 """The EKS cluster the job runs on: created and owned by the stack, or an existing one by name.
 
-`create`: a pulumi-eks cluster in API authentication mode (access entries only, no aws-auth
-ConfigMap), Kubernetes secrets envelope-encrypted with a KMS key, control-plane logs in a log
-group the stack owns (so `pulumi destroy` removes it), the IAM OIDC provider and the Pod
-Identity agent, a CPU system node group for add-ons and operators, the GPU node group, and
-CoreDNS and the node monitoring agent as EKS add-ons that follow the Kubernetes version.
-
-`existing`: `aws.eks.get_cluster` by name and a Kubernetes provider built from it; optionally
-the outputs of the platform stack that created it. Nothing of the cluster is registered, so the
-stack can never change or delete it; only the Pod Identity agent add-on when explicitly asked.
-
-In both modes the Kubernetes provider's kubeconfig is built here from the EKS look-up, signed
-with the stack's `aws:profile` and `cluster.adminRoleArn` (infra/job/kubeconfig.py says why),
-and a created cluster runs a version in standard support with upgrade policy STANDARD
-(infra/facts/eks_versions.py).
-
-Construct (after `Network` in create mode; no network in existing mode):
-
-    cluster = Cluster("platform", ClusterArgs(cluster=config.cluster,
-                                              gpu_nodes=config.gpu_nodes,
-                                              network=network))
-    # kubernetes resources: opts=ResourceOptions(provider=cluster.k8s_provider)
-    # the job: depends_on=cluster.ready
-
-A stack that other stacks reference with `cluster.platformStack` should export `clusterName`,
-`vpcId`, `gpuSubnetId`, `clusterSecurityGroupId` and `oidcProviderArn` from these attributes.
+`create`: a pulumi-eks cluster (access entries only, KMS-encrypted secrets, owned log group,
+OIDC provider, Pod Identity agent, system and GPU node groups, EKS add-ons). `existing`:
+`aws.eks.get_cluster` by name, nothing registered. In both the Kubernetes provider's kubeconfig
+is built here (infra/job/kubeconfig.py says why); versions per infra/facts/eks_versions.py.
+Construction and the exports other stacks read: docs/design/platform.md#cluster
 """
 
 from __future__ import annotations

@@ -1,31 +1,11 @@
 """Storage for a training run: the S3 bucket, FSx for Lustre linked to it, and the job's claim.
 
-The bucket is the durable home of datasets and checkpoints; FSx for Lustre is the fast POSIX
-view every pod mounts, linked to the bucket through a data repository association so objects
-appear in Lustre lazily and files written there (checkpoints) are exported back to S3. The FSx
-CSI driver runs as the EKS add-on with a Pod Identity role, and a static PersistentVolume and
-claim point at the file system by `dns_name`/`mount_name`, so no StorageClass can provision a
-surprise second file system.
-
-Data policy (`storage.dataPolicy`): `retain` (default) leaves the bucket, its hardening and the
-file system in the account on `pulumi destroy`; `delete` empties and removes them. A retained
-file system would keep its network interfaces in the GPU subnet and block the deletion of a
-VPC the stack itself created, so in that case only the bucket is retained; what survives of
-the file system is what auto-export has written to the bucket (continuously, usually within
-minutes of a file being closed).
-
-Construction (STACK's `__main__`), after `Cluster`:
-
-    storage = Storage("storage", StorageArgs(
-        config=stack.storage, cluster_name=cluster.name, k8s_provider=cluster.k8s_provider,
-        namespace=namespace.name,  # an output of the job's Namespace: the claim waits for it
-        vpc_id=cluster.vpc_id, subnet_id=cluster.gpu_subnet_id,
-        client_security_group_ids=[cluster.cluster_security_group_id],
-        cluster_ready=cluster.ready,
-        owns_network=stack.cluster.mode == "create" and stack.cluster.network.creates_vpc))
-
-and the job mounts `storage.pvc_name` at `storage.mount_path` (both None without FSx) and
-depends on `storage.ready`.
+The bucket is the durable home of data and checkpoints; FSx for Lustre, linked to it by a data
+repository association, is the POSIX view every pod mounts through a static PV and claim (no
+StorageClass, no surprise second file system). `storage.dataPolicy` `retain` (default) keeps
+them on destroy (only the bucket when the stack owns the VPC); `delete` removes them. The job
+mounts `pvc_name` at `mount_path` and depends on `ready`.
+Why and construction: docs/design/platform.md#storage
 """
 
 from __future__ import annotations
