@@ -47,11 +47,8 @@ NEAR_LIMIT = 0.90
 against torch's tracer) and a longer sequence in a later batch can tip it over."""
 
 # Bytes per token saved for backward by one Hugging Face Llama/Mistral decoder layer in bf16,
-# as multiples of the hidden size, KV width and MLP width: q, k, v after rotary, attention
-# output and o_proj input (6h + 4 kv), the MLP's gate, up, SiLU and product (8 i), the two
-# RMSNorms' fp32 input and bf16 output (12 h), and 9 h more that torch's tracer shows in the
-# norms' fp32 intermediates. Torch's tracer measured 229.5 KB per token for llama3.1-8b
-# (27 x 4096 + 4 x 1024 + 8 x 14336 = 229,376).
+# as multiples of the hidden size, KV width and MLP width (torch's tracer: 229.5 KB per token
+# for llama3.1-8b). The terms: docs/design/estimates.md#layer-activations
 _LAYER_H = 27
 _LAYER_KV = 4
 _LAYER_I = 8

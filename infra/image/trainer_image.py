@@ -282,13 +282,10 @@ class TrainerImage(pulumi.ComponentResource):
         aws.s3.BucketLifecycleConfiguration(
             f"{name}-source-lifecycle",
             bucket=bucket.id,
-            # Archives are content-addressed: every change adds a key and nothing overwrites
-            # an old one, so without expiring current versions every archive ever uploaded
-            # would stay. In a versioned bucket an expired current version becomes noncurrent
-            # behind a delete marker; the noncurrent rule then removes it, and with a Days
-            # expiration S3 also removes the delete markers left alone
-            # (docs.aws.amazon.com/AmazonS3/latest/userguide/lifecycle-expire-general-
-            # considerations.html, .../ManagingDelMarkers.html).
+            # Archives are content-addressed (nothing overwrites one), so current versions
+            # must expire too; the noncurrent rule and S3 then remove them and their delete
+            # markers (docs.aws.amazon.com/AmazonS3/latest/userguide/ManagingDelMarkers.html).
+            # Detail: docs/design/image.md#source-archive-expiry
             rules=[
                 {
                     "id": "expire-build-sources",
@@ -381,13 +378,9 @@ def role_statements(
     """What the build may do: write its log, read its source, push to its own repository."""
     statements: list[aws.iam.GetPolicyDocumentStatementArgsDict] = [
         {
-            # CodeBuild's documented minimum for logs is CreateLogGroup, CreateLogStream and
-            # PutLogEvents (https://docs.aws.amazon.com/codebuild/latest/userguide/
-            # setting-up-service-role.html; aws-cdk's codebuild Project grants the same three on
-            # /aws/codebuild/<project>, project.ts createLoggingPermission). The group is owned
-            # here with a retention, so CreateLogGroup only ever meets an existing group; it is
-            # scoped to that one name, so a group CodeBuild recreated after someone deleted it
-            # is the same group, never another.
+            # CodeBuild's documented minimum for logs, scoped to the one group owned here
+            # (https://docs.aws.amazon.com/codebuild/latest/userguide/
+            # setting-up-service-role.html). Detail: docs/design/image.md#build-log-permissions
             "sid": "BuildLogs",
             "actions": LOG_ACTIONS,
             "resources": [log_group_arn, f"{log_group_arn}:*"],

@@ -272,11 +272,8 @@ class Cluster(pulumi.ComponentResource):
             encryption_config_key_arn=key_arn,
             enabled_cluster_log_types=list(config.log_types),
             create_oidc_provider=True,
-            # The VPC CNI enforces NetworkPolicy only when its add-on says so (chart
-            # aws/amazon-vpc-cni-k8s v1.23.0 `enableNetworkPolicy: "false"`), and pulumi-eks
-            # writes the key into the add-on's configuration only when given (v4.3.0
-            # `nodejs/eks/addons/cni-addon.ts` `mergeConfigurationValues`): without it the
-            # job's and the operator's policies are stored and change nothing.
+            # Without it the VPC CNI enforces no NetworkPolicy (chart aws/amazon-vpc-cni-k8s
+            # v1.23.0 `enableNetworkPolicy: "false"`): docs/design/platform.md#network-policy
             vpc_cni_options=eks.VpcCniOptionsArgs(enable_network_policy=True),
             service_role=service_role,
             skip_default_node_group=True,
@@ -305,14 +302,10 @@ class Cluster(pulumi.ComponentResource):
 
         system = config.system_nodes
         system_role = node_role(f"{name}-system-nodes", parent=self, tags=tags)
-        # Our own launch template: pulumi-eks's, made for `enable_imd_sv2`, sets IMDS hop limit
-        # 2 (v4.3.0 `nodejs/eks/nodes/nodegroup.ts` `createMNGCustomLaunchTemplate`), and so
-        # does the one EKS makes without any: every pod on a system node could then read the
-        # node role's credentials. Nothing there needs IMDS from the pod network: the
-        # autoscaler has its region from the chart (`awsRegion`), the FSx CSI controller falls
-        # back to the Kubernetes API (aws-fsx-csi-driver v1.9.0 `pkg/cloud/metadata.go`
-        # `NewMetadataService`), the CNI, kube-proxy and the Pod Identity agent run on the host
-        # network. No image_id: EKS adds its own bootstrap to the nodes' user data.
+        # Our own launch template, IMDS hop limit 1: pulumi-eks's (v4.3.0 `nodejs/eks/nodes/
+        # nodegroup.ts` `createMNGCustomLaunchTemplate`) and EKS's set 2, letting every pod read
+        # the node role's credentials. No image_id: EKS adds its own bootstrap to the user data.
+        # Why nothing there needs IMDS: docs/design/platform.md#system-node-imds
         system_template = aws.ec2.LaunchTemplate(
             f"{name}-system-lt",
             description=f"System nodes ({system.instance_type}) for EKS",

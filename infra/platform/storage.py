@@ -202,12 +202,10 @@ class Storage(pulumi.ComponentResource):
             # The data lives in S3 (auto-export); a final backup would only add cost.
             skip_final_backup=True,
             tags={**args.tags, "Name": f"{pulumi.get_stack()}-fsx"},
-            # CreateFileSystem checks the groups' rules for LNet (TCP 988, 1018-1023) there and
-            # then and fails with InvalidNetworkSettings ("... do not permit Lustre LNET network
-            # traffic on port 988") if they are not in place yet: https://docs.aws.amazon.com/
-            # fsx/latest/LustreGuide/cannot-create-fs.html. `security_group_ids` only orders the
-            # file system after the group, not after its rules, which are separate resources
-            # created concurrently (the same race: aws/aws-parallelcluster#6181).
+            # CreateFileSystem fails if the groups' LNet rules are not in place yet, and
+            # `security_group_ids` orders it only after the group (https://docs.aws.amazon.com/
+            # fsx/latest/LustreGuide/cannot-create-fs.html; aws/aws-parallelcluster#6181).
+            # Detail: docs/design/platform.md#fsx-after-its-security-group-rules
             opts=self._opts(depends_on=rules, **keep),
         )
         # A prefix is a directory, as `scripts/cli/run_target.py` reads it back: without the
