@@ -32,7 +32,7 @@ PRECISIONS = ("bf16", "fp8")
 FP8_RECIPES = ("rowwise", "tensorwise")
 
 LEFT_IN_BF16 = ("lm_head",)
-"""Module names never converted (see the module docstring)."""
+"""Module names never converted (why: docs/design/trainer.md#float8)."""
 
 TORCHAO_TORCH_RANGE = ((2, 11), (2, 13))
 """The torch releases (major, minor) the pinned torchao (uv.lock) runs with: its own floor
@@ -130,7 +130,7 @@ def check_fp8_device(device: torch.device, *, emulate: bool) -> None:
 
 
 def module_filter(recipe: str, *, by_size: bool) -> Callable[[nn.Module, str], bool]:
-    """Which `nn.Linear` layers become `Float8Linear` (see the module docstring).
+    """Which `nn.Linear` layers become `Float8Linear` (docs/design/trainer.md#float8).
 
     `by_size=False` (emulation: no speed to win or lose) keeps only the hardware rule and the
     head, so the tiny test models convert every layer a real model would."""

@@ -25,7 +25,7 @@ class EksVersion:
 
 
 CHECKED_ON = date(2026, 11, 23)
-"""When the dates below were last read at the sources named in the module docstring."""
+"""When the dates below were last read at the sources named in docs/design/facts.md#eks_versions."""
 
 EKS_VERSIONS: dict[str, EksVersion] = {
     "1.30": EksVersion(date(2024, 5, 23), date(2025, 7, 23), date(2026, 7, 23)),
