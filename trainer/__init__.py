@@ -1,18 +1,9 @@
 """The FSDP2 trainer (`torchrun ... -m trainer`).
 
-Two kinds of upstream notice are filtered here, before anything imports torchao; both would
-otherwise open every worker's log, on every run, about nothing the trainer uses:
-
-- transformers imports torchao whenever it is installed (its torchao quantizer), and torchao
-  then tries each of its optional prebuilt kernel libraries, warning for every one this build
-  or machine cannot load (torchao 0.18.0 `torchao/__init__.py`: `Failed to load
-  .../_C_mxfp8...`, `_C_cutlass_90a`: MX-format and SM90a CUTLASS kernels). The float8
-  training the trainer uses (`trainer.float8`) calls none of them: its matmuls are torch's
-  `_scaled_mm`.
-- torchao registers its enums as pytree constants, which torch 2.13 deprecates with a warning
-  per enum (`torch/utils/_pytree.py` `register_constant`); torchao's to change, not ours.
-
-Other warnings of both loggers pass.
+Two upstream notices are filtered here, before anything imports torchao: torchao's failed loads
+of optional kernel libraries (torchao 0.18.0 `torchao/__init__.py`) and torch's deprecation of
+pytree constants (`torch/utils/_pytree.py` `register_constant`); the trainer uses neither.
+Other warnings of both loggers pass. Why and sources: docs/design/trainer.md#trainer-package
 """
 
 from __future__ import annotations

@@ -1,37 +1,11 @@
 """Crash-safe, resumable, optionally asynchronous checkpoints with torch.distributed.checkpoint.
 
-Where and how a checkpoint becomes complete is the store's business (trainer.checkpoint_store:
-a directory every rank mounts, such as FSx for Lustre, or an ``s3://`` prefix); this module is
-the collective protocol around it. Why the protocol: a job can die at any instant (spot reclaim,
-OOM, a node failure), and resume must never pick a checkpoint a crash cut short. So every rank
-writes its part, DCP's coordinator gathers all ranks' writes, and only then does rank 0 publish
-the checkpoint (the ``COMPLETE`` marker, written last). ``latest()`` lists only published ones.
-
-**Asynchronous saves** (``async_save=True``): the state is copied into host buffers made at the
-first save and reused by every later one (the only part the step waits for), and written by a
-separate upload process while training goes on (trainer.checkpoint_upload says how, with
-torch's own stager and process executor). Rank 0 publishes the checkpoint from a thread of its
-own as soon as the upload is whole, so a crash after that resumes from it; the time from the
-save's start to that moment is the save's *time to durable*, logged and handed to the metrics
-(``pop_finished``). The next save, a stop, a rollback and the end of the run first wait for the
-one in flight (``wait()``): at most one save is ever in flight, so the staging buffers are free
-again when the next save copies into them. The stop and final saves (``blocking``) are written
-by the trainer process itself. A stop's SIGTERM reaches the upload process too (torchrun
-signals the worker's process group); it records the signal and writes on, so the save in
-flight lands before the stop's own (trainer.checkpoint_upload ``defer_stop_signals``). A hang
-exits only after ``drain()``, which waits for the upload and the marker without any collective.
-Background collectives run on a gloo group of their own: DCP's async save needs a CPU backend
-(torch ``state_dict_saver.async_save`` asserts one), and the main thread keeps the default
-group.
-
-**Failures say their name**: a failed write (a full disk, an S3 error) is one
-``CheckpointError`` line naming the location, the rank and the cause, on every rank alike (DCP
-gathers the writes' results and broadcasts the outcome); a checkpoint that cannot be read is a
-``UnreadableCheckpointError``, which the trainer sets aside before falling back to the one before.
-
-All ranks call ``save``, ``load`` and ``wait`` (they are collective). Works without a process
-group too (a single-process run, or a test; the upload then runs in a thread, torch's process
-executor needing a process group to start its own).
+The collective protocol around a store (trainer.checkpoint_store): every rank writes, DCP's
+coordinator gathers the writes, and only then does rank 0 publish the checkpoint (the
+``COMPLETE`` marker, written last), so resume never picks one a crash cut short. Async saves
+stage into reused host buffers and upload from a separate process (trainer.checkpoint_upload);
+at most one save is in flight. All ranks call ``save``, ``load`` and ``wait`` (collective).
+Why and sources: docs/design/trainer.md#checkpoint
 """
 
 from __future__ import annotations

@@ -1,30 +1,10 @@
 """Where checkpoints live: a shared filesystem (FSx for Lustre, a local disk) or an S3 prefix.
 
-Both stores keep one layout, the one ``scripts/cli/checkpoints.py`` lists::
-
-    step-100/  .metadata, __0_0.distcp, ...   DCP (model, optimizer, LR schedule)
-               train_state/rank-00000.pt ...  each rank's own state
-               COMPLETE                       JSON {step, world_size, ...}, written last
-
-and one guarantee: a crash at any instant never leaves a checkpoint that ``complete_steps``
-returns and ``load`` cannot read. They keep it differently:
-
-- **Filesystem.** Every rank writes into a hidden ``.tmp-step-N``; rank 0 writes the marker and
-  renames the dir to ``step-N`` in one atomic ``rename``. A ``step-N`` dir is absent or whole.
-- **S3.** S3 has no rename (DCP's own "rename" of ``.metadata`` is a copy and a delete), so ranks
-  write straight into ``step-N/`` and the marker is the commit: written by rank 0 after DCP's
-  coordinator has written ``.metadata``, which it does only once every rank's writes have
-  returned (torch ``state_dict_saver._save_state_dict``: ``all_reduce("write", ...,
-  finish_checkpoint)``). S3 is strongly consistent for read-after-write and list (AWS S3 User
-  Guide, "Amazon S3 data consistency model"), so a marker that is listed has every object
-  before it readable. Anything that makes a ``step-N/`` incomplete again (a second save of the
-  same step, pruning) deletes the marker first.
-
-The S3 store talks to S3 through AWS's ``s3torchconnector`` (its DCP ``S3StorageWriter`` /
-``S3StorageReader`` and its CRT-based client), which takes credentials from the default chain:
-EKS Pod Identity's container credentials on the cluster, the usual variables elsewhere.
-``AWS_ENDPOINT_URL`` points it at another S3 (the tests' moto server); such endpoints get
-path-style addressing, since ``bucket.127.0.0.1`` resolves nowhere.
+Both keep the layout ``scripts/cli/checkpoints.py`` lists (``step-N/`` with DCP files, per-rank
+``train_state/`` and a ``COMPLETE`` marker written last) and one guarantee: a checkpoint that
+``complete_steps`` returns is one ``load`` can read. The filesystem commits by an atomic
+``rename``; S3 (through ``s3torchconnector``) by the marker, S3 being strongly consistent.
+Why and sources: docs/design/trainer.md#checkpoint_store
 """
 
 from __future__ import annotations

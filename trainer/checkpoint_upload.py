@@ -1,44 +1,11 @@
 """Getting a save off the training loop: host buffers staged once, the write in another process.
 
-Given no stager, torch's ``dcp.async_save`` (``torch/distributed/checkpoint/state_dict_saver.py``
-``async_save``) stages with the storage writer itself when the writer is an ``AsyncStager``
-("bwc with old storage_writers"), as ``FileSystemWriter`` is (``filesystem.py``: a
-``BlockingAsyncStager``, ``staging.py``) and s3torchconnector's ``S3StorageWriter``, a
-``FileSystemWriter``, too; only other writers get a ``DefaultStager`` with every option off.
-Either way: a fresh, pageable host copy of the whole state at every save (the writers' stager
-caches none unless built with ``cache_staged_state_dict``, which pins), and the write in a
-thread of the training process, where it competes with the training loop for the GIL. On a GPU
-that staging alone took ~10 s for 6 GB of state, and the steps overlapping the write ran ~20x
-slower. This module hands ``async_save`` what torch provides for that instead:
-
-* **Staging buffers made once.** ``StagingBuffers`` is torch's ``DefaultStager``
-  (``staging.py``), whose ``StateDictStager`` (``_state_dict_stager.py``) keeps one host
-  storage per device storage (a ``WeakIdKeyDictionary`` keyed by the storage) and copies into
-  it at every later save. The storages are FSDP2's sharded parameters and the optimizer's
-  moments, updated in place, so after the first save no save allocates. On a GPU the buffers
-  are pinned and the device-to-host copies non-blocking, with one synchronize at the end;
-  staging stays synchronous (``use_async_staging=False``), so when ``save`` returns the copy is
-  whole and the next optimizer step may overwrite the parameters.
-* **The write in a separate process.** ``AsyncCheckpointerType.PROCESS`` runs DCP's ``save``
-  in a daemon process that torch spawns at the first save and reuses
-  (``_async_process_executor.py``: ``_AsyncCheckpointProcess``); it joins a gloo group of its
-  own with the other ranks' daemons, so DCP's collectives (plan, write, the coordinator's
-  ``.metadata``) run there. The staged buffers are in shared memory (``use_shared_memory``),
-  so handing them over pickles file descriptors, not bytes (torch
-  ``multiprocessing/reductions.py`` ``reduce_storage``). The storage writer travels by pickle
-  too: ``FileSystemWriter`` and s3torchconnector's ``S3StorageWriter`` (whose CRT client is
-  built lazily, per process: ``s3torchconnector/_s3client/_s3client.py`` ``S3Client._client``)
-  both do.
-
-torchrun forwards a stop's SIGTERM to each worker's whole process group
-(``elastic/multiprocessing/subprocess_handler/subprocess_handler.py`` ``close``:
-``os.killpg``), which holds the daemon too, and torch gives the daemon no handler for it, so an
-upload in flight would die with it and the stop would have to write the whole state again.
-The daemon therefore records SIGTERM and goes on (``defer_stop_signals``): the upload in flight
-lands, the trainer's stop waits for it (trainer.checkpoint ``wait``) and skips its own save
-when that one is of the same step. The daemon still ends with the trainer: it leaves its
-serving loop on the trainer's request at exit or when the trainer's end of its pipe closes, and
-torchrun's SIGKILL of the group after its shutdown timeout bounds the whole stop.
+torch's ``dcp.async_save`` left to itself stages a fresh pageable copy at every save and writes
+from a thread of the training process (~10 s staging for 6 GB, overlapping steps ~20x slower on
+a GPU). Here ``StagingBuffers`` is torch's ``DefaultStager`` (``checkpoint/staging.py``), made
+once and reused, and the write runs in torch's ``AsyncCheckpointerType.PROCESS`` daemon
+(``_async_process_executor.py``), which defers a stop's SIGTERM (``defer_stop_signals``) so the
+upload in flight lands. Why and sources: docs/design/trainer.md#checkpoint_upload
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
 """When skipping bad updates is not enough: roll back to the last checkpoint.
 
-One non-finite step is skipped (`trainer.optim.step_unless_non_finite`). Several in a row, or
-a loss that jumps far above its recent average, mean the weights or the optimizer's moments
-have gone bad, and the batches just seen may be what drove them there. The trainer then
-reloads the last complete checkpoint and skips every batch read since it (those an earlier
-rollback to the same checkpoint skipped included, so the window grows with each rollback to
-it), and training goes on from good weights with data it has not choked on.
-
-The non-finite rule is judged on every step, on the device: the count of consecutive skipped
-updates (identical on every rank, the gradient norm being global) and the longest such run
-since the last rollback are two tensors updated without a host-device sync, and a run of
-`rollback_after` latches. The guard judges at the points where the host syncs anyway: a
-logging step (which reads the loss) and before every save (which copies the state), so a run
-of bad steps that ends between two logging steps still rolls back, and an ordinary step pays
-nothing. Before a save it also judges the loss for a spike (averaging it over ranks itself
-when the step logs nothing): a spiked but finite state is never saved, so it can never become
-the checkpoint a later rollback returns to.
+Several non-finite steps in a row, or a loss far above its recent average, mean the state has
+gone bad: the trainer reloads the last complete checkpoint and skips every batch read since it.
+The run of skipped updates is counted on the device with no host sync; the guard judges at
+points where the host syncs anyway (a logging step, before every save), so a spiked state is
+never saved. Why: docs/design/trainer.md#divergence
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """Faults injected on purpose (`--*_at_step`, `--nan_batches`, ...), kept out of the loop.
 
-The training loop calls one object at fixed points: on each micro-batch's loss
-(`loss_scale`), after each step (`after_step`) and inside each save (`inside_save`,
-`storage_writer`, through the checkpoint manager). With no fault configured every call is a
-comparison of integers: no device work, no sync.
-
-Step faults fire in a run's first attempt only: once it loaded a checkpoint (a resume or a
-rollback), `on_load` disarms them, so that rerunning the same command resumes and finishes.
-`--nan_batches` follows the data instead (batch numbers of the rank's stream, which a
-checkpoint carries), as a corrupt patch of data would.
-
-Every fault hits the last rank: with one node interrupted, one GPU stuck or one disk full,
-the others have to find out through the collectives, which is what the faults test.
+The loop calls one object at fixed points (`loss_scale`, `after_step`, `inside_save`,
+`storage_writer`); with no fault configured each call is an integer comparison. Step faults
+fire in a run's first attempt only (`on_load` disarms them); every fault hits the last rank.
+Why: docs/design/trainer.md#faults
 """
 
 from __future__ import annotations

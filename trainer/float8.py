@@ -2,44 +2,12 @@
 
 `--precision fp8` swaps the decoder's `nn.Linear` layers for torchao's `Float8Linear`
 (torchao `float8/float8_linear_utils.py`, `convert_to_float8_training`) before activation
-checkpointing, compile and `fully_shard`, as torchtitan's float8 converter does
-(torchtitan `components/quantization/float8.py`, `Float8LinearConverter`). Each converted
-layer keeps its bf16/fp32 weight and casts input, weight and output gradient to float8 with
-dynamic scales right before each of its three matmuls (`float8_linear.py`,
-`matmul_with_hp_or_float8_args`), so weights, optimizer state, gradients and checkpoints are
-exactly those of a bf16 run: only the matmuls change.
-
-What is left in bf16, and why:
-- the LM head (`lm_head`): the logits feed a softmax over the whole vocabulary, where float8's
-  3-bit mantissa costs accuracy first; torchtitan leaves its output layer out by default for
-  the same reason, and the chunked loss (`trainer/loss.py`) calls the head's weight directly;
-- layers whose weight has a dimension that is not a multiple of 16 (what the FP8 tensor-core
-  kernels accept; `_auto_filter_for_rowwise`/`_tensorwise`), e.g. Mixtral's router [8, hidden];
-- layers too small for the FP8 GEMM to win back the cost of computing scales and casting,
-  by torchao's thresholds from H100 microbenchmarks (`float8_linear_utils.py`,
-  `_auto_filter_for_recipe`; torchao docs `workflows/training.md`, "Performance"). rowwise:
-  out_features <= 2048, or in_features <= 1024, or both <= 4096 / 2048; tensorwise:
-  in_features <= 4096 and out_features <= 1024. For Llama 3.2 3B that leaves out k_proj and
-  v_proj ([1024, 3072]) and converts q/o/gate/up/down; for Llama 3.2 1B rowwise converts only
-  gate/up ([8192, 2048]). Mixtral's experts are fused 3-D parameters, not `nn.Linear`: they stay
-  bf16 (torchao's grouped-GEMM float8 is a prototype).
-
-Recipes: `rowwise` (torchao's `ROWWISE`: per-row scales, rounded down to powers of two, every
-operand in e4m3) is the default for its accuracy; `tensorwise` (one scale per tensor, e5m2 for
-gradients) is faster and is the one that can all-gather weights in float8: with more than one
-rank per shard group FSDP2 then gathers 1 byte per parameter instead of 2
-(`enable_fsdp_float8_all_gather`, `fsdp_utils.py` `WeightWithDynamicFloat8CastTensor`), and
-the scales of all weights come from one all-reduce after each optimizer step
-(`precompute_float8_dynamic_scale_for_fsdp`). torchao's own table (8 x H100, Llama 3 8B):
-+25% tokens/s for tensorwise with float8 all-gather, +10% for rowwise.
-
-FP8 tensor cores start at compute capability 8.9 (Ada: L4, L40S; Hopper: H100, H200; Blackwell):
-torch's `_scaled_mm` refuses anything older (pytorch `aten/src/ATen/native/cuda/Blas.cpp`,
-`_scaled_mm_out_cuda`: "only supported on CUDA devices with compute capability >= 9.0 or 8.9").
-The scale and cast kernels are separate small kernels without torch.compile, which fuses them
-into their neighbours; eager float8 is slower than bf16, so fp8 requires compile. The one
-exception is `emulate` (torchao's `Float8LinearConfig.emulate`: the matmuls run in fp32 on the
-float8-rounded values), which tests use on CPUs, uncompiled, for numerics alone.
+checkpointing, compile and `fully_shard`, as torchtitan's `Float8LinearConverter` does; only
+the matmuls change. Left in bf16: the LM head, dimensions not a multiple of 16, and layers
+below torchao's size thresholds (`_auto_filter_for_recipe`; rowwise:
+out_features <= 2048, or in_features <= 1024, or both <= 4096 / 2048). Recipes: `rowwise`
+(default), `tensorwise`. FP8 needs compute capability >= 8.9 and compile, except `emulate`.
+Why and sources: docs/design/trainer.md#float8
 """
 
 from __future__ import annotations
@@ -64,7 +32,7 @@ PRECISIONS = ("bf16", "fp8")
 FP8_RECIPES = ("rowwise", "tensorwise")
 
 LEFT_IN_BF16 = ("lm_head",)
-"""Module names never converted (see the module docstring)."""
+"""Module names never converted (why: docs/design/trainer.md#float8)."""
 
 TORCHAO_TORCH_RANGE = ((2, 11), (2, 13))
 """The torch releases (major, minor) the pinned torchao (uv.lock) runs with: its own floor
@@ -107,22 +75,11 @@ class Float8Plan:
 def plan_float8(
     recipe: str, *, emulate: bool, shard_group_size: int, cpu_offload: bool
 ) -> Float8Plan:
-    """Gather in float8 where it pays: tensorwise weights over a shard group of several ranks
-    (one rank gathers nothing; torchtitan's converter enables it only when data-parallel
-    sharding is on), never with rowwise (torchao supports float8 all-gather for tensorwise
-    scales only: `Float8LinearConfig.__post_init__`), and not under CPU offload.
-
-    Under CPU offload FSDP2 copies each shard to the GPU before asking it for its all-gather
-    input (torch `fsdp/_fully_shard/_fsdp_param.py`, `FSDPParam.all_gather_inputs`:
-    `.to(self.device)`, then `fsdp_pre_all_gather` on the copy). torchao's wrapper survives
-    that copy but not the scale precomputed for it: `__torch_dispatch__` rebuilds it from
-    the tensor, config and dtype alone (torchao `float8/fsdp_utils.py`,
-    `WeightWithDynamicFloat8CastTensor`). So the one all-reduce of all scales after each
-    optimizer step (`precompute_float8_dynamic_scale_for_fsdp`, itself run on the CPU shards)
-    would be wasted, and every weight's gather would pay an all-reduce of its own for its
-    scale: the latency float8 all-gather exists to save, on a run already bound by host
-    transfers. The weights are gathered in bf16 there and cast to float8 after the gather,
-    as with a one-rank shard group."""
+    """Gather in float8 where it pays: tensorwise weights over a shard group of several ranks,
+    never with rowwise (torchao `Float8LinearConfig.__post_init__`), and not under CPU offload,
+    where FSDP2's copy to the GPU loses the precomputed scale (torch
+    `fsdp/_fully_shard/_fsdp_param.py`, torchao `float8/fsdp_utils.py`).
+    Why: docs/design/trainer.md#plan_float8"""
     return Float8Plan(
         recipe=recipe,
         emulate=emulate,
@@ -173,7 +130,7 @@ def check_fp8_device(device: torch.device, *, emulate: bool) -> None:
 
 
 def module_filter(recipe: str, *, by_size: bool) -> Callable[[nn.Module, str], bool]:
-    """Which `nn.Linear` layers become `Float8Linear` (see the module docstring).
+    """Which `nn.Linear` layers become `Float8Linear` (docs/design/trainer.md#float8).
 
     `by_size=False` (emulation: no speed to win or lose) keeps only the hardware rule and the
     head, so the tiny test models convert every layer a real model would."""
@@ -251,20 +208,10 @@ def plain_float8_weights(state: Any) -> Any:
     wrapper's own tensor: same storage, so DCP reads the real values when saving and writes
     the real parameters when loading.
 
-    With float8 all-gather each converted weight's shard is a ``WeightWithDynamicFloat8CastTensor``
-    (torchao ``float8/fsdp_utils.py``), a wrapper subclass with no storage of its own
-    (``data_ptr() == 0``) whose ``__torch_dispatch__`` keeps the subclass only for the ops in
-    ``_ops_to_preserve_subclass``. Checkpoints must not see it:
-    - staging copies a tensor without storage through ``x.new_empty(x.size())`` (torch
-      ``distributed/checkpoint/_state_dict_stager.py``, ``StateDictStager._offload_tensor``);
-      ``new_empty`` is not preserved, so the staged copy is a plain, uninitialised tensor (the
-      wrapper's ``_tensor`` is copied as an attribute beside it), and an asynchronous save
-      writes that uninitialised memory; each save also allocates it afresh;
-    - a synchronous save pickles the wrapper class itself (``torch.save`` in
-      ``filesystem.py`` ``_write_item``), which ``torch.load(weights_only=True)`` (the reader,
-      ``FileSystemReader.read_data``) refuses unless torchao's safe globals are registered, so a
-      process that has not imported ``torchao.float8`` would find the checkpoint unreadable.
-    The optimizer's moments are plain already (``zeros_like`` is not preserved either).
+    Checkpoints must not see the wrapper (``WeightWithDynamicFloat8CastTensor``, no storage of
+    its own): async staging would write uninitialised memory, and a sync save would pickle a
+    class ``torch.load(weights_only=True)`` refuses.
+    Why and sources: docs/design/trainer.md#plain_float8_weights
     """
     # The wrapper exists only once torchao's float8 module was imported (by the conversion):
     # otherwise there is nothing to replace, and no reason to import it.

@@ -1,30 +1,11 @@
 """The causal-LM loss without the whole vocabulary's fp32 logits alive at once.
 
-Hugging Face's `ForCausalLM` forward (transformers `models/llama/modeling_llama.py`,
-`LlamaForCausalLM.forward`) applies the LM head to every position, then its loss
-(`loss/loss_utils.py`, `ForCausalLMLoss`) upcasts the whole bf16 logits tensor to fp32 and
-takes a cross-entropy over it. For the 8B stack (2 x 8192 tokens per micro-batch, vocabulary
-128,256) that is 4 GiB of bf16 logits, 8 GiB of fp32 logits and as much again for the saved
-log-softmax and its gradient at the start of backward: ~27 GiB transient of an 80 GiB card
-(`infra.estimates.memory_fit`), which is what forces full activation checkpointing or a smaller
-batch.
-
-The chunked path computes the same mean token loss in slices of `chunk_tokens` positions: one
-autograd function (`_SlicedHeadCrossEntropy`) runs each slice's head matmul, fp32 upcast and
-cross-entropy, and, while that slice's logits are at hand, also their gradient and its two
-matmuls (into the hidden states' gradient and the head's fp32 weight gradient). What is alive
-is one slice's logits, the head's fp32 gradient and the hidden states' gradient; backward
-only scales the two gradients by the gradient of the loss. The head runs the three matmuls
-of Hugging Face's path (forward, grad input, grad weight) and no fourth: recomputing each
-slice's logits in backward instead would cost one more LM-head forward per step (2 x hidden x
-vocab FLOPs per token, ~3.4% of a Llama 3.2 3B step), which counts when nothing is compiled
-(docs/benchmarks.md, "Kernels of one step"). Under `torch.no_grad` (validation) no gradient
-is computed.
-
-It runs inside the model's own forward (`install_chunked_loss` rebinds the instance's
-`forward`): FSDP2's root unit gathers the LM head in its forward pre-hook (torch
-`distributed/fsdp/_fully_shard/_fsdp_state.py`, `_pre_forward`), which fires on `model(...)`
-whatever `forward` is, and the state dict's keys stay the model's own.
+Hugging Face's `ForCausalLMLoss` (transformers `loss/loss_utils.py`) upcasts all bf16 logits to
+fp32 (~27 GiB transient for the 8B stack). The chunked path computes the same mean token loss
+in slices of `chunk_tokens` positions, gradients included in forward (`_SlicedHeadCrossEntropy`),
+so one slice's logits are alive at a time. `install_chunked_loss` rebinds the model's `forward`,
+so FSDP2's root pre-hook still gathers the LM head and the state dict keys stay the model's.
+Why and sources: docs/design/trainer.md#loss
 """
 
 from __future__ import annotations
@@ -50,17 +31,11 @@ def shifted_labels(labels: torch.Tensor) -> torch.Tensor:
 class _SlicedHeadCrossEntropy(torch.autograd.Function):
     """Mean cross-entropy of `hidden @ weight.T` against `targets` over `count` predicted
     positions, one slice of positions at a time, with the gradients computed in forward
-    from each slice's logits (see the module docstring).
+    from each slice's logits.
 
-    Numerically it follows `ForCausalLMLoss` over `LlamaForCausalLM`'s head: the matmul in the
-    compute dtype, the softmax in fp32, the logits' gradient (divided by `count` in fp32)
-    cast to the compute dtype before the gradient matmuls, as autograd does through `.float()`.
-    The head's weight gradient is summed over the slices in fp32 and cast once at the end:
-    summing it in bf16, as autograd would for a weight used once per slice, rounds the running
-    sum at every slice (0.7% relative error at 16 slices, 3% at 256, against 0.5% for the
-    unsliced loss). Backward multiplies both gradients by the loss's incoming gradient (1 for
-    a single micro-batch, 1/accumulation otherwise), so a step with one micro-batch gets the
-    bits that recomputing the logits in backward would give."""
+    Numerically it follows `ForCausalLMLoss` over `LlamaForCausalLM`'s head; the head's weight
+    gradient is summed over slices in fp32 and cast once at the end.
+    Why: docs/design/trainer.md#_slicedheadcrossentropy"""
 
     @staticmethod
     def forward(

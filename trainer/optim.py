@@ -1,15 +1,9 @@
 """AdamW with decoupled weight decay groups, and the warmup + decay learning-rate schedule.
 
-The schedule is defined over 1-based optimizer step numbers ``n = 1 .. max_steps``:
-
-* warmup, ``n <= warmup_steps``: ``lr * n / warmup_steps``. The first step already moves the
-  weights (a schedule that starts at exactly 0 wastes a step);
-* decay, ``warmup_steps < n <= max_steps``: from ``lr`` at the end of warmup down to ``min_lr`` at
-  ``n == max_steps`` (cosine or linear), or flat at ``lr`` ("constant");
-* past ``max_steps`` (only if a caller keeps stepping): held at the value of the last step.
-
-``LambdaLR`` calls its lambda with the number of ``scheduler.step()`` calls so far, which is
-``n - 1`` when the optimizer is about to take step ``n``; the factor function below does the shift.
+The schedule is over 1-based optimizer steps ``n = 1 .. max_steps``: linear warmup from
+``lr / warmup_steps`` (the first step already moves the weights), then cosine, linear or
+constant decay to ``min_lr`` at ``max_steps``, held after. ``LambdaLR`` passes ``n - 1``; the
+factor function does the shift. The full rule: docs/design/trainer.md#optim
 """
 
 from __future__ import annotations

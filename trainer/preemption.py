@@ -1,19 +1,10 @@
 """Stop at a step boundary when the pod is told to go: SIGTERM, checkpoint, exit.
 
-How a pod is told: the kubelet sends SIGTERM to the container's PID 1 (torchrun) when the pod
-is deleted (a spot interruption's drain, a node drain, the job's `activeDeadlineSeconds`, a
-`kubectl delete`) and SIGKILL once `terminationGracePeriodSeconds` has passed. torchrun's
-agent catches the signal and forwards it to every worker, then SIGKILLs them after its own
-shutdown timeout (torch `distributed/elastic/agent/server/api.py` `run` ->
-`_shutdown(e.sigval, timeout=self._shutdown_timeout)`; `distributed/launcher/api.py`: the
-timeout is `--shutdown-timeout` or `TORCH_ELASTIC_SHUTDOWN_TIMEOUT`, default 30 s). The job
-renders both limits long enough for one step and one checkpoint (`infra.job.manifest`).
-
-Why ranks must agree: a spot interruption takes one node, so only that node's ranks are
-signalled, while a checkpoint is a collective every rank must enter. Each step therefore
-all-reduces (MAX) a "stop requested" flag over a gloo group of CPU tensors: started
-asynchronously when the step begins and awaited when it ends, it overlaps the step and never
-touches a GPU stream (no host-device sync).
+The kubelet SIGTERMs torchrun, which forwards it to every worker (torch
+`distributed/elastic/agent/server/api.py` `_shutdown`). A spot interruption signals one node's
+ranks only, so each step all-reduces (MAX) a "stop requested" flag over a gloo group, started
+when the step begins and awaited when it ends: no GPU stream, no host-device sync.
+Why and sources: docs/design/trainer.md#preemption
 """
 
 from __future__ import annotations

@@ -1,25 +1,9 @@
 """Before step 1: are these the GPUs and the network the run was planned for?
 
-A node can come up with a GPU that fails, fewer GPUs visible than requested, or no EFA
-devices (a missing device plugin, a security group that blocks EFA); NCCL then either fails
-at the first collective or, worse, falls back to TCP sockets without a word and the run is
-ten times slower. So every rank checks its own node first:
-
-* `gpus`: the GPUs the pod requested are visible, are the expected model with the expected
-  memory, and compute (a small matmul checked against its known result);
-* `efa`: the node's EFA devices (`/dev/infiniband/uverbs*`, what the EFA device plugin hands
-  a pod) are all there, libfabric is told to use them (`FI_PROVIDER=efa`) and NCCL is told to
-  use the aws-ofi-nccl plugin and nothing else (`NCCL_NET`; the plugin answers to
-  "AWS Libfabric" or "OFI", aws/aws-ofi-nccl `nvidia_plugin_name_fixup`), so a missing plugin
-  is an error at the first collective instead of a silent fallback to sockets;
-* `memlock`: with EFA, the process may lock enough memory for EFA to register NCCL's buffers
-  (RLIMIT_MEMLOCK above the node's memory, or CAP_IPC_LOCK); otherwise `ibv_reg_mr` fails with
-  ENOMEM inside NCCL's first collective, long after the node was paid for;
-
-then all ranks run a short all-reduce and compare its bus bandwidth (the nccl-tests measure:
-bytes x 2(n-1)/n per second) with a floor for the instance type. With `--preflight enforce`
-a failure is one line naming the node, the rank and the check, and an exit with
-`PREFLIGHT_EXIT_CODE` (retryable for the training operator); with `warn` the line is a warning.
+Every rank checks its node (`gpus`, `efa`, `memlock`), so a bad GPU, missing EFA devices or a
+silent NCCL fallback to sockets fail before the run is paid for; then all ranks compare a short
+all-reduce's bus bandwidth with a floor for the instance type. `--preflight enforce` exits with
+`PREFLIGHT_EXIT_CODE` (retryable); `warn` logs. Why and sources: docs/design/trainer.md#preflight
 """
 
 from __future__ import annotations

@@ -1,33 +1,10 @@
 """The trainer's Prometheus metrics: the series of `trainer.telemetry_names`, served per pod.
 
-**One port per pod, eight ranks behind it.** Every rank writes its values with
-prometheus_client's multiprocess mode: each process keeps them in memory-mapped files in one
-directory (`PROMETHEUS_MULTIPROC_DIR`), and local rank 0 serves `/metrics` with a
-`MultiProcessCollector` that reads every process's files at scrape time (prometheus_client
-0.26 `values.py` `MultiProcessValue`, `multiprocess.py` `_accumulate_metrics`). A write is a
-lock and a store into a mmap: no syscall, no thread, nothing on the device. The cost is paid
-at scrape time (reading a few MiB of sparse files) and in what the mode cannot do: no `Enum`
-(the run state is a gauge per state), and a gauge needs a rule for combining processes:
-`mostrecent` here (each rank's series has its own `rank` label, so no two processes write the
-same one; the rule only matters across a restart of the same rank). The alternative, one
-registry per rank on `port + local_rank`, would make every scrape config list eight ports.
-The directory is chosen per torchrun launch (`launch_metrics_dir`: the agent's pid and its
-restart count), so a restarted worker group starts with no files of the dead one, and it is
-set in `python -m trainer` before prometheus_client is imported (`prepare_process`), because
-the library picks its value class at import time.
-
-**Labels** come from where the pod already says them, never from new trainer flags (those
-would change every run id): `stack` from `FSDP_EKS_STACK` (the pod template), `run` from the
-name of `--checkpoint_dir` (the run id), `node` from `NODE_NAME` (downward API `spec.nodeName`)
-and `rank` from the process group. Figures of the whole run (loss, tokens/s, checkpoints,
-restarts) are served by global rank 0 only; what each rank measures itself (its step, the time
-of its last step, step time, data wait, state) by every rank (`MetricName.per_rank`).
-
-**No host-device sync**: values reach this module as Python numbers. The loss, gradient norm
-and skipped-update count come in the logging step's record, after the sync that step makes
-anyway; each step adds only `step_completed` (two host-side gauge writes).
-
-A port in use, or no port (`--metrics_port 0`), costs one warning line; training goes on.
+Every rank writes through prometheus_client's multiprocess mode (prometheus_client 0.26
+`values.py` `MultiProcessValue`) into a per-launch directory; local rank 0 serves `/metrics`.
+Labels come from what the pod already says (`FSDP_EKS_STACK`, the run id, `NODE_NAME`, rank),
+never new flags; values arrive as Python numbers, so no host-device sync. A port in use, or
+`--metrics_port 0`, costs one warning line. Why and sources: docs/design/trainer.md#telemetry
 """
 
 from __future__ import annotations

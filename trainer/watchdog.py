@@ -1,20 +1,10 @@
 """Turn a hang into a restart: no step for too long, dump where every thread is, exit.
 
-One bad GPU or link stalls every rank inside a collective; the collective timeout (30 min,
-`trainer.distributed.DEFAULT_TIMEOUT`) ends that eventually, but a rank that stalls outside
-a collective (a stuck data read, a deadlocked thread) waits forever, holding every GPU of
-the job. The watchdog is a thread that the training loop feeds a heartbeat after each step;
-when no beat has come for `factor` x the recent median step time (never less than `floor_s`,
-which covers a checkpoint save or a validation pass between two beats), it writes every
-thread's Python stack to stderr (`faulthandler.dump_traceback`) and PyTorch's flight recorder
-(the ring of recent collectives per rank, which shows where the ranks disagree) to a file,
-then exits with `HANG_EXIT_CODE`. The training
-operator restarts the pod (>= 128 is retryable under `restartPolicy: ExitCode`, training-
-operator v1.9.0 `pkg/util/train/train_util.go`) and the run resumes from its last checkpoint.
-
-It arms at the first beat: before step 1 the model is still being built, loaded or compiled,
-which the collective and rendezvous timeouts bound. A beat costs a clock read: nothing on the
-GPU, no collective.
+A thread fed a heartbeat after each step; after `factor` x the recent median step time (at
+least `floor_s`) without a beat it dumps every thread's stack and torch's flight recorder and
+exits with `HANG_EXIT_CODE`, which the training operator retries (training-operator v1.9.0
+`pkg/util/train/train_util.go`). It arms at the first beat; a beat is a clock read.
+Why: docs/design/trainer.md#watchdog
 """
 
 from __future__ import annotations

@@ -1,26 +1,10 @@
 """How long a stack's run should take, from the trainer's own FLOPs arithmetic.
 
-A deadline (`job.maxRunHours`) that is shorter than the run kills the job half way: the GPUs
-were paid for and the model is not finished. The estimate here is the trainer's MFU formula
-run backwards, so plan, tests and the trainer's own log line agree on one set of figures:
-
-    hours = max_steps x global batch x context width x FLOPs per token
-            / (GPUs x peak FLOP/s per GPU x MFU) / 3600
-            + checkpoint saves x checkpoint bytes / write throughput  +  start-up allowance
-
-FLOPs per token and the per-GPU bf16 peak come from `trainer.flops` (what `trainer.metrics`
-reports MFU with); a `training.bf16: false` run is timed at the fp32 peak of
-`infra.facts.instances`. Nothing is re-derived here. The MFU is a per-GPU-family assumption with a
-range (`MFU_BY_GPU`), so the plan shows a range and the deadline check uses the expected
-figure. Torch-free: the Pulumi program may import it.
-
-Worked example (tests/infra/test_duration.py, docs/operations.md): `llama31-8b-p5` trains
-3,500 steps x 256 sequences x 8,192 tokens = 7.34B tokens; Llama 3.1 8B costs 57.9
-GFLOP/token at that context by the trainer's formula; 32 H100s at 35% of 989.4 TFLOP/s do
-that in 10.7 h; each of its seven checkpoints holds 96 GB (8.03B parameters x 12 bytes),
-written at the FSx file system's 586 MB/s (250 MB/s per TiB x 2.34 TiB) in 164 s, in the
-background of the next 500 steps (1.5 h) except the last, written whole: 0.05 h; with 0.5 h of
-start-up the run takes ~11.2 h (range 9.4-16.0 h), inside its 12 h deadline.
+A deadline (`job.maxRunHours`) shorter than the run kills it half way. The estimate is the
+trainer's MFU formula run backwards (FLOPs per token and peaks from `trainer.flops`, fp32 peak
+from `infra.facts.instances`), plus checkpoint writes and a start-up allowance; MFU is a
+per-GPU-family range (`MFU_BY_GPU`). Torch-free: the Pulumi program may import it.
+Formula and worked example: docs/design/estimates.md#duration
 """
 
 from __future__ import annotations

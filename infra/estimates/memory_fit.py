@@ -1,48 +1,11 @@
 """Peak GPU memory per GPU of a stack's run, in closed form, before anything is paid for.
 
-A run that does not fit fails at its first step with a CUDA out-of-memory error, after the GPU
-nodes were started, the image pulled and the model initialised. This module estimates the peak
-from the stack config alone (torch-free: the Pulumi program and the plan import it) by
-following what the trainer really does:
-
-* Parameters are built in fp32 (`trainer.models.build_model`, `dtype=torch.float32`) and stay
-  fp32 as FSDP2's sharded "master" copy; `trainer.parallelize.mixed_precision_policy` sets
-  `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`, so each FSDP unit is
-  all-gathered to bf16 for compute and its gradients are reduce-scattered in fp32.
-* AdamW (`trainer.optim.build_optimizer`) keeps `exp_avg` and `exp_avg_sq` in the parameter
-  dtype (fp32) beside each sharded parameter (torch `torch/optim/adamw.py`, `_init_group`).
-* Sharded state is divided by the shard group: all ranks (full, shard_grad_op), the
-  `training.hsdpShardSize` ranks of a shard group (hybrid, default one node's GPUs,
-  `trainer.distributed.build_mesh`), or one (no_shard, a (world, 1) mesh).
-  `training.cpuOffload` keeps all of it in host memory (`CPUOffloadPolicy`).
-* FSDP2 units are the decoder layers plus the root (embeddings, final norm, LM head):
-  `trainer.parallelize.apply_fsdp`. full/hybrid free a layer's gathered weights after its
-  forward except the last layer's; the root stays gathered from the first forward into
-  backward. shard_grad_op/no_shard (`reshard_after_forward=False`) keep every layer gathered
-  from forward into backward.
-* Activations are those the Hugging Face decoder layer saves for backward; with
-  `training.activationCheckpointing` every layer is checkpointed
-  (`trainer.parallelize.apply_activation_checkpointing`): `full` keeps only its input, `op`
-  also attention's and every second matmul's output (`parallelism` resolves `auto`).
-* The loss is computed `loss_chunk_tokens` positions at a time by default (`trainer.loss`),
-  each slice's logits recomputed in backward, so one slice's logits are alive at a time and
-  none after the loss's backward. With `training.extraArgs.loss_chunk_tokens: 0` it is
-  Hugging Face's (transformers `loss/loss_utils.py`, `ForCausalLMLoss`), which upcasts the
-  whole bf16 logits tensor to fp32 (`logits.float()`) before cross-entropy, while the model's
-  output keeps the bf16 logits alive through backward (`trainer.train.forward_backward_step`
-  holds `outputs`).
-
-* `training.precision: fp8` changes none of these terms (`trainer.float8`): torchao's
-  `Float8Linear` keeps each weight, its gradient and the optimizer state in the dtypes above
-  and casts to float8 inside each matmul, and under compile the float8 copies are transient
-  (torchtitan's float8 docs report memory on par with bf16). With the tensorwise recipe and a
-  shard group of several ranks the converted layers' weights are all-gathered in float8, 1
-  byte instead of 2; the estimate keeps 2, an upper bound, because which layers convert is
-  torchao's size filter (`_auto_filter_for_recipe`), which needs torchao to evaluate.
-
-The per-layer and logits coefficients were checked against torch's own FSDP2 memory tracer
-(`torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker`) tracing one real training step
-of the trainer's model on fake tensors: `tests/trainer/test_memory_tracer.py`.
+A run that does not fit fails at its first step, after the GPU nodes started. This estimates
+the peak from the stack config alone (torch-free) by following what the trainer does: fp32
+parameters and AdamW moments sharded over the shard group, bf16 gathered FSDP2 units,
+activations per checkpointing mode, the chunked or Hugging Face loss's logits; fp8 changes no
+term. Coefficients checked against torch's `FSDPMemTracker`: `tests/trainer/test_memory_tracer.py`.
+Term by term, with sources: docs/design/estimates.md#memory_fit
 """
 
 from __future__ import annotations
@@ -84,11 +47,8 @@ NEAR_LIMIT = 0.90
 against torch's tracer) and a longer sequence in a later batch can tip it over."""
 
 # Bytes per token saved for backward by one Hugging Face Llama/Mistral decoder layer in bf16,
-# as multiples of the hidden size, KV width and MLP width: q, k, v after rotary, attention
-# output and o_proj input (6h + 4 kv), the MLP's gate, up, SiLU and product (8 i), the two
-# RMSNorms' fp32 input and bf16 output (12 h), and 9 h more that torch's tracer shows in the
-# norms' fp32 intermediates. Torch's tracer measured 229.5 KB per token for llama3.1-8b
-# (27 x 4096 + 4 x 1024 + 8 x 14336 = 229,376).
+# as multiples of the hidden size, KV width and MLP width (torch's tracer: 229.5 KB per token
+# for llama3.1-8b). The terms: docs/design/estimates.md#layer-activations
 _LAYER_H = 27
 _LAYER_KV = 4
 _LAYER_I = 8

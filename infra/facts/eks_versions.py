@@ -1,27 +1,11 @@
 """Kubernetes (and add-on) versions a created cluster may run, and until when EKS supports each
 at no premium.
 
-EKS bills a cluster whose version is past the end of *standard* support for extended support
-(an extra per-cluster-hour charge) unless its upgrade policy says `STANDARD`, in which case
-EKS upgrades the control plane to the next version instead. Extended support is the default
-for new clusters (`upgradePolicy.supportType` EXTENDED), so a stack that left the policy unset
-would be billed silently once its version aged. The cluster component therefore sets
-`STANDARD` explicitly, and the config model only accepts versions still in standard support
-on the date this table was last checked: a version that already entered extended support
-cannot have its policy set to STANDARD at all ("You can only set the version support policy
-for your clusters while it's running on Kubernetes version in standard support").
-
-Sources (read on `CHECKED_ON`):
-* Amazon EKS user guide, "Amazon EKS Kubernetes release calendar"
-  (https://docs.aws.amazon.com/eks/latest/userguide/kubernetes-versions.html, source
-  awsdocs/amazon-eks-user-guide `latest/ug/versioning/kubernetes-versions.adoc`): 1.29 to 1.34;
-  standard support lasts 14 months from the EKS release, extended support 12 more.
-* 1.35 (EKS release January 2026) is not yet in that copy of the calendar; its dates are from
-  https://endoflife.date/amazon-eks and the AWS APEX "cluster lifecycle" reference (verified
-  there 2026-04-24), and agree with the 14-month rule. Confirm with
-  `aws eks describe-cluster-versions` (`endOfStandardSupportDate`).
-* Upgrade policy behaviour: awsdocs/amazon-eks-user-guide `view-upgrade-policy.adoc` and
-  `disable-extended-support.adoc`.
+New clusters default to extended support (billed extra), so the cluster sets upgrade policy
+`STANDARD` and config accepts only versions in standard support on `CHECKED_ON`. Source: Amazon
+EKS user guide, "Amazon EKS Kubernetes release calendar"
+(https://docs.aws.amazon.com/eks/latest/userguide/kubernetes-versions.html).
+Why and every source: docs/design/facts.md#eks_versions
 """
 
 from __future__ import annotations
@@ -41,7 +25,7 @@ class EksVersion:
 
 
 CHECKED_ON = date(2026, 11, 23)
-"""When the dates below were last read at the sources named in the module docstring."""
+"""When the dates below were last read at the sources named in docs/design/facts.md#eks_versions."""
 
 EKS_VERSIONS: dict[str, EksVersion] = {
     "1.30": EksVersion(date(2024, 5, 23), date(2025, 7, 23), date(2026, 7, 23)),

@@ -1,19 +1,9 @@
 """The node exporters a run installs, pinned, and the metric names each emits.
 
-Dashboards and alert rules are written against these names (`metric_names(exporter)`), so a
-name that is not here is a panel that stays empty. Each name carries the upstream file that
-defines it at the pinned version; the names are stable: renaming one breaks every query.
-
-* `dcgm`: NVIDIA's dcgm-exporter. It emits a metric named after each DCGM field listed in its
-  counters CSV; we ship our own CSV (`DCGM_COUNTERS`, the chart's `customMetrics`) because the
-  default one lists profiling fields (`DCGM_FI_PROF_*`) that need root with CAP_SYS_ADMIN, and
-  lacks the XID count and health status an alert needs.
-* `efa`: per-device EFA counters. The EFA kernel driver exposes them as rdma hw stats of port 1
-  (`/sys/class/infiniband/<device>/ports/1/hw_counters/<name>`); upstream node_exporter's
-  infiniband collector reads that folder through procfs but keeps only Mellanox names, and the
-  awsome-distributed-training EFA exporter has no published image and skips the retransmit
-  counters. So a shell loop in node_exporter's own image writes the counters we name here to
-  node_exporter's textfile collector, which serves them (`EFA_COUNTERS`, `efa_metric_name`).
+Dashboards and alert rules are written against these names (`metric_names(exporter)`); each
+name carries the upstream file that defines it at the pinned version. `dcgm`: dcgm-exporter with
+our own counters CSV (`DCGM_COUNTERS`); `efa`: EFA hw_counters written by a shell loop to
+node_exporter's textfile collector (`EFA_COUNTERS`). Why: docs/design/facts.md#exporter_metrics
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """Facts about the GPU instance types a stack may ask for.
 
-Config validation needs these offline (no AWS call before a stack is accepted), and the node
-group, the PyTorchJob's resource requests and the cost estimate must all agree on them, so
-they live in one table. EFA interface counts equal the instance's network cards (AWS EC2
-user guide, "EFA supported instance types"); at deploy time the cluster component can
-confirm them with `aws.ec2.get_instance_type` (`efa_maximum_interfaces`).
-
-SageMaker HyperPod EKS nodes are the same hardware under SageMaker's names: the kubelet's
-`node.kubernetes.io/instance-type` label carries `ml.p5.48xlarge`, not `p5.48xlarge` (AWS's
-own HyperPod Helm chart selects the NVIDIA and EFA device plugins' nodes by exactly those
-values: aws/sagemaker-hyperpod-cli `helm_chart/HyperPodHelmChart/values.yaml`, and its
-`charts/health-monitoring-agent/templates/health-monitoring-agent.yaml`). So an `ml.` type
-of a family below has that family's facts; what it costs is SageMaker's price, not EC2's
-(`infra.facts.prices` has no `ml.` prices). A stack can only use them on an existing cluster:
-HyperPod creates its nodes itself.
+Config validation needs these offline, and the node group, the job's requests and the cost
+estimate must agree, so they live in one table (EFA counts: AWS EC2 user guide, "EFA supported
+instance types"). An `ml.` (SageMaker HyperPod) type has its family's facts, existing clusters
+only. Why and sources: docs/design/facts.md#instances
 """
 
 from __future__ import annotations

@@ -1,30 +1,11 @@
 """What a GPU node costs per hour: a list-price table kept in the repo, each price sourced.
 
-A reviewer approves an experiment partly on its price, and the policy pack blocks a stack whose
-estimate exceeds its ceiling, so the numbers must be traceable: every price names its source
-and the date it was read. They are **list prices for us-east-1, Linux, per instance-hour**.
-US East (Ohio) and US West (Oregon) usually list the same (the snapshots show it for
-p5en.48xlarge); other regions, discounts and savings plans differ, which is what
-`fsdp-eks:cost.usdPerInstanceHour` is for.
-
-How each capacity type is priced, and why:
-
-* `on-demand`: the table.
-* `reservation` (On-Demand Capacity Reservation): billed at the On-Demand rate whether or not
-  instances run in it, so the table again.
-* `spot`: the On-Demand price as an upper bound. Spot prices move every few minutes and the
-  default maximum price of a spot request is the On-Demand price, so a ceiling checked
-  against it holds whatever the market does; the real bill is usually far lower.
-* `block` (Capacity Block for ML): AWS sets these prices dynamically and quotes the exact
-  upfront fee at purchase. No dated figure we could verify is kept here, so the On-Demand
-  price stands in as a proxy (Capacity Block rates have been below On-Demand ones); put the
-  quoted rate in `cost.usdPerInstanceHour` for a real number.
-
-The run's cost is the GPU nodes'. What the stack bills while it exists, run or no run (the
-EKS control plane, the system nodes and their disks, the NAT gateway, the FSx file system, the
-secrets key), is priced separately from the tables at the end (`STANDING_PRICES`,
-`SYSTEM_NODE_USD_PER_HOUR`, `FSX_PERSISTENT_2_USD_PER_GB_MONTH`): the standing cost per day
-until `pulumi destroy` (`infra.estimates.cost.standing_cost`).
+**List prices for us-east-1, Linux, per instance-hour**, each naming its source and date;
+`fsdp-eks:cost.usdPerInstanceHour` overrides. reservation and spot are priced at the On-Demand
+rate (spot as an upper bound), block at On-Demand as a proxy. What the stack bills while it
+exists is priced from `STANDING_PRICES`, `SYSTEM_NODE_USD_PER_HOUR` and
+`FSX_PERSISTENT_2_USD_PER_GB_MONTH` (`infra.estimates.cost.standing_cost`).
+Why each capacity type is priced so: docs/design/facts.md#prices
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
 """The image build as a Pulumi resource: `pulumi up` starts CodeBuild, waits, and gets a digest.
 
-Two layers, so that the AWS logic can be tested against a real AWS API emulator:
-
-* `CodeBuildImageBuilder` — plain boto3: find an already-pushed image by its content tag,
-  start a build, poll it with progress lines, and on failure raise `ImageBuildError` carrying
-  the failed phase and the tail of the build's CloudWatch log. Clients come from a
-  `boto3.Session` and an optional endpoint URL, so tests point it at moto on loopback.
-* `ImageBuildProvider` / `ImageBuild` — the Pulumi dynamic provider around it. The content
-  tag (a hash of the build sources and build settings) is the only trigger: an unchanged tag
-  diffs as no change, so `pulumi up` never rebuilds for nothing; a new tag is an update that
-  builds again. Deleting the resource leaves the pushed images alone (the repository's
-  lifecycle policy retires them, and a past run may still reference one).
-
-The provider runs in Pulumi's dynamic-provider process with the deployer's AWS credentials
-(the default boto3 chain, or `aws_profile`), in the region passed as an input. Besides what the
-rest of the stack needs, the deployer must be allowed codebuild:StartBuild, BatchGetBuilds and
-ListBuildsForProject on the project, ecr:DescribeImages on the repository,
-logs:GetLogEvents on the build's log group and s3:GetObject on the source archive (it checks
-that the archive still exists before starting a build).
+`CodeBuildImageBuilder` is plain boto3 (testable against moto); `ImageBuildProvider` /
+`ImageBuild` is the Pulumi dynamic provider around it, triggered only by the content tag.
+Deleting it leaves pushed images alone. The deployer needs codebuild:StartBuild,
+BatchGetBuilds, ListBuildsForProject, ecr:DescribeImages, logs:GetLogEvents and s3:GetObject.
+Why: docs/design/image.md#build
 """
 
 from __future__ import annotations

@@ -1,28 +1,10 @@
 """`TrainerImage`: the trainer image the job runs, pinned by digest.
 
-With `image.uri` set, the component is a pass-through: the user's own image, nothing created.
-Otherwise it owns the whole pipeline:
-
-  ECR repository   scan on push, immutable tags (except the build-cache tag), lifecycle
-                   policy keeping the last N images
-  S3 bucket        the build source (versioned, encrypted, private), old sources expire
-  source archive   exactly the files the image needs (`infra.image.source`), named by the
-                   image's content tag
-  CodeBuild        privileged (Docker builds), log group with retention, timeout and size
-                   from config, an IAM role scoped to this repository, bucket and log group
-  ImageBuild       the dynamic resource that runs the build when the content tag changed and
-                   waits for it (`infra.image.build`)
-
-The content tag is a hash of the source archive plus every build setting, so `pulumi up`
-rebuilds exactly when the image would differ, and `image_uri` (repository@sha256:...) changes
-only then: the training job is never left on a stale image and never restarted for nothing.
-
-Construct it in `infra/program.py` as
-
-    image = TrainerImage("trainer-image", TrainerImageArgs(
-        config=stack.image, name_prefix=f"fsdp-eks-{pulumi.get_stack()}"))
-
-and give the job `image.image_uri`.
+With `image.uri` set, a pass-through; otherwise it owns the pipeline: ECR repository, S3 source
+bucket, source archive (`infra.image.source`), CodeBuild project and the `ImageBuild` that runs
+it (`infra.image.build`). The content tag hashes the sources and every build setting, so
+`image_uri` changes exactly when the image would differ. Built in `infra/program.py`; the job
+gets `image.image_uri`. Details: docs/design/image.md#trainer_image
 """
 
 from __future__ import annotations
@@ -300,13 +282,10 @@ class TrainerImage(pulumi.ComponentResource):
         aws.s3.BucketLifecycleConfiguration(
             f"{name}-source-lifecycle",
             bucket=bucket.id,
-            # Archives are content-addressed: every change adds a key and nothing overwrites
-            # an old one, so without expiring current versions every archive ever uploaded
-            # would stay. In a versioned bucket an expired current version becomes noncurrent
-            # behind a delete marker; the noncurrent rule then removes it, and with a Days
-            # expiration S3 also removes the delete markers left alone
-            # (docs.aws.amazon.com/AmazonS3/latest/userguide/lifecycle-expire-general-
-            # considerations.html, .../ManagingDelMarkers.html).
+            # Archives are content-addressed (nothing overwrites one), so current versions
+            # must expire too; the noncurrent rule and S3 then remove them and their delete
+            # markers (docs.aws.amazon.com/AmazonS3/latest/userguide/ManagingDelMarkers.html).
+            # Detail: docs/design/image.md#source-archive-expiry
             rules=[
                 {
                     "id": "expire-build-sources",
@@ -399,13 +378,9 @@ def role_statements(
     """What the build may do: write its log, read its source, push to its own repository."""
     statements: list[aws.iam.GetPolicyDocumentStatementArgsDict] = [
         {
-            # CodeBuild's documented minimum for logs is CreateLogGroup, CreateLogStream and
-            # PutLogEvents (https://docs.aws.amazon.com/codebuild/latest/userguide/
-            # setting-up-service-role.html; aws-cdk's codebuild Project grants the same three on
-            # /aws/codebuild/<project>, project.ts createLoggingPermission). The group is owned
-            # here with a retention, so CreateLogGroup only ever meets an existing group; it is
-            # scoped to that one name, so a group CodeBuild recreated after someone deleted it
-            # is the same group, never another.
+            # CodeBuild's documented minimum for logs, scoped to the one group owned here
+            # (https://docs.aws.amazon.com/codebuild/latest/userguide/
+            # setting-up-service-role.html). Detail: docs/design/image.md#build-log-permissions
             "sid": "BuildLogs",
             "actions": LOG_ACTIONS,
             "resources": [log_group_arn, f"{log_group_arn}:*"],

@@ -1,30 +1,10 @@
 """The EKS cluster the job runs on: created and owned by the stack, or an existing one by name.
 
-`create`: a pulumi-eks cluster in API authentication mode (access entries only, no aws-auth
-ConfigMap), Kubernetes secrets envelope-encrypted with a KMS key, control-plane logs in a log
-group the stack owns (so `pulumi destroy` removes it), the IAM OIDC provider and the Pod
-Identity agent, a CPU system node group for add-ons and operators, the GPU node group, and
-CoreDNS and the node monitoring agent as EKS add-ons that follow the Kubernetes version.
-
-`existing`: `aws.eks.get_cluster` by name and a Kubernetes provider built from it; optionally
-the outputs of the platform stack that created it. Nothing of the cluster is registered, so the
-stack can never change or delete it; only the Pod Identity agent add-on when explicitly asked.
-
-In both modes the Kubernetes provider's kubeconfig is built here from the EKS look-up, signed
-with the stack's `aws:profile` and `cluster.adminRoleArn` (infra/job/kubeconfig.py says why),
-and a created cluster runs a version in standard support with upgrade policy STANDARD
-(infra/facts/eks_versions.py).
-
-Construct (after `Network` in create mode; no network in existing mode):
-
-    cluster = Cluster("platform", ClusterArgs(cluster=config.cluster,
-                                              gpu_nodes=config.gpu_nodes,
-                                              network=network))
-    # kubernetes resources: opts=ResourceOptions(provider=cluster.k8s_provider)
-    # the job: depends_on=cluster.ready
-
-A stack that other stacks reference with `cluster.platformStack` should export `clusterName`,
-`vpcId`, `gpuSubnetId`, `clusterSecurityGroupId` and `oidcProviderArn` from these attributes.
+`create`: a pulumi-eks cluster (access entries only, KMS-encrypted secrets, owned log group,
+OIDC provider, Pod Identity agent, system and GPU node groups, EKS add-ons). `existing`:
+`aws.eks.get_cluster` by name, nothing registered. In both the Kubernetes provider's kubeconfig
+is built here (infra/job/kubeconfig.py says why); versions per infra/facts/eks_versions.py.
+Construction and the exports other stacks read: docs/design/platform.md#cluster
 """
 
 from __future__ import annotations
@@ -292,11 +272,8 @@ class Cluster(pulumi.ComponentResource):
             encryption_config_key_arn=key_arn,
             enabled_cluster_log_types=list(config.log_types),
             create_oidc_provider=True,
-            # The VPC CNI enforces NetworkPolicy only when its add-on says so (chart
-            # aws/amazon-vpc-cni-k8s v1.23.0 `enableNetworkPolicy: "false"`), and pulumi-eks
-            # writes the key into the add-on's configuration only when given (v4.3.0
-            # `nodejs/eks/addons/cni-addon.ts` `mergeConfigurationValues`): without it the
-            # job's and the operator's policies are stored and change nothing.
+            # Without it the VPC CNI enforces no NetworkPolicy (chart aws/amazon-vpc-cni-k8s
+            # v1.23.0 `enableNetworkPolicy: "false"`): docs/design/platform.md#network-policy
             vpc_cni_options=eks.VpcCniOptionsArgs(enable_network_policy=True),
             service_role=service_role,
             skip_default_node_group=True,
@@ -325,14 +302,10 @@ class Cluster(pulumi.ComponentResource):
 
         system = config.system_nodes
         system_role = node_role(f"{name}-system-nodes", parent=self, tags=tags)
-        # Our own launch template: pulumi-eks's, made for `enable_imd_sv2`, sets IMDS hop limit
-        # 2 (v4.3.0 `nodejs/eks/nodes/nodegroup.ts` `createMNGCustomLaunchTemplate`), and so
-        # does the one EKS makes without any: every pod on a system node could then read the
-        # node role's credentials. Nothing there needs IMDS from the pod network: the
-        # autoscaler has its region from the chart (`awsRegion`), the FSx CSI controller falls
-        # back to the Kubernetes API (aws-fsx-csi-driver v1.9.0 `pkg/cloud/metadata.go`
-        # `NewMetadataService`), the CNI, kube-proxy and the Pod Identity agent run on the host
-        # network. No image_id: EKS adds its own bootstrap to the nodes' user data.
+        # Our own launch template, IMDS hop limit 1: pulumi-eks's (v4.3.0 `nodejs/eks/nodes/
+        # nodegroup.ts` `createMNGCustomLaunchTemplate`) and EKS's set 2, letting every pod read
+        # the node role's credentials. No image_id: EKS adds its own bootstrap to the user data.
+        # Why nothing there needs IMDS: docs/design/platform.md#system-node-imds
         system_template = aws.ec2.LaunchTemplate(
             f"{name}-system-lt",
             description=f"System nodes ({system.instance_type}) for EKS",

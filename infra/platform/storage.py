@@ -1,31 +1,11 @@
 """Storage for a training run: the S3 bucket, FSx for Lustre linked to it, and the job's claim.
 
-The bucket is the durable home of datasets and checkpoints; FSx for Lustre is the fast POSIX
-view every pod mounts, linked to the bucket through a data repository association so objects
-appear in Lustre lazily and files written there (checkpoints) are exported back to S3. The FSx
-CSI driver runs as the EKS add-on with a Pod Identity role, and a static PersistentVolume and
-claim point at the file system by `dns_name`/`mount_name`, so no StorageClass can provision a
-surprise second file system.
-
-Data policy (`storage.dataPolicy`): `retain` (default) leaves the bucket, its hardening and the
-file system in the account on `pulumi destroy`; `delete` empties and removes them. A retained
-file system would keep its network interfaces in the GPU subnet and block the deletion of a
-VPC the stack itself created, so in that case only the bucket is retained; what survives of
-the file system is what auto-export has written to the bucket (continuously, usually within
-minutes of a file being closed).
-
-Construction (STACK's `__main__`), after `Cluster`:
-
-    storage = Storage("storage", StorageArgs(
-        config=stack.storage, cluster_name=cluster.name, k8s_provider=cluster.k8s_provider,
-        namespace=namespace.name,  # an output of the job's Namespace: the claim waits for it
-        vpc_id=cluster.vpc_id, subnet_id=cluster.gpu_subnet_id,
-        client_security_group_ids=[cluster.cluster_security_group_id],
-        cluster_ready=cluster.ready,
-        owns_network=stack.cluster.mode == "create" and stack.cluster.network.creates_vpc))
-
-and the job mounts `storage.pvc_name` at `storage.mount_path` (both None without FSx) and
-depends on `storage.ready`.
+The bucket is the durable home of data and checkpoints; FSx for Lustre, linked to it by a data
+repository association, is the POSIX view every pod mounts through a static PV and claim (no
+StorageClass, no surprise second file system). `storage.dataPolicy` `retain` (default) keeps
+them on destroy (only the bucket when the stack owns the VPC); `delete` removes them. The job
+mounts `pvc_name` at `mount_path` and depends on `ready`.
+Why and construction: docs/design/platform.md#storage
 """
 
 from __future__ import annotations
@@ -222,12 +202,10 @@ class Storage(pulumi.ComponentResource):
             # The data lives in S3 (auto-export); a final backup would only add cost.
             skip_final_backup=True,
             tags={**args.tags, "Name": f"{pulumi.get_stack()}-fsx"},
-            # CreateFileSystem checks the groups' rules for LNet (TCP 988, 1018-1023) there and
-            # then and fails with InvalidNetworkSettings ("... do not permit Lustre LNET network
-            # traffic on port 988") if they are not in place yet: https://docs.aws.amazon.com/
-            # fsx/latest/LustreGuide/cannot-create-fs.html. `security_group_ids` only orders the
-            # file system after the group, not after its rules, which are separate resources
-            # created concurrently (the same race: aws/aws-parallelcluster#6181).
+            # CreateFileSystem fails if the groups' LNet rules are not in place yet, and
+            # `security_group_ids` orders it only after the group (https://docs.aws.amazon.com/
+            # fsx/latest/LustreGuide/cannot-create-fs.html; aws/aws-parallelcluster#6181).
+            # Detail: docs/design/platform.md#fsx-after-its-security-group-rules
             opts=self._opts(depends_on=rules, **keep),
         )
         # A prefix is a directory, as `scripts/cli/run_target.py` reads it back: without the

@@ -3,34 +3,11 @@
     python scripts/bench/checkpoint_stall.py                          # GPU: 8 GB of state per rank
     python scripts/bench/checkpoint_stall.py --state-gb 1 --s3-state-gb 0.25   # a CPU-sized run
 
-One process (a gloo world of one, with NCCL beside it on a GPU) trains a stack of square
-linear layers holding `--state-gb` of checkpoint state (fp32 weights and AdamW's two moments,
-12 bytes per parameter, as the real models' DCP state) and saves it `--saves` times with the
-trainer's own checkpoint manager (trainer.checkpoint). Three ways of saving are compared, each
-on a directory (under the temp dir) and on S3 (s3torchconnector against moto's S3 server in a
-subprocess, so its absolute times are this machine's, not S3's):
-
-* `sync`: the whole write inside `save()` (`--async_checkpoint 0`);
-* `torch default`: `dcp.async_save` as torch sets it up when given no stager, the trainer's
-  previous way: the storage writer stages (both writers are a `BlockingAsyncStager`), a fresh
-  host copy of the state at every save, and the write in a thread of the training process
-  (no marker written: it is the baseline);
-* `async`: the trainer's way, host buffers staged once (pinned on a GPU) and the write in a
-  separate process (trainer.checkpoint_upload).
-
-Per save it measures, and prints as medians:
-
-* blocked: how long `save()` held the training loop (`blocked first`: the first save, which
-  allocates the staging buffers and starts the upload process; `blocked`: the later ones);
-* overlap slowdown: how much slower the steps taken while the upload runs are than the steps
-  of a window without a save (`--steps` each; each step synchronizes the device);
-* durable: from the save's start to the checkpoint being complete (for `async`, the marker
-  written by rank 0's publisher).
-
-GPU targets (issue 23): blocked <= 1 s per save up to 10 GB of state per rank, overlapping
-steps <= 5% slower. On a CPU the upload process competes with the training steps for the same
-cores, so the slowdown there says little about a GPU node, where the steps run on the GPU.
-Also prints the hang watchdog's cost per step. Prints a table, then one JSON line.
+Saves `--state-gb` of state `--saves` times with the trainer's checkpoint manager, `sync`,
+`torch default` and `async`, on a directory and on S3 (moto), and prints median blocked time,
+overlap slowdown and time to durable: a table, then one JSON line. GPU targets (issue 23):
+blocked <= 1 s per save up to 10 GB per rank, overlapping steps <= 5% slower.
+Method: docs/design/bench.md#checkpoint_stall
 """
 
 from __future__ import annotations

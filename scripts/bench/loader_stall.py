@@ -3,15 +3,9 @@
     python scripts/bench/loader_stall.py                     # 1000 versus 64 documents per map call
     python scripts/bench/loader_stall.py --step_ms 102 --steps 300 --map_batch 64
 
-The trainer's own loader (`trainer.data.build_train_loader`: datasets' lazy batched `map`
-tokenising, the packer, the read-ahead thread of `--num_workers` batches) feeds a consumer that
-stands in for the GPU: it takes a batch, then sleeps `--step_ms` (a 1B model's step on an
-H100 is ~0.1 s) while the read-ahead thread keeps tokenising. The stall share is the
-time spent waiting in `next()` over the whole loop. The corpus is generated here (documents
-of 200-2000 words drawn from a fixed word list, as long as web text) and the tokenizer is the
-project's tiny byte-level BPE (`trainer.tiny_assets`, a Rust fast tokenizer like Llama's), so
-the figures are this machine's; what carries over is the ratio between map batch sizes.
-Prints one line per setting, then a JSON line.
+The trainer's own loader feeds a consumer that sleeps `--step_ms` per batch; the stall share
+is the time spent in `next()`. Prints one line per setting, then a JSON line.
+Method: docs/design/bench.md#loader_stall
 """
 
 from __future__ import annotations

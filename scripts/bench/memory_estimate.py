@@ -4,19 +4,9 @@
     torchrun --nproc_per_node=2 scripts/bench/memory_estimate.py --worker --model tiny --layers 4 \
         --batch_size 4 --seq_len 512                     # one case (what the table runs)
 
-Each case runs the trainer's own pieces on the CPU with gloo (`trainer.distributed`,
-`trainer.models`, `trainer.parallelize`, `trainer.optim`, the model's own loss, gradient
-clipping) for a few steps on synthetic tokens, in fp32 (bf16 matmuls are slow on CPUs without
-bf16 units), and reads the process's peak resident memory
-(`resource.getrusage(RUSAGE_SELF).ru_maxrss`) twice: once after the imports, the process group
-and the synthetic batch exist but before the model is built (the baseline), and once after the
-steps. The difference is what the model and its training added: the figure
-`infra.estimates.memory_fit.estimate` predicts (its tensor terms; the CUDA context and fragmentation
-allowance do not exist on a CPU). Every rank reports; the table shows the largest.
-
-RSS is not the allocator's view: glibc keeps freed blocks, Python objects and the kernels'
-scratch buffers count too, so a few MiB of difference on small models is the method's noise.
-Prints a table, then one JSON line (the last line of stdout).
+Each case runs the trainer's pieces on CPU with gloo and compares the peak RSS growth over a
+baseline with `infra.estimates.memory_fit.estimate`. Prints a table, then one JSON line.
+Method and its noise: docs/design/bench.md#memory_estimate
 """
 
 from __future__ import annotations

@@ -3,21 +3,9 @@
     python scripts/bench/step_ops.py                     # table + JSON line, CPU, seconds
     python scripts/bench/step_ops.py --num_layers 4 --vocab_size 4096 --seq_len 128
 
-Without torch.compile every aten op is (at least) one GPU kernel, and the ops that are not
-matmuls are bound by memory bandwidth, so what a step costs beyond its matmul FLOPs is what
-these counts show. A dispatch mode records every aten op of one step (forward, backward,
-clipping, optimizer) after a warm-up step, in three set-ups of the same model shape and tokens:
-
-- `plain`: what a user writes: Hugging Face `LlamaForCausalLM`, fp32 weights, bf16 autocast,
-  SDPA, `ForCausalLMLoss`, fused AdamW, `clip_grad_norm_`;
-- `trainer`: the trainer's own pieces, as its uncompiled path runs them on one GPU: FSDP2
-  (`--sharding_strategy full`, bf16 compute, fp32 reduce), the chunked loss, fused AdamW on the
-  sharded parameters (as on CUDA), the trainer's clipping;
-- `trainer_shard_grad_op`: the same with `--sharding_strategy shard_grad_op`, which keeps the
-  gathered bf16 weights from forward to backward.
-
-Prints a table of counts by kind and the bytes the non-matmul ops read and write (a proxy for
-their time on a GPU), then one JSON line. CPU only, no process group needed (one rank).
+Records every aten op of one step (a dispatch mode, after a warm-up step) for `plain`,
+`trainer` and `trainer_shard_grad_op` and prints counts by kind and the bytes non-matmul ops
+move, then one JSON line. CPU only, one rank. Method: docs/design/bench.md#step_ops
 """
 
 from __future__ import annotations

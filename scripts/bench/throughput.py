@@ -5,19 +5,9 @@
         --batch_size 2 --steps 20 --warmup_steps 5 --compile 1 --activation_checkpointing off
     python scripts/bench/throughput.py --model tiny --seq_len 256 --batch_size 4 --device cpu
 
-It runs the trainer's own pieces, not a copy of them: the preset shapes, model construction on
-the meta device, float8 layers / activation checkpointing / compile / FSDP2
-(`trainer.parallelize`), AdamW (`trainer.optim`), gradient clipping and the MFU arithmetic
-(`trainer.metrics`). Only the data is synthetic (uniform random tokens, generated on the
-device), so the figures are the model's and the parallelism's, not the input pipeline's. The
-first `--warmup_steps` steps (allocator warm-up, torch.compile) are not timed.
-
-`--loop plain` runs instead what a user would write without this trainer, as the baseline:
-Hugging Face's model of the same preset shape with fp32 weights, bf16 autocast, SDPA, its own
-loss over the full logits, fused AdamW (on CUDA), gradient clipping and, with `--compile 1`,
-`torch.compile` of the whole model; same tokens, same FLOPs formula, one process.
-
+Runs the trainer's own pieces on synthetic tokens (`--loop plain`: a Hugging Face baseline).
 Prints a table, then one JSON line (the last line of stdout) for scripts to parse.
+Method: docs/design/bench.md#throughput
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ def test_llama31_8b_on_32_h100_by_hand() -> None:
 
 
 def test_the_worked_example_of_the_docs() -> None:
-    """infra/estimates/duration.py's docstring and docs/plan.md: llama31-8b-p5 as shipped."""
+    """docs/design/estimates.md#duration and docs/operations.md: llama31-8b-p5 as shipped."""
     estimate = estimate_duration(load_stack_file("llama31-8b-p5"))
     assert estimate.tokens == 3_500 * 256 * 8192
     assert estimate.flops_per_token == pytest.approx(57.9e9, rel=1e-3)
