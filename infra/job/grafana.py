@@ -78,14 +78,13 @@ class GrafanaPlan:
         return f"/d/{self.dashboard_uid}"
 
     def summary(self) -> str:
+        """One line for the plan: where `fsdp-eks dashboard --open` shows the run, and why."""
         where = {
-            "in-cluster": f"in-cluster (chart {GRAFANA_CHART_VERSION}, Grafana "
-            f"{GRAFANA_IMAGE_TAG}, namespace {self.namespace}; `fsdp-eks dashboard --open` "
-            "port-forwards to it)",
-            "managed": f"Amazon Managed Grafana at {self.workspace_url}",
-            "none": "none (the dashboard as a file: `fsdp-eks dashboard`)",
+            "in-cluster": f"in-cluster {GRAFANA_IMAGE_TAG} (`fsdp-eks dashboard --open`)",
+            "managed": f"Amazon Managed Grafana {self.workspace_url}",
+            "none": "none, the dashboard as a file",
         }[self.mode]
-        return f"{where}: {self.reason}"
+        return f"{where}; {self.reason}"
 
 
 def metrics_namespace(job_name: str) -> str:
@@ -114,9 +113,7 @@ def grafana_plan(plan: RunPlan) -> GrafanaPlan:
     if obs.grafana == "none":
         return GrafanaPlan(mode="none", reason="observability.grafana", **common)
     if not amp:
-        return GrafanaPlan(
-            mode="none", reason="auto: the metrics are not in a workspace here", **common
-        )
+        return GrafanaPlan(mode="none", reason="auto: no metrics in a workspace", **common)
     if config.cluster.mode != "create":
         return GrafanaPlan(
             mode="none",
@@ -125,7 +122,7 @@ def grafana_plan(plan: RunPlan) -> GrafanaPlan:
             **common,
         )
     return GrafanaPlan(
-        mode="in-cluster", reason="auto: a created cluster with an AMP workspace", **common
+        mode="in-cluster", reason="auto: a created cluster, metrics in AMP", **common
     )
 
 
