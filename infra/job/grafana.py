@@ -36,8 +36,8 @@ source (Grafana docs, "Migrate from Prometheus SigV4 to Amazon Managed Service f
 Prometheus"), which would need a plugin downloaded from grafana.com."""
 
 RELEASE_NAME = "grafana"
-"""The Helm release, and with `fullnameOverride` the Deployment, Service, admin Secret and
-ServiceAccount the chart names after it (chart `_helpers.tpl` `grafana.fullname`)."""
+"""The Helm release, and the Deployment, Service and admin Secret the chart names after it: a
+release name that contains the chart's name is the full name (`_helpers.tpl` `grafana.fullname`)."""
 SERVICE_ACCOUNT = RELEASE_NAME
 SERVICE_PORT = 80
 CONTAINER_PORT = 3000
@@ -196,7 +196,6 @@ def grafana_values(
     ClusterIP only, no Ingress, non-root with a read-only root file system, no Kubernetes API
     access (no sidecars: the dashboard and data source are files), no outbound calls but AMP."""
     return {
-        "fullnameOverride": RELEASE_NAME,
         "image": {"tag": GRAFANA_IMAGE_TAG},
         "service": {"type": "ClusterIP", "port": SERVICE_PORT, "targetPort": CONTAINER_PORT},
         "ingress": {"enabled": False},
