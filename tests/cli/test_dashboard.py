@@ -13,6 +13,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import boto3
 import pytest
 import yaml
 
@@ -21,6 +22,8 @@ from infra.estimates.run_plan import plan_run
 from infra.job.dashboard import dashboard_uid, stack_dashboard
 from infra.job.grafana import metrics_namespace
 from scripts.cli.main import main
+from tests.cli.conftest import set_answers
+from tests.s3_server import s3_environment
 
 
 def test_writes_the_plans_dashboard_and_says_how_to_import_it(
@@ -57,6 +60,9 @@ FAKE_KUBECTL = """#!{python}
 import http.server, json, signal, sys
 log = open({log!r}, "a")
 log.write(json.dumps(sys.argv[1:]) + "\\n"); log.flush()
+if "--kubeconfig" in sys.argv:
+    kubeconfig = open(sys.argv[sys.argv.index("--kubeconfig") + 1]).read()
+    log.write(json.dumps({{"kubeconfig": kubeconfig}}) + "\\n"); log.flush()
 if {fail!r}:
     print('error: services "grafana" not found', file=sys.stderr)
     sys.exit(1)
@@ -83,7 +89,7 @@ printf '%s\\n' "$1" >> {record}
 def _tools(tmp_path: Path, *, fail: bool = False) -> dict[str, str]:
     """kubectl on PATH and $BROWSER, both fakes that record what they were given."""
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
+    bin_dir.mkdir(exist_ok=True)  # fake_cli's `pulumi` and `aws` may be there already
     kubectl = bin_dir / "kubectl"
     kubectl.write_text(
         FAKE_KUBECTL.format(python=sys.executable, log=str(tmp_path / "kubectl.log"), fail=fail)
@@ -213,3 +219,51 @@ def test_open_without_a_deployed_grafana_says_to_deploy_first(
         "fsdp-eks dashboard: stack 'llama31-8b-p5' has no in-cluster Grafana deployed: run "
         "`pulumi up -s llama31-8b-p5` first (or pass --context CONTEXT for a cluster of yours)"
     )
+
+
+def test_open_reaches_the_stacks_own_cluster_as_pulumi_up_does(
+    tmp_path: Path, fake_cli: Path, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without --context: the stack's outputs name the cluster, EKS (moto's server) describes
+    it, and kubectl gets that kubeconfig in a private file that is gone afterwards."""
+    for key, value in s3_environment(s3_endpoint).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    eks = boto3.session.Session(region_name="us-west-2").client("eks")
+    created = eks.create_cluster(
+        name="gpu-p5",
+        roleArn="arn:aws:iam::123456789012:role/eks",
+        resourcesVpcConfig={"subnetIds": ["subnet-1", "subnet-2"]},
+    )["cluster"]
+    update = "aws eks update-kubeconfig --name gpu-p5 --region us-west-2"
+    set_answers(
+        fake_cli,
+        outputs={
+            "clusterName": "gpu-p5",
+            "grafana": {"mode": "in-cluster"},
+            "kubectl": {"updateKubeconfig": update},
+        },
+    )
+    env = _tools(tmp_path)
+    out = tmp_path / "run.json"
+    command = _fsdp_eks(env, "dashboard", "llama31-8b-p5", "--open", "-o", str(out))
+    url = _opened(tmp_path, command)
+    command.send_signal(signal.SIGINT)
+    stdout, stderr = command.communicate(timeout=60)
+    assert command.returncode == 0, stderr
+    namespace = metrics_namespace("llama31-8b-p5")
+    assert stdout.splitlines()[3:] == [
+        f"sign in as admin; the password: kubectl -n {namespace} get secret grafana -o "
+        "jsonpath='{.data.admin-password}' | base64 -d",
+        f"  (kubectl on this cluster: {update})",
+        "port-forward stopped",
+    ]
+    argv, kubeconfig, stopped = (tmp_path / "kubectl.log").read_text().splitlines()
+    flags = json.loads(argv)
+    assert flags[0] == "--kubeconfig" and flags[2:4] == ["port-forward", "--namespace"]
+    assert not Path(flags[1]).exists()  # removed when the command ended
+    document = yaml.safe_load(json.loads(kubeconfig)["kubeconfig"])
+    [entry] = document["clusters"]
+    assert entry["cluster"]["server"] == created["endpoint"]
+    assert stopped == "terminated"
+    assert url.startswith("http://127.0.0.1:")
