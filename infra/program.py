@@ -1,12 +1,12 @@
 """The Pulumi program: one stack config in, one training run's resources out.
 
 Read top-down it is the architecture: config → network → cluster → namespace → storage,
-add-ons, the run's metrics (exporters and their collector), the GPU lease (autoscaler), the
-run's S3 access (no FSx) and image → the PyTorchJob → outputs. It lives in a function (called
-by the root `__main__.py`) so that tests and the offline plan can evaluate it repeatedly under
-the mock runtime. The config is read from the engine, parsed and checked first (the run plan's
-memory, deadline and cost, and the whole-stack checks): a bad stack file raises before any
-resource is registered.
+add-ons, the run's metrics (exporters and their collector) and the Grafana that shows them,
+the GPU lease (autoscaler), the run's S3 access (no FSx) and image → the PyTorchJob → outputs.
+It lives in a function (called by the root `__main__.py`) so that tests and the offline plan
+can evaluate it repeatedly under the mock runtime. The config is read from the engine, parsed
+and checked first (the run plan's memory, deadline and cost, and the whole-stack checks): a
+bad stack file raises before any resource is registered.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from infra.image.trainer_image import TrainerImage, TrainerImageArgs
 from infra.job.alert_rules import alert_thresholds
 from infra.job.dashboard import stack_dashboard
 from infra.job.flags import s3_run_prefix
+from infra.job.grafana import grafana_plan
 from infra.job.manifest import S3Bucket
 from infra.job.placement import gpu_placement
 from infra.job.stack_checks import checked_run_plan
@@ -33,6 +34,7 @@ from infra.platform.autoscaler import SYSTEM_NODE_SELECTOR, ClusterAutoscaler, C
 from infra.platform.capacity_block import check_capacity_block
 from infra.platform.cluster import Cluster, ClusterArgs
 from infra.platform.gpu_lease import existing_gpu_lease, lease_line
+from infra.platform.grafana import Grafana, GrafanaArgs
 from infra.platform.network import Network, NetworkArgs
 from infra.platform.observability import Observability, ObservabilityArgs
 from infra.platform.run_access import CheckpointAccess, CheckpointAccessArgs
@@ -137,6 +139,26 @@ def main() -> None:
             tags=tags,
         ),
     )
+    # The run's dashboard, where `fsdp-eks dashboard --open` shows it: a Grafana of the
+    # stack's own (ClusterIP, port-forward), reading the workspace with SigV4.
+    grafana = grafana_plan(plan)
+    if grafana.mode == "in-cluster":
+        assert observability.namespace is not None and observability.workspace_arn is not None
+        assert observability.workspace_endpoint is not None  # metrics in AMP (grafana_plan)
+        Grafana(
+            "grafana",
+            GrafanaArgs(
+                plan=plan,
+                cluster_name=cluster.name,
+                namespace=observability.namespace,
+                workspace_arn=observability.workspace_arn,
+                workspace_endpoint=observability.workspace_endpoint,
+                region=aws.get_region_output().region,
+                k8s_provider=cluster.k8s_provider,
+                cluster_ready=cluster.ready,
+                tags=tags,
+            ),
+        )
     # The GPU nodes are leased to the run: from zero for the job's pods, back to zero after.
     leased: list[pulumi.Resource] = []
     if cluster.gpu_nodes is not None and stack.addons.cluster_autoscaler.install:
@@ -279,3 +301,12 @@ def main() -> None:
     )
     pulumi.export("alerts", {"topicArn": alerts.topic_arn, "topicPolicy": alerts.topic_policy})
     pulumi.export("dashboard", stack_dashboard(plan))
+    pulumi.export(
+        "grafana",
+        {
+            "mode": grafana.mode,
+            "namespace": grafana.namespace if grafana.mode == "in-cluster" else None,
+            "dashboardPath": grafana.dashboard_path,
+            "workspaceUrl": grafana.workspace_url,
+        },
+    )

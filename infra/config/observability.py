@@ -14,6 +14,12 @@ the stack sets:
 `enabled: auto` turns collection on where it costs under 1% of the run's GPU cost (the run
 plan decides: `infra.estimates.metrics_cost`), and off on an existing cluster that names no
 destination.
+
+`grafana` says where `fsdp-eks dashboard --open` shows the run's dashboard. `auto` is a Grafana
+of the stack's own inside a cluster it creates, reached by `kubectl port-forward`, because
+Amazon Managed Grafana signs users in only through IAM Identity Center or SAML (AMG user
+guide, "Authenticate users in Amazon Managed Grafana workspaces"), single sign-on this project
+must not require; `managed` names an AMG workspace the user already has (`grafanaWorkspaceUrl`).
 """
 
 from __future__ import annotations
@@ -30,6 +36,10 @@ AUTO_SHARE_OF_GPU_COST = 0.01
 
 _AMP_WORKSPACE_ARN = re.compile(
     r"^arn:aws[a-z-]*:aps:[a-z0-9-]+:\d{12}:workspace/ws-[A-Za-z0-9-]+$"
+)
+# AMG workspace URLs: `g-<id>.grafana-workspace.<region>.amazonaws.com` (AMG user guide).
+_AMG_WORKSPACE_URL = re.compile(
+    r"^https://g-[a-z0-9]+\.grafana-workspace\.[a-z0-9-]+\.amazonaws\.com(\.cn)?/?$"
 )
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 # Kubernetes label keys and values (apimachinery validation.IsQualifiedName / IsValidLabelValue).
@@ -118,6 +128,37 @@ class ObservabilityConfig(ConfigSection):
         ),
     )
 
+    grafana: Literal["auto", "in-cluster", "managed", "none"] = Field(
+        default="auto",
+        description=(
+            "Where `fsdp-eks dashboard --open` shows the run's dashboard. in-cluster: a "
+            "Grafana in the created cluster (ClusterIP only, reached by kubectl port-forward, "
+            "reading the AMP workspace with SigV4, dashboard provisioned); managed: the Amazon "
+            "Managed Grafana workspace at grafanaWorkspaceUrl (yours; nothing is installed); "
+            "none: the dashboard file only. auto: managed when grafanaWorkspaceUrl is set, "
+            "else in-cluster where the stack creates the cluster and its metrics go to AMP, "
+            "else none."
+        ),
+    )
+    grafana_workspace_url: str | None = Field(
+        default=None,
+        description=(
+            "An Amazon Managed Grafana workspace you already have "
+            "(https://g-<id>.grafana-workspace.<region>.amazonaws.com): the dashboard opens "
+            "there; import the dashboard file into it once."
+        ),
+    )
+
+    @field_validator("grafana_workspace_url")
+    @classmethod
+    def _grafana_workspace_url(cls, url: str | None) -> str | None:
+        if url is not None and not _AMG_WORKSPACE_URL.match(url):
+            raise ValueError(
+                f"observability.grafanaWorkspaceUrl {url!r} is not an Amazon Managed Grafana "
+                "workspace URL (https://g-<id>.grafana-workspace.<region>.amazonaws.com)"
+            )
+        return url.rstrip("/") if url is not None else None
+
     @field_validator("workspace_arn")
     @classmethod
     def _workspace_arn(cls, arn: str | None) -> str | None:
@@ -159,4 +200,31 @@ def observability_problems(config: ObservabilityConfig, *, cluster_mode: str) ->
             "observability.workspaceArn (an Amazon Managed Service for Prometheus workspace) "
             "or observability.clusterPrometheus (PodMonitors for the cluster's Prometheus)"
         )
+    problems.extend(_grafana_problems(config))
     return problems
+
+
+def _grafana_problems(config: ObservabilityConfig) -> list[str]:
+    """`grafana` against what it needs: a workspace URL for managed, AMP for in-cluster."""
+    url = config.grafana_workspace_url
+    if config.grafana == "managed" and url is None:
+        return [
+            "observability.grafana 'managed' needs observability.grafanaWorkspaceUrl (your "
+            "Amazon Managed Grafana workspace's URL)"
+        ]
+    if url is not None and config.grafana in ("in-cluster", "none"):
+        return [
+            f"observability.grafanaWorkspaceUrl is set but observability.grafana is "
+            f"{config.grafana!r}: set grafana to 'managed' (or 'auto'), or leave the URL out"
+        ]
+    if config.grafana == "in-cluster" and config.enabled is False:
+        return [
+            "observability.grafana 'in-cluster' needs the run's metrics: observability.enabled "
+            "is false"
+        ]
+    if config.grafana == "in-cluster" and config.cluster_prometheus is not None:
+        return [
+            "observability.grafana 'in-cluster' reads Amazon Managed Service for Prometheus, "
+            "not observability.clusterPrometheus: use the cluster's own Grafana (grafana 'none')"
+        ]
+    return []

@@ -31,6 +31,11 @@ DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 """Chosen on import: the dashboard names no data source of anyone's Grafana."""
 
 
+def dashboard_uid(stack: str) -> str:
+    """The dashboard's uid (Grafana keeps uids to 40 characters): its URL is `/d/<uid>`."""
+    return f"fsdp-eks-{stack}"[:40]
+
+
 @dataclass(frozen=True)
 class PlanFigures:
     """What the plan expects, drawn beside what the run does."""
@@ -215,7 +220,7 @@ def run_dashboard(t: AlertThresholds, plan: PlanFigures) -> gd.Dashboard:
     ]
     builder = (
         gd.Dashboard(f"fsdp-eks run: {t.stack}")
-        .uid(f"fsdp-eks-{t.stack}"[:40])
+        .uid(dashboard_uid(t.stack))
         .tags(["fsdp-eks", t.stack])
         .refresh("1m")
         .time("now-6h", "now")

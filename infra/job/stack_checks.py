@@ -37,6 +37,7 @@ from infra.config.trainer_keys import stack_key_of, stack_value
 from infra.estimates.run_plan import RunPlan, plan_run
 from infra.facts.hub_models import HUB_MODELS
 from infra.job.flags import RunPaths, trainer_argv
+from infra.job.grafana import grafana_problems
 from infra.job.manifest import (
     CONTAINER_NAME,
     HF_HOME,
@@ -517,6 +518,7 @@ def semantic_problems(plan: RunPlan) -> list[str]:
         *vocabulary_problems(config),
         *init_from_problems(config),
         *staging_problems(config),
+        *grafana_problems(plan),
     ]
     if plan.has_timeouts:
         problems = [

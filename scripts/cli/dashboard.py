@@ -1,20 +1,31 @@
-"""`fsdp-eks dashboard`: the run's Grafana dashboard as a file, and how to open it.
+"""`fsdp-eks dashboard`: the run's Grafana dashboard as a file, and opened where it is served.
 
 The dashboard is rendered from the stack file through the run plan (`infra.job.dashboard`,
-the same JSON the program exports as the `dashboard` output), so it needs no cluster and no
-deployed stack. It is written to a file and imported into a Grafana that can read the run's
-Prometheus: no Grafana is installed and no Amazon Managed Grafana workspace is made, because
-AMG signs users in only through IAM Identity Center or SAML (AMG user guide,
-"authentication-in-AMG"), single sign-on this project must not require.
+the same JSON the program exports as the `dashboard` output and mounts into the in-cluster
+Grafana), so writing it needs no cluster. `--open` shows it where the stack's
+`observability.grafana` says (`infra.job.grafana`):
+
+* in-cluster: `kubectl port-forward` to the stack's Grafana Service on a free local port,
+  the dashboard's URL opened in the browser, the forward held until Ctrl-C. Sign-in is the
+  chart's admin user; the password stays in its Secret (the command says how to read it).
+* managed: the Amazon Managed Grafana workspace's URL of the dashboard (its users sign in
+  through their IAM Identity Center or SAML; the file is imported there once).
+* none: the file itself, with how to import it into a Grafana that reads the metrics.
 """
 
 from __future__ import annotations
 
+import webbrowser
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
+from scripts.cli.support.errors import CliError, CommandFailedError
 from scripts.cli.support.stacks import stack_arguments
+
+if TYPE_CHECKING:
+    from infra.job.grafana import GrafanaPlan
 
 DEFAULT_FOLDER = Path(".fsdp-eks") / "dashboards"
 
@@ -33,6 +44,12 @@ def import_steps(path: Path) -> str:
     )
 
 
+def _show(url: str) -> None:
+    """The browser (`webbrowser`, which honours $BROWSER), or the URL to open by hand."""
+    if not webbrowser.open(url):
+        click.echo("no browser to open here: open the URL above yourself")
+
+
 @click.command()
 @stack_arguments()
 @click.option(
@@ -41,25 +58,105 @@ def import_steps(path: Path) -> str:
     type=click.Path(dir_okay=False, path_type=Path),
     help=f"Where to write the JSON (default: {DEFAULT_FOLDER}/<stack>.json).",
 )
-@click.option("--open", "open_file", is_flag=True, help="Open the file once written.")
-def dashboard(stack: str, out: Path | None, open_file: bool) -> int:
-    """Write a run's Grafana dashboard (JSON) and say how to import it.
+@click.option(
+    "--open",
+    "open_it",
+    is_flag=True,
+    help="Open the dashboard: the stack's in-cluster Grafana (port-forward until Ctrl-C), its "
+    "Amazon Managed Grafana workspace, or else the file.",
+)
+@click.option(
+    "--context",
+    help="A kubectl context of yours for the port-forward instead of the stack's cluster.",
+)
+def dashboard(stack: str, out: Path | None, open_it: bool, context: str | None) -> int:
+    """Write a run's Grafana dashboard (JSON); with --open, show it where it is served.
 
     \b
         fsdp-eks dashboard llama31-8b-p5
-        fsdp-eks dashboard llama31-8b-p5 -o run.json --open
+        fsdp-eks dashboard llama31-8b-p5 --open
+        fsdp-eks dashboard llama31-8b-p5 -o run.json
     """
     from infra.config import load_stack_file
     from infra.config.names import stack_name
     from infra.estimates.run_plan import plan_run
     from infra.job.dashboard import stack_dashboard
+    from infra.job.grafana import grafana_plan
 
     name = stack_name(stack)
-    document = stack_dashboard(plan_run(load_stack_file(stack)))
+    plan = plan_run(load_stack_file(stack))
     path = out or DEFAULT_FOLDER / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(document + "\n")
+    path.write_text(stack_dashboard(plan) + "\n")
+    where = grafana_plan(plan)
+    if open_it and where.mode == "in-cluster":
+        click.echo(f"dashboard -> {path}")
+        return _open_in_cluster(stack, name, where, context)
+    if open_it and where.mode == "managed":
+        assert where.workspace_url is not None
+        url = where.workspace_url + where.dashboard_path
+        click.echo(f"dashboard -> {path} (import it into the workspace once)")
+        click.echo(f"open: {url}")
+        _show(url)
+        return 0
     click.echo(import_steps(path))
-    if open_file:
+    if open_it:
         click.launch(str(path))
     return 0
+
+
+def _open_in_cluster(stack: str, name: str, where: GrafanaPlan, context: str | None) -> int:
+    """Port-forward to the stack's Grafana, open the dashboard, hold until Ctrl-C: through
+    `--context`, else the kubeconfig `pulumi up` signs with (the stack's cluster)."""
+    if context is not None:
+        return _hold(["--context", context], f"kubectl --context {context}", where)
+    from scripts.cli.support.kube import stack_cluster_access
+    from scripts.cli.support.port_forward import kubeconfig_file
+    from scripts.cli.support.pulumi import stack_outputs
+
+    outputs = stack_outputs(name)
+    cluster = outputs.get("clusterName")
+    if not isinstance(cluster, str) or (outputs.get("grafana") or {}).get("mode") != "in-cluster":
+        raise CliError(
+            f"stack {name!r} has no in-cluster Grafana deployed: run `pulumi up -s {name}` "
+            "first (or pass --context CONTEXT for a cluster of yours)"
+        )
+    document, _ = stack_cluster_access(stack, cluster)
+    update = (outputs.get("kubectl") or {}).get("updateKubeconfig")
+    with kubeconfig_file(document) as kubeconfig:
+        return _hold(["--kubeconfig", str(kubeconfig)], "kubectl", where, update)
+
+
+def _hold(
+    access: list[str], kubectl: str, where: GrafanaPlan, update_kubeconfig: str | None = None
+) -> int:
+    from infra.job.grafana import ADMIN_PASSWORD_KEY, ADMIN_USER, RELEASE_NAME, SERVICE_PORT
+    from scripts.cli.support.port_forward import free_port, port_forward
+
+    port = free_port()
+    with port_forward(
+        access,
+        namespace=where.namespace,
+        service=RELEASE_NAME,
+        local_port=port,
+        remote_port=SERVICE_PORT,
+    ) as process:
+        url = f"http://127.0.0.1:{port}{where.dashboard_path}"
+        click.echo(
+            f"grafana: 127.0.0.1:{port} -> {where.namespace}/{RELEASE_NAME}:{SERVICE_PORT} "
+            "(kubectl port-forward; Ctrl-C stops it)"
+        )
+        click.echo(f"open: {url}")
+        click.echo(
+            f"sign in as {ADMIN_USER}; the password: {kubectl} -n {where.namespace} get secret "
+            f"{RELEASE_NAME} -o jsonpath='{{.data.{ADMIN_PASSWORD_KEY}}}' | base64 -d"
+        )
+        if update_kubeconfig:
+            click.echo(f"  (kubectl on this cluster: {update_kubeconfig})")
+        _show(url)
+        try:
+            code = process.wait()
+        except KeyboardInterrupt:
+            click.echo("port-forward stopped")
+            return 0
+    raise CommandFailedError(f"kubectl port-forward stopped by itself (exit {code})")

@@ -233,6 +233,7 @@ def precision_text(config: StackConfig) -> str:
 
 
 def summary_lines(plan: RunPlan, evaluation: Evaluation | None = None) -> list[str]:
+    from infra.job.grafana import grafana_plan
     from infra.platform.gpu_lease import lease_line
     from trainer.presets import approx_num_parameters
 
@@ -271,6 +272,7 @@ def summary_lines(plan: RunPlan, evaluation: Evaluation | None = None) -> list[s
         *labelled("Cost:", plan.cost.summary_lines()),
         *labelled("Standing:", plan.standing.summary_lines()),
         *labelled("Metrics:", [plan.metrics.summary()]),
+        *labelled("Grafana:", [grafana_plan(plan).summary()]),
     ]
 
 

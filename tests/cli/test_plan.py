@@ -62,6 +62,10 @@ def test_the_default_plan_is_the_short_summary_a_reviewer_reads() -> None:
         summary
     )
     assert "Metrics: on (auto: under 1% of the GPU cost) -> Amazon Managed Service" in summary
+    assert (
+        "Grafana: in-cluster 12.3.1 (`fsdp-eks dashboard --open`); auto: a created cluster, "
+        "metrics in AMP\n"
+    ) in summary
     assert guardrails.startswith("  all passed\n")
     assert "apiVersion: kubeflow.org/v1" not in result.out and "└─" not in result.out
     assert len(result.lines) < 38

@@ -4,7 +4,6 @@ pinned prometheus-operator CRD) or nothing on an existing cluster, per the stack
 
 from __future__ import annotations
 
-import os
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from infra.facts.exporter_metrics import (
 from infra.job.placement import GPU_TAINT_KEY
 from infra.offline import Evaluation, evaluate
 from infra.program import main as program
+from tests.crd_schemas import openapi_schema
 from tests.infra.test_stacks import stack
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -34,8 +34,8 @@ SCRAPER = "aws:amp/scraper:Scraper"
 ARN = "arn:aws:aps:us-west-2:123456789012:workspace/ws-0a1b2c3d"
 PODMONITOR_CRD = "monitoring.coreos.com_podmonitors.v0.93.0.yaml"
 """prometheus-operator v0.93.0 (commit f8fafd475f3d132e239432ae6172de60a6cb6516)
-`example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml`, read from
-../shared/schemas/ or $FSDP_EKS_SCHEMAS (not copied into the repository)."""
+`example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml`, found by
+tests/crd_schemas.py (tests/schemas/ holds it without its prose)."""
 
 
 def of_type(result: Evaluation, typ: str) -> list[Any]:
@@ -141,13 +141,7 @@ def test_existing_cluster_with_a_workspace_arn_scrapes_into_it_and_creates_none(
 
 
 def _podmonitor_schema() -> dict[str, Any]:
-    folder = Path(os.environ.get("FSDP_EKS_SCHEMAS", REPO_ROOT.parent / "shared" / "schemas"))
-    path = folder / PODMONITOR_CRD
-    if not path.exists():
-        pytest.skip(f"{path} is missing (prometheus-operator's published PodMonitor CRD)")
-    crd = yaml.safe_load(path.read_text())
-    [version] = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
-    return dict(version["schema"]["openAPIV3Schema"])
+    return openapi_schema(PODMONITOR_CRD, "v1")
 
 
 def test_existing_cluster_prometheus_gets_valid_pod_monitors_and_nothing_else() -> None:

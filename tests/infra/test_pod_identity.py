@@ -21,10 +21,15 @@ ROLE = "aws:iam/role:Role"
     [
         # dev: no FSx, so the job's own role for its run's prefix in S3; and the autoscaler.
         ("dev", {("kube-system", "cluster-autoscaler"), ("training", "dev-trainer")}),
-        # A stack with FSx: the CSI controller's role instead of the job's.
+        # A stack with FSx: the CSI controller's role instead of the job's; metrics in AMP,
+        # so the in-cluster Grafana's query role.
         (
             "llama32-1b-g5",
-            {("kube-system", "cluster-autoscaler"), ("kube-system", "fsx-csi-controller-sa")},
+            {
+                ("kube-system", "cluster-autoscaler"),
+                ("kube-system", "fsx-csi-controller-sa"),
+                ("llama32-1b-g5-metrics", "grafana"),
+            },
         ),
     ],
 )
