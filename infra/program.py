@@ -26,6 +26,7 @@ from infra.job.dashboard import stack_dashboard
 from infra.job.flags import s3_run_prefix
 from infra.job.manifest import S3Bucket
 from infra.job.placement import gpu_placement
+from infra.job.queueing import JOB_API
 from infra.job.stack_checks import checked_run_plan
 from infra.launch.training_job import JobNamespace, JobNamespaceArgs, TrainingJob, TrainingJobArgs
 from infra.platform.addons import Addons, AddonsArgs
@@ -33,6 +34,7 @@ from infra.platform.autoscaler import SYSTEM_NODE_SELECTOR, ClusterAutoscaler, C
 from infra.platform.capacity_block import check_capacity_block
 from infra.platform.cluster import Cluster, ClusterArgs
 from infra.platform.gpu_lease import existing_gpu_lease, lease_line
+from infra.platform.kueue import Kueue, KueueArgs
 from infra.platform.network import Network, NetworkArgs
 from infra.platform.observability import Observability, ObservabilityArgs
 from infra.platform.run_access import CheckpointAccess, CheckpointAccessArgs
@@ -151,11 +153,29 @@ def main() -> None:
                 gpu_asg_name=cluster.gpu_nodes.asg_name,
                 gpu_nodes=stack.gpu_nodes,
                 efa_interfaces=cluster.gpu_nodes.efa_interface_count,
+                provisioning_requests=stack.scheduling.kueue,
                 cluster_ready=cluster.ready,
                 tags=tags,
             ),
         )
         leased.extend(autoscaler.ready)
+    # The queue (scheduling.kueue, create mode): the job is admitted once the autoscaler has
+    # accepted one request for all its nodes. On an existing cluster the job's labels name
+    # the cluster's queue and nothing is installed.
+    queue: list[pulumi.Resource] = []
+    if stack.scheduling.kueue:
+        kueue = Kueue(
+            "kueue",
+            KueueArgs(
+                config=stack,
+                job_api=JOB_API,
+                k8s_provider=cluster.k8s_provider,
+                system_selector=SYSTEM_NODE_SELECTOR,
+                namespace=namespace.name,
+                cluster_ready=cluster.ready,
+            ),
+        )
+        queue.extend(kueue.ready)
     # Who holds the GPU nodes while no job runs: this stack, or the existing cluster's operators.
     gpu_lease = (
         pulumi.Output.from_input(lease_line(stack))
@@ -228,6 +248,7 @@ def main() -> None:
                 *observability.ready,
                 *storage.ready,
                 *leased,
+                *queue,
                 *(run_access.ready if run_access else []),
             ],
         ),
