@@ -217,9 +217,8 @@ def test_the_program_installs_kueue_before_the_job() -> None:
     assert result.depends_on(release, crd)
     job = result.one("kubernetes:kubeflow.org/v1:PyTorchJob")
     assert job.inputs["metadata"]["labels"][QUEUE_LABEL] == "fsdp-eks"
-    kinds = {r.inputs["kind"]: r for r in result.of_type("kubernetes:kueue.x-k8s.io/v1beta2:LocalQueue")}
-    assert "LocalQueue" in kinds
-    for resource in (release, kinds["LocalQueue"]):
+    local_queue = result.one("kubernetes:kueue.x-k8s.io/v1beta2:LocalQueue")
+    for resource in (release, local_queue):
         assert result.depends_on(job, resource)
     autoscaler = result.one("kubernetes:helm.sh/v3:Release", "autoscaler-release")
     assert autoscaler.inputs["values"]["extraArgs"]["enable-provisioning-requests"] == "true"
