@@ -128,6 +128,11 @@ def owned_workloads(
     return found
 
 
+def is_deactivated(workload: Mapping[str, Any] | None) -> bool:
+    """Whether the Workload is held out of its queue (`spec.active: false`; default true)."""
+    return workload is not None and (workload.get("spec") or {}).get("active") is False
+
+
 def _condition(workload: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
     for condition in (workload.get("status") or {}).get("conditions") or []:
         if condition.get("type") == kind:
@@ -151,7 +156,7 @@ def admission_state(workload: Mapping[str, Any]) -> str:
         return f"finished: {done.get('reason') or ''}".rstrip(": ")
     if (evicted := _is_true(workload, "Evicted")) is not None:
         return f"evicted ({evicted.get('reason')}): {evicted.get('message') or ''}".rstrip(": ")
-    if (workload.get("spec") or {}).get("active") is False:
+    if is_deactivated(workload):
         return "deactivated (spec.active false): not queued until it is set true"
     if _is_true(workload, "Admitted") is not None:
         return f"admitted{checks_text}"
