@@ -96,6 +96,9 @@ class CostEstimate:
     """`job.startTimeoutMinutes`: how long the workers that did start wait for the others."""
     region: str | None = None
     """The stack's `aws:region`; None: not set (the AWS provider's default applies)."""
+    atomic_request: bool = False
+    """Kueue's ProvisioningRequest check asks the autoscaler for every node in one scale-up
+    before the job is admitted (`scheduling.kueue`)."""
 
     @property
     def region_priced(self) -> bool:
@@ -109,7 +112,15 @@ class CostEstimate:
         they wait the whole start budget for the last (the rendezvous is all or nothing), the
         job is then suspended (`pulumi up`'s start watch) and they leave after the lease tail.
         None when the stack does not lease its nodes (kept warm: they bill anyway; an existing
-        cluster's: its operators')."""
+        cluster's: its operators').
+
+        The same with Kueue's atomic ProvisioningRequest (`atomic_request`): the autoscaler
+        asks for all nodes in one scale-up, but AWS node groups have no atomic increase
+        (cluster-autoscaler-1.35.2 `cloudprovider/aws/aws_cloud_provider.go`
+        `AtomicIncreaseSize` returns ErrNotImplemented; `core/scaleup/orchestrator/
+        executor.go` falls back to `IncreaseSize`), and the request counts as provisioned once
+        the scale-up is accepted (`provisioningrequest/besteffortatomic/
+        provisioning_class.go`), so EC2 may still grant all nodes but one."""
         if not self.nodes_owned or self.lease_tail_hours is None:
             return None
         held = max(self.count - 1, 0) * self.usd_per_instance_hour
@@ -194,6 +205,13 @@ class CostEstimate:
                 f"node{'s' if granted > 1 else ''} granted of {self.count}, held {hours:.2f} h: "
                 "the start budget and the tail)"
             )
+            if self.atomic_request:
+                lines.append(
+                    at + f"Kueue asks for all {self.count} nodes in one scale-up before "
+                    "admitting the job, but AWS node groups scale up non-atomically (the "
+                    "autoscaler's AWS provider has no atomic increase): EC2 may still grant "
+                    "fewer, so the figure above stands"
+                )
         return lines
 
     def summary(self) -> str:
@@ -233,6 +251,7 @@ def estimate_cost(
     nodes_owned: bool = True,
     start_budget_hours: float = 1.0,
     region: str | None = None,
+    atomic_request: bool = False,
 ) -> CostEstimate:
     """The full estimate for one stack's GPU nodes.
 
@@ -265,6 +284,7 @@ def estimate_cost(
         usd_per_run=per_run,
         max_usd_per_run=max_usd_per_run,
         basis=basis,
+        atomic_request=atomic_request,
     )
 
 
@@ -303,6 +323,7 @@ def cost_estimate(
         max_usd_per_run=cost.max_usd_per_run,
         usd_per_instance_hour=cost.usd_per_instance_hour,
         region=region,
+        atomic_request=config.scheduling.kueue,
     )
 
 

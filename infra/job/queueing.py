@@ -51,10 +51,11 @@ DEPRECATED_FRAMEWORKS = {
     "kubeflow.org/pytorchjob": (
         "Kueue has deprecated its PyTorchJob (Kubeflow Trainer v1) integration and plans to "
         "remove it, tentatively in v0.20 (kueue v0.19.2 site/content/en/docs/tasks/run/kubeflow/"
-        "pytorchjobs.md); its default configuration turns it off, so the stack turns it on. "
-        "Kubeflow Trainer v2's TrainJob is the integration Kueue keeps"
+        "pytorchjobs.md); Kubeflow Trainer v2's TrainJob is the integration Kueue keeps"
     ),
 }
+"""Why each deprecated integration is; the plan adds who switches it on (Kueue v0.19's chart
+leaves `kubeflow.org/pytorchjob` out of `integrations.frameworks`, `charts/kueue/values.yaml`)."""
 
 
 def kueue_integrations(job_api: str) -> tuple[str, ...]:
@@ -93,22 +94,30 @@ def plan_lines(scheduling: SchedulingConfig, *, cluster_mode: str, job_api: str)
     if scheduling.priority_class is not None:
         where += f", WorkloadPriorityClass {scheduling.priority_class!r}"
     lines = []
+    wait = "`pulumi up` waits for it up to job.startTimeoutMinutes, then leaves the job queued"
     if cluster_mode == "create":
         lines.append(
             f"queued: Kueue (installed by this stack), {where}; the job waits for admission: "
             "quota in the stack's ClusterQueue and a ProvisioningRequest for all its nodes at "
             "once (class best-effort-atomic-scale-up), which the cluster autoscaler accepts "
-            "before any pod is created"
+            f"before any pod is created; {wait}"
         )
     else:
         lines.append(
             f"queued: the cluster's Kueue, {where}; the job waits for admission by the "
             "cluster's ClusterQueue (quota, priority, preemption are its operators' policy) "
-            "before any pod is created, and `pulumi up`'s start watch counts that wait"
+            f"before any pod is created; {wait}"
         )
     for framework in kueue_integrations(job_api):
         if framework in DEPRECATED_FRAMEWORKS:
-            lines.append(f"note: {DEPRECATED_FRAMEWORKS[framework]}")
+            who = (
+                "this stack's Kueue switches it on"
+                if cluster_mode == "create"
+                else f"the cluster's Kueue must list {framework} in integrations.frameworks "
+                "(v0.19 leaves it out by default: `kubectl -n kueue-system get configmap "
+                "kueue-manager-config -o yaml`)"
+            )
+            lines.append(f"note: {DEPRECATED_FRAMEWORKS[framework]}; {who}")
     return lines
 
 
