@@ -312,10 +312,16 @@ class Kueue:
     admits: bool = True
     """Quota and the ProvisioningRequest check pass; False: it waits in its queue."""
     workload: dict[str, Any] | None = None
+    running: bool = True
+    """False: Kueue does not act (not installed with the job's integration on)."""
 
     def reconcile(self, store: ssa_model.ApiServer) -> None:
         job = store.obj
-        if job is None or QUEUE_LABEL not in (job["metadata"].get("labels") or {}):
+        if (
+            not self.running
+            or job is None
+            or QUEUE_LABEL not in (job["metadata"].get("labels") or {})
+        ):
             return
         meta = job["metadata"]
         if self.workload is None:

@@ -117,15 +117,9 @@ def test_a_suspend_on_a_queued_job_is_undone_by_kueue(
 def test_a_queued_job_without_a_workload_is_refused_with_the_reason(
     cluster: ClusterApiServer, api: KubeClient
 ) -> None:
-    cluster.kueue = None  # labelled, but no Kueue acts on it
-    job = job_inputs()
-    job["metadata"]["labels"][QUEUE_LABEL] = "fsdp-eks"
-    with cluster.lock:
-        cluster.put_job(job)
-    cluster.kueue = Kueue()
-    cluster.kueue.workload = None
-    # Kueue never created a Workload: the fake answers an empty list without reconciling.
-    cluster.kueue.reconcile = lambda _store: None  # type: ignore[method-assign]
+    assert cluster.kueue is not None
+    cluster.kueue.running = False  # labelled, but no Kueue makes its Workload
+    deploy_queued(cluster)
     with pytest.raises(NoWorkloadError, match="no Kueue Workload"):
         stop_job(api, "training", "exp", poll_s=0)
 
