@@ -11,10 +11,11 @@ import pytest
 import yaml
 
 from infra.config import parse_stack_config, read_stack_file
+from infra.config.scheduling import SchedulingConfig
 from infra.estimates.run_plan import plan_run
 from infra.job.manifest import render_job
 from infra.job.placement import gpu_labels
-from infra.job.queueing import QUEUE_LABEL, kueue_integrations
+from infra.job.queueing import QUEUE_LABEL, kueue_integrations, plan_lines
 from infra.offline import evaluate
 from infra.platform.autoscaler import PROVISIONING_REQUEST_ARGS, chart_values
 from infra.platform.kueue import chart_values as kueue_chart_values
@@ -232,3 +233,32 @@ def test_without_kueue_nothing_is_installed_and_the_autoscaler_is_unchanged() ->
     assert "enable-provisioning-requests" not in autoscaler.inputs["values"]["extraArgs"]
     job = result.one("kubernetes:kubeflow.org/v1:PyTorchJob")
     assert QUEUE_LABEL not in job.inputs["metadata"]["labels"]
+
+
+def test_the_plan_says_where_the_run_waits_and_what_kueue_deprecated() -> None:
+    created = queued_config().scheduling
+    lines = plan_lines(created, cluster_mode="create", job_api="pytorchjob")
+    assert "LocalQueue 'fsdp-eks'" in lines[0] and "waits for admission" in lines[0]
+    assert "best-effort-atomic-scale-up" in lines[0]
+    assert "deprecated its PyTorchJob" in lines[1] and "switches it on" in lines[1]
+    # TrainJob is the integration Kueue keeps: no deprecation line.
+    assert len(plan_lines(created, cluster_mode="create", job_api="trainjob")) == 1
+    existing = SchedulingConfig.model_validate({"queue": "team-q", "priorityClass": "high"})
+    lines = plan_lines(existing, cluster_mode="existing", job_api="pytorchjob")
+    assert "the cluster's Kueue, LocalQueue 'team-q', WorkloadPriorityClass 'high'" in lines[0]
+    assert "integrations.frameworks" in lines[1]
+    assert plan_lines(SchedulingConfig(), cluster_mode="create", job_api="pytorchjob") == []
+
+
+def test_the_partial_start_figure_under_kueue_stands_and_says_why() -> None:
+    """cluster-autoscaler-1.35.2: AWS has no AtomicIncreaseSize (executor.go falls back to
+    IncreaseSize), so one request for all nodes can still be granted all but one."""
+    plain = plan_run(queued_config(count=2).model_copy(update={"scheduling": SchedulingConfig()}))
+    queued = plan_run(queued_config(count=2))
+    assert plain.cost is not None and queued.cost is not None
+    assert queued.cost.partial_start_worst_usd == plain.cost.partial_start_worst_usd
+    assert queued.cost.partial_start_worst_usd is not None
+    assert not any("Kueue" in line for line in plain.cost.summary_lines())
+    (said,) = [line for line in queued.cost.summary_lines() if "Kueue" in line]
+    assert "all 2 nodes in one scale-up" in said and "EC2 may still grant fewer" in said
+    assert queued.cost.as_outputs().keys() == plain.cost.as_outputs().keys()
