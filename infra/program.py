@@ -2,11 +2,11 @@
 
 Read top-down it is the architecture: config → network → cluster → namespace → storage,
 add-ons, the run's metrics (exporters and their collector), the GPU lease (autoscaler), the
-run's S3 access (no FSx) and image → the PyTorchJob → outputs. It lives in a function (called
-by the root `__main__.py`) so that tests and the offline plan can evaluate it repeatedly under
-the mock runtime. The config is read from the engine, parsed and checked first (the run plan's
-memory, deadline and cost, and the whole-stack checks): a bad stack file raises before any
-resource is registered.
+queue (Kueue), the run's S3 access (no FSx) and image → the PyTorchJob → outputs. It lives
+in a function (called by the root `__main__.py`) so that tests and the offline plan can
+evaluate it repeatedly under the mock runtime. The config is read from the engine, parsed and
+checked first (the run plan's memory, deadline and cost, and the whole-stack checks): a bad
+stack file raises before any resource is registered.
 """
 
 from __future__ import annotations
