@@ -6,8 +6,10 @@ Two ways, one per cluster mode:
   quota is the GPU node group, and an admission check that asks the cluster autoscaler for all
   of the job's nodes in one ProvisioningRequest before the job is admitted.
 * `queue` (cluster.mode existing): the cluster's operators run Kueue (e.g. SageMaker HyperPod
-  task governance); the job is labelled for their LocalQueue and, optionally, a
-  WorkloadPriorityClass. Nothing is installed.
+  task governance, which sets up Kueue queues per team and priority classes for task ranking:
+  Amazon SageMaker developer guide, "SageMaker HyperPod task governance" and its "Policies"
+  page); the job is labelled for their LocalQueue and, optionally, a WorkloadPriorityClass.
+  Nothing is installed.
 
 Kueue reads both as labels on the job (kubernetes-sigs/kueue v0.19.2
 `pkg/controller/constants/constants.go` `QueueLabel`, `WorkloadPriorityClassLabel`), so both

@@ -262,3 +262,15 @@ def test_the_partial_start_figure_under_kueue_stands_and_says_why() -> None:
     (said,) = [line for line in queued.cost.summary_lines() if "Kueue" in line]
     assert "all 2 nodes in one scale-up" in said and "EC2 may still grant fewer" in said
     assert queued.cost.as_outputs().keys() == plain.cost.as_outputs().keys()
+
+
+def test_the_shipped_queued_stack_labels_its_job_and_installs_nothing() -> None:
+    """stacks/Pulumi.team-cluster-queued.yaml: the cluster's queue and priority class as Kueue's
+    labels (kueue v0.19.2 `pkg/controller/constants/constants.go`), no Kueue object."""
+    stack = read_stack_file("team-cluster-queued", STACKS)
+    result = evaluate(program, config=stack.config, stack=stack.stack_name)
+    labels = result.one("kubernetes:kubeflow.org/v1:PyTorchJob").inputs["metadata"]["labels"]
+    assert labels[QUEUE_LABEL] == "team-ml-localqueue"
+    assert labels["kueue.x-k8s.io/priority-class"] == "training-priority"
+    assert not [r for r in result.resources if "kueue" in r.type.lower()]
+    assert not [r for r in result.resources if r.name.startswith("kueue")]
