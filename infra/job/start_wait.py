@@ -93,6 +93,19 @@ def release_gpus(
     )
 
 
+def _queued_workload(api: KubeClient, job: dict[str, Any]) -> dict[str, Any] | None:
+    """A queued job's Kueue Workload; None when not queued, none yet, or not readable (403:
+    the watcher may not read Workloads; 404: no Kueue CRDs), when the wait reads the job alone."""
+    if not is_queued(job):
+        return None
+    try:
+        return workload_of(api, job)
+    except KubernetesApiError as err:
+        if err.status in (403, 404):
+            return None
+        raise
+
+
 def _pending(pods: list[dict[str, Any]]) -> bool:
     return any(p.get("status", {}).get("phase") == "Pending" for p in pods)
 
@@ -129,7 +142,7 @@ def wait_for_start(
         try:
             document = api.get_job(PYTORCHJOB, job.namespace, job.name)
             pods = api.list_pods(job.namespace, selector)
-            workload = workload_of(api, document) if is_queued(document) else None
+            workload = _queued_workload(api, document)
             events: list[dict[str, Any]] = []
             if read_events and _pending(pods):
                 try:

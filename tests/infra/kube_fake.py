@@ -603,6 +603,8 @@ class _ClusterHandler(_Handler):
             elif request.path.startswith(server.pods_path + "/") and request.path.endswith("/log"):
                 self._log(request)
             elif request.path == server.workloads_path and server.kueue is not None:
+                if self._refused(request, "list", "workloads", "kueue.x-k8s.io"):
+                    return
                 server.reconcile()
                 items = [server.kueue.workload] if server.kueue.workload else []
                 self._send(200, {"kind": "WorkloadList", "items": copy.deepcopy(items)})

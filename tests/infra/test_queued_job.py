@@ -85,6 +85,24 @@ def test_the_start_watch_waits_for_admission_and_leaves_the_job_queued(
     assert cluster.kueue.workload["spec"]["active"] is True
 
 
+def test_a_watcher_that_may_not_read_workloads_still_waits_for_admission(
+    cluster: ClusterApiServer, api: KubeClient
+) -> None:
+    deploy_queued(cluster, admits=False)
+    cluster.forbidden.add(("list", "workloads"))
+    lines: list[str] = []
+    with pytest.raises(JobStartError, match="not admitted by Kueue"):
+        wait_for_start(
+            api,
+            WatchedJob("training", "exp", workers=2, start_timeout_s=60),
+            poll_s=0,
+            clock=Ticks(30),
+            sleep=lambda _s: None,
+            on_progress=lines.append,
+        )
+    assert lines[0].endswith("waiting for Kueue's admission: no Workload yet")
+
+
 def test_stop_and_start_go_through_the_workload(cluster: ClusterApiServer, api: KubeClient) -> None:
     deploy_queued(cluster)
     assert cluster.pods
