@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from infra.config.stack import StackConfig
-from infra.job.placement import EFA_RESOURCE, GPU_RESOURCE, gpu_labels
+from infra.job.placement import EFA_RESOURCE, GPU_RESOURCE, gpu_placement
 from infra.job.queueing import KUEUE_GROUP, KUEUE_VERSION
 
 API_VERSION = f"{KUEUE_GROUP}/{KUEUE_VERSION}"
@@ -41,9 +41,14 @@ MAX_FLAVOR_LABELS = 8
 
 
 def flavor_labels(config: StackConfig) -> dict[str, str]:
-    """The labels that select the GPU group's nodes (the pool label first: it alone suffices)."""
-    labels = gpu_labels(config.gpu_nodes)
-    return dict(list(labels.items())[:MAX_FLAVOR_LABELS])
+    """The labels that select the GPU group's nodes: exactly what the job's pods already select
+    (`infra.job.placement.gpu_placement`, the instance type, which only the GPU group has on a
+    created cluster). Kueue merges a flavor's nodeLabels into the admitted job's pod template
+    (v0.19.2 `pkg/podset/podset.go` `FromAssignment`, `Merge`), so the same labels leave the
+    template as Pulumi rendered it."""
+    labels = dict(gpu_placement(config.gpu_nodes).node_selector)
+    assert len(labels) <= MAX_FLAVOR_LABELS, labels  # the CRD's maxProperties
+    return labels
 
 
 def group_quota(config: StackConfig) -> dict[str, str]:

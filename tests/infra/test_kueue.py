@@ -14,7 +14,7 @@ from infra.config import parse_stack_config, read_stack_file
 from infra.config.scheduling import SchedulingConfig
 from infra.estimates.run_plan import plan_run
 from infra.job.manifest import render_job
-from infra.job.placement import gpu_labels
+from infra.job.placement import INSTANCE_TYPE_LABEL, gpu_labels
 from infra.job.queueing import QUEUE_LABEL, kueue_integrations, plan_lines
 from infra.offline import evaluate
 from infra.platform.autoscaler import PROVISIONING_REQUEST_ARGS, chart_values
@@ -152,12 +152,17 @@ def test_the_cluster_queue_admits_the_whole_job(instance_type: str) -> None:
 
 
 def test_the_flavor_selects_the_gpu_nodes_the_pods_already_select() -> None:
-    """Kueue adds a flavor's nodeLabels to the admitted pods' node selectors: each must be a
-    label the GPU nodes carry, else no node matches."""
+    """Kueue merges a flavor's nodeLabels into the admitted job's pod template: each must be a
+    label the GPU nodes carry (else no node matches) and one the pods already select with the
+    same value (else the live template drifts from what Pulumi rendered)."""
     config = queued_config()
     flavor = by_kind(kueue_objects(config))["ResourceFlavor"]
     labels = flavor["spec"]["nodeLabels"]
-    assert labels and labels.items() <= gpu_labels(config.gpu_nodes).items()
+    job = render_job(plan_run(config), image=IMAGE, pvc_name=None).as_dict()
+    selector = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["nodeSelector"]
+    assert labels and labels.items() <= selector.items()
+    gpu_node = {**gpu_labels(config.gpu_nodes), INSTANCE_TYPE_LABEL: config.gpu_nodes.instance_type}
+    assert labels.items() <= gpu_node.items()
 
 
 def test_the_admission_check_asks_for_atomic_scale_up_on_every_workload() -> None:
