@@ -92,10 +92,22 @@ class SchedulingConfig(ConfigSection):
 
 
 def scheduling_problems(
-    config: SchedulingConfig, *, cluster_mode: str, autoscaler_installed: bool
+    config: SchedulingConfig,
+    *,
+    cluster_mode: str,
+    autoscaler_installed: bool,
+    creates_namespace: bool = False,
 ) -> list[str]:
     """What cannot work between `scheduling` and the cluster, one line each naming the key."""
     problems: list[str] = []
+    if cluster_mode == "existing" and config.queue is not None and creates_namespace:
+        # A LocalQueue is namespaced: a namespace the stack makes holds none of the cluster's.
+        problems.append(
+            f"scheduling.queue {config.queue!r} is a LocalQueue in job.namespace, which this "
+            "stack creates (job.createNamespace true), so it cannot hold the cluster's queue; "
+            "allowed: job.namespace set to the namespace of the cluster's LocalQueue with "
+            "job.createNamespace false (`kubectl get localqueues -A`)"
+        )
     if cluster_mode == "existing" and config.kueue:
         problems.append(
             "scheduling.kueue true installs Kueue, which a stack does only on a cluster it "

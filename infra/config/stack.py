@@ -343,6 +343,7 @@ def cross_section_problems(config: StackConfig) -> list[str]:
             config.scheduling,
             cluster_mode=cluster.mode,
             autoscaler_installed=config.addons.cluster_autoscaler.install,
+            creates_namespace=bool(config.job.create_namespace),
         )
     )
     return problems

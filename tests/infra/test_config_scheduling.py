@@ -100,6 +100,16 @@ def test_existing_cluster_queue_and_priority() -> None:
             },
             ("scheduling.priorityClass", "'-high'"),
         ),
+        # The cluster's LocalQueue cannot be in a namespace the stack creates.
+        (
+            {
+                "cluster": EXISTING,
+                "observability": EXISTING_OBS,
+                "job": {"createNamespace": True},
+                "scheduling": {"queue": "team-q"},
+            },
+            ("scheduling.queue", "job.createNamespace"),
+        ),
         ({"scheduling": {"kueu": True}}, ("kueu",)),
         ({"scheduling": {"kueue": "sometimes"}}, ("scheduling.kueue",)),
     ],
