@@ -87,8 +87,9 @@ def release_gpus(
             f"; could not suspend the job to release its GPU nodes ({err}): `fsdp-eks stop "
             f"{stack}` or delete its pods, or the nodes it holds keep billing"
         )
+    how = "its Kueue Workload was deactivated" if workload is not None else "the job was suspended"
     return (
-        "; the job was suspended so its pods and GPU nodes are released (to try again as it "
+        f"; {how} so its pods and GPU nodes are released (to try again as it "
         f"is: `fsdp-eks start {stack}`)"
     )
 

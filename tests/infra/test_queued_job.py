@@ -103,6 +103,30 @@ def test_a_watcher_that_may_not_read_workloads_still_waits_for_admission(
     assert lines[0].endswith("waiting for Kueue's admission: no Workload yet")
 
 
+def test_an_admitted_job_that_cannot_start_is_released_through_its_workload(
+    cluster: ClusterApiServer, api: KubeClient
+) -> None:
+    """A `suspend` would be undone by Kueue (the Workload is admitted): the release
+    deactivates the Workload, and Kueue suspends the job."""
+    cluster.operator.running = False  # admitted, but no pod ever comes
+    deploy_queued(cluster)
+    with pytest.raises(JobStartError) as raised:
+        wait_for_start(
+            api,
+            WatchedJob("training", "exp", workers=2, start_timeout_s=60),
+            poll_s=0,
+            clock=Ticks(30),
+            sleep=lambda _s: None,
+        )
+    assert "not every worker started" in str(raised.value)
+    assert "its Kueue Workload was deactivated" in str(raised.value)
+    assert cluster.kueue is not None and cluster.kueue.workload is not None
+    assert cluster.kueue.workload["spec"]["active"] is False
+    with cluster.lock:
+        cluster.reconcile()
+    assert cluster.job()["spec"]["runPolicy"]["suspend"] is True
+
+
 def test_stop_and_start_go_through_the_workload(cluster: ClusterApiServer, api: KubeClient) -> None:
     deploy_queued(cluster)
     assert cluster.pods
