@@ -2,11 +2,11 @@
 
 Read top-down it is the architecture: config → network → cluster → namespace → storage,
 add-ons, the run's metrics (exporters and their collector) and the Grafana that shows them,
-the GPU lease (autoscaler), the run's S3 access (no FSx) and image → the PyTorchJob → outputs.
-It lives in a function (called by the root `__main__.py`) so that tests and the offline plan
-can evaluate it repeatedly under the mock runtime. The config is read from the engine, parsed
-and checked first (the run plan's memory, deadline and cost, and the whole-stack checks): a
-bad stack file raises before any resource is registered.
+the GPU lease (autoscaler), the queue (Kueue), the run's S3 access (no FSx) and image → the
+PyTorchJob → outputs. It lives in a function (called by the root `__main__.py`) so that tests
+and the offline plan can evaluate it repeatedly under the mock runtime. The config is read
+from the engine, parsed and checked first (the run plan's memory, deadline and cost, and the
+whole-stack checks): a bad stack file raises before any resource is registered.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from infra.job.flags import s3_run_prefix
 from infra.job.grafana import grafana_plan
 from infra.job.manifest import S3Bucket
 from infra.job.placement import gpu_placement
+from infra.job.queueing import JOB_API
 from infra.job.stack_checks import checked_run_plan
 from infra.launch.training_job import JobNamespace, JobNamespaceArgs, TrainingJob, TrainingJobArgs
 from infra.platform.addons import Addons, AddonsArgs
@@ -35,6 +36,7 @@ from infra.platform.capacity_block import check_capacity_block
 from infra.platform.cluster import Cluster, ClusterArgs
 from infra.platform.gpu_lease import existing_gpu_lease, lease_line
 from infra.platform.grafana import Grafana, GrafanaArgs
+from infra.platform.kueue import Kueue, KueueArgs
 from infra.platform.network import Network, NetworkArgs
 from infra.platform.observability import Observability, ObservabilityArgs
 from infra.platform.run_access import CheckpointAccess, CheckpointAccessArgs
@@ -173,11 +175,29 @@ def main() -> None:
                 gpu_asg_name=cluster.gpu_nodes.asg_name,
                 gpu_nodes=stack.gpu_nodes,
                 efa_interfaces=cluster.gpu_nodes.efa_interface_count,
+                provisioning_requests=stack.scheduling.kueue,
                 cluster_ready=cluster.ready,
                 tags=tags,
             ),
         )
         leased.extend(autoscaler.ready)
+    # The queue (scheduling.kueue, create mode): the job is admitted once the autoscaler has
+    # accepted one request for all its nodes. On an existing cluster the job's labels name
+    # the cluster's queue and nothing is installed.
+    queue: list[pulumi.Resource] = []
+    if stack.scheduling.kueue:
+        kueue = Kueue(
+            "kueue",
+            KueueArgs(
+                config=stack,
+                job_api=JOB_API,
+                k8s_provider=cluster.k8s_provider,
+                system_selector=SYSTEM_NODE_SELECTOR,
+                namespace=namespace.name,
+                cluster_ready=cluster.ready,
+            ),
+        )
+        queue.extend(kueue.ready)
     # Who holds the GPU nodes while no job runs: this stack, or the existing cluster's operators.
     gpu_lease = (
         pulumi.Output.from_input(lease_line(stack))
@@ -250,6 +270,7 @@ def main() -> None:
                 *observability.ready,
                 *storage.ready,
                 *leased,
+                *queue,
                 *(run_access.ready if run_access else []),
             ],
         ),

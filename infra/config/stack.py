@@ -21,6 +21,7 @@ from infra.config.cost import CostConfig
 from infra.config.image import ImageConfig
 from infra.config.job import DataConfig, JobConfig, ModelConfig, TrainingConfig
 from infra.config.observability import ObservabilityConfig, observability_problems
+from infra.config.scheduling import SchedulingConfig, scheduling_problems
 from infra.config.storage import StorageConfig
 from infra.facts.instances import (
     CAPACITY_BLOCK_TYPES,
@@ -85,6 +86,10 @@ class StackConfig(ConfigSection):
     observability: ObservabilityConfig = Field(
         default_factory=ObservabilityConfig,
         description="The run's metrics (trainer, DCGM, EFA) and where they are collected.",
+    )
+    scheduling: SchedulingConfig = Field(
+        default_factory=SchedulingConfig,
+        description="Whether the run waits in a Kueue queue: the stack's own, or the cluster's.",
     )
     hf_token: SecretStr | None = Field(
         default=None,
@@ -333,4 +338,12 @@ def cross_section_problems(config: StackConfig) -> list[str]:
         )
 
     problems.extend(observability_problems(config.observability, cluster_mode=config.cluster.mode))
+    problems.extend(
+        scheduling_problems(
+            config.scheduling,
+            cluster_mode=cluster.mode,
+            autoscaler_installed=config.addons.cluster_autoscaler.install,
+            creates_namespace=bool(config.job.create_namespace),
+        )
+    )
     return problems

@@ -305,6 +305,30 @@ class KubeClient:
             )  # fmt: skip
             return dict(_document(answer))
 
+    # -- Kueue's Workloads (a queued job's admission) -----------------------------------------
+
+    def list_workloads(self, namespace: str) -> list[dict[str, Any]]:
+        """Kueue's Workloads in `namespace` (kueue.x-k8s.io/v1beta2, its storage version)."""
+        with self._asking(ResourceRef("list", "workloads.kueue.x-k8s.io", namespace)):
+            answer = self.custom.list_namespaced_custom_object(
+                "kueue.x-k8s.io", "v1beta2", namespace, "workloads",
+                _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S,
+            )  # fmt: skip
+            return list(_document(answer).get("items") or [])
+
+    def apply_workload(
+        self, namespace: str, name: str, body: Mapping[str, Any], *, field_manager: str
+    ) -> dict[str, Any]:
+        """Server-side apply of `body` to a Workload as `field_manager`, forced (Kueue's own
+        manager may own the field); the Workload as stored."""
+        with self._asking(ResourceRef("patch", "workloads.kueue.x-k8s.io", namespace, name)):
+            answer = self.custom.patch_namespaced_custom_object(
+                "kueue.x-k8s.io", "v1beta2", namespace, "workloads", name, dict(body),
+                field_manager=field_manager, force=True, _content_type=APPLY_PATCH_TYPE,
+                _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S,
+            )  # fmt: skip
+            return dict(_document(answer))
+
     # -- core objects -------------------------------------------------------------------------
 
     def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:

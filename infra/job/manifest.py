@@ -23,6 +23,7 @@ from infra.job.flags import (
 )
 from infra.job.job_api import PYTORCHJOB
 from infra.job.placement import EFA_RESOURCE, GPU_RESOURCE, gpu_placement
+from infra.job.queueing import queue_labels
 from trainer.telemetry_names import DEFAULT_METRICS_PORT, METRICS_PORT_NAME, STACK_ENV
 
 if TYPE_CHECKING:
@@ -470,7 +471,9 @@ def render_job(
     metadata: dict[str, Any] = {
         "name": job.name,
         "namespace": job.namespace,
-        "labels": {**labels, "fsdp-eks/run-id": run_id_label},
+        # Kueue's queue and priority labels when the run is queued (infra.job.queueing):
+        # Kueue's webhook then creates the job suspended and Kueue owns `suspend`.
+        "labels": {**labels, "fsdp-eks/run-id": run_id_label, **queue_labels(config.scheduling)},
         # No `pulumi.com/waitFor`: it can only wait (a failed job held `up` for the whole
         # timeout) and counts crash-looping pods as running; `infra.launch.start_watch` waits
         # instead.

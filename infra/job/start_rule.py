@@ -20,6 +20,9 @@ So `infra.launch.start_watch` polls the job and its pods and asks `assess` what 
   earlier all-or-nothing release) cannot start until someone resumes it, so it is reported at
   once instead of after the whole start budget: an unchanged `pulumi up` after a failed start
   recreates the watch over the same, still suspended, job;
+* a queued job (Kueue's label) that is suspended waits for Kueue's admission, which holds it
+  suspended until then (`infra.job.queueing`): progress, not a failure, unless its Workload
+  is deactivated (stopped by `fsdp-eks stop`, or an all-or-nothing release);
 * done once every worker pod's trainer container has run `STABLE_RUNNING_S` without a
   restart: a crash-looping container never gets that far, and the operator fails the job once
   the restarts reach `runPolicy.backoffLimit` (`pkg/core/job.go` `PastBackoffLimit` sums the
@@ -55,6 +58,7 @@ from typing import Any
 from infra.config.job import DEFAULT_START_TIMEOUT_MINUTES
 from infra.job.job_api import PYTORCHJOB
 from infra.job.manifest import CONTAINER_NAME
+from infra.job.queueing import admission_state, is_deactivated, is_queued
 from infra.job.suspension import is_suspended
 
 STABLE_RUNNING_S = 60
@@ -303,11 +307,13 @@ def assess(
     events: Sequence[Mapping[str, Any]] = (),
     history: StartHistory | None = None,
     stack: str | None = None,
+    workload: Mapping[str, Any] | None = None,
 ) -> Verdict:
     """What `job` (a PyTorchJob), its `pods` and their Warning `events` mean at `now` for a job
     of `workers` nodes whose workers may take `start_timeout_s` to be placed; `history` is what
     earlier polls of the same watch saw (already updated with `pods`); `stack` names the
-    stack in the command a stopped job's message gives (None: `<stack>`)."""
+    stack in the command a stopped job's message gives (None: `<stack>`); `workload` is a
+    queued job's Kueue Workload (None: not queued, or none yet)."""
     name = job.get("metadata", {}).get("name", "?")
     status = job.get("status") or {}
     worker_pods = [
@@ -323,6 +329,18 @@ def assess(
         return Verdict(False, reason + (f"; last worker exit: {last}" if last else ""), "failed")
     if _condition(status, PYTORCHJOB.succeeded_condition) is not None:
         return Verdict(True, None, f"PyTorchJob {name} succeeded")
+    if is_queued(job) and is_suspended(job):
+        # Kueue holds a queued job suspended until its Workload is admitted
+        # (infra.job.queueing); only a deactivated Workload means someone stopped it.
+        if is_deactivated(workload):
+            return Verdict(
+                False,
+                f"PyTorchJob {name} is stopped (its Kueue Workload is deactivated): `fsdp-eks "
+                f"start {stack or '<stack>'}` queues it again",
+                "stopped",
+            )
+        state = admission_state(workload) if workload is not None else "no Workload yet"
+        return Verdict(False, None, f"PyTorchJob {name}: waiting for Kueue's admission: {state}")
     if is_suspended(job):
         return Verdict(
             False,

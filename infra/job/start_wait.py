@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from infra.job.job_api import PYTORCHJOB
 from infra.job.kube_client import KubeClient, KubernetesApiError, KubernetesCredentialError
+from infra.job.queue_hold import set_active, workload_of
+from infra.job.queueing import is_queued
 from infra.job.start_rule import (
     DEFAULT_START_TIMEOUT_S,
     STABLE_RUNNING_S,
@@ -28,7 +30,7 @@ from infra.job.start_rule import (
     StartHistory,
     assess,
 )
-from infra.job.suspension import job_urn, set_suspended
+from infra.job.suspension import is_suspended, job_urn, set_suspended
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +63,9 @@ class WatchedJob:
         return self.stack or "<stack>"
 
 
-def release_gpus(api: KubeClient, job: WatchedJob) -> str:
+def release_gpus(
+    api: KubeClient, job: WatchedJob, workload: Mapping[str, Any] | None = None
+) -> str:
     """All or nothing: a job that cannot start all its workers must not hold the nodes it got.
 
     Suspending the PyTorchJob makes the operator delete its pods and services (training-
@@ -69,20 +73,38 @@ def release_gpus(api: KubeClient, job: WatchedJob) -> str:
     -> `DeletePodsAndServices`, every pod of an unfinished job), so the autoscaler scales the
     GPU nodes back to zero. Suspended exactly as `fsdp-eks stop` does it
     (`infra.job.suspension.set_suspended`), so `fsdp-eks start` resumes it whatever the next
-    `pulumi up` does. Returns the sentence to add to the error.
+    `pulumi up` does; a queued job (its Kueue `workload` given) is held through the Workload
+    instead, as `fsdp-eks stop` holds it. Returns the sentence to add to the error.
     """
     stack = job.stack_or_placeholder
     try:
-        set_suspended(api, job.namespace, job.name, True)
+        if workload is not None:  # queued: Kueue would undo a suspend (infra.job.queue_hold)
+            set_active(api, workload, False)
+        else:
+            set_suspended(api, job.namespace, job.name, True)
     except KubernetesApiError as err:
         return (
             f"; could not suspend the job to release its GPU nodes ({err}): `fsdp-eks stop "
             f"{stack}` or delete its pods, or the nodes it holds keep billing"
         )
+    how = "its Kueue Workload was deactivated" if workload is not None else "the job was suspended"
     return (
-        "; the job was suspended so its pods and GPU nodes are released (to try again as it "
+        f"; {how} so its pods and GPU nodes are released (to try again as it "
         f"is: `fsdp-eks start {stack}`)"
     )
+
+
+def _queued_workload(api: KubeClient, job: dict[str, Any]) -> dict[str, Any] | None:
+    """A queued job's Kueue Workload; None when not queued, none yet, or not readable (403:
+    the watcher may not read Workloads; 404: no Kueue CRDs), when the wait reads the job alone."""
+    if not is_queued(job):
+        return None
+    try:
+        return workload_of(api, job)
+    except KubernetesApiError as err:
+        if err.status in (403, 404):
+            return None
+        raise
 
 
 def _pending(pods: list[dict[str, Any]]) -> bool:
@@ -110,6 +132,8 @@ def wait_for_start(
     warnings = "involvedObject.kind=Pod,type=Warning"
     read_events = True
     history = StartHistory()
+    workload: dict[str, Any] | None = None
+    admitted = True  # not queued, or queued and past admission (its job unsuspended)
     deadline = clock() + limit_s
     transient = 0
     last_progress = ""
@@ -119,6 +143,7 @@ def wait_for_start(
         try:
             document = api.get_job(PYTORCHJOB, job.namespace, job.name)
             pods = api.list_pods(job.namespace, selector)
+            workload = _queued_workload(api, document)
             events: list[dict[str, Any]] = []
             if read_events and _pending(pods):
                 try:
@@ -158,6 +183,7 @@ def wait_for_start(
                 raise JobStartError(f"watching PyTorchJob {job.name}: {err}") from None
             transient += 1
         else:
+            admitted = not (is_queued(document) and is_suspended(document))
             now = datetime.now(UTC)
             history.observe(pods, now)
             verdict = assess(
@@ -170,12 +196,13 @@ def wait_for_start(
                 events=events,
                 history=history,
                 stack=job.stack,
+                workload=workload,
             )
             if verdict.failure is not None and verdict.progress == "stopped":
                 raise JobStartError(verdict.failure)
             if verdict.failure is not None:
                 holds_nodes = verdict.progress in ("cannot start", "restarting")
-                released = release_gpus(api, job) if holds_nodes else ""
+                released = release_gpus(api, job, workload) if holds_nodes else ""
                 # A later `up` does not relaunch an unchanged job: it would report this again.
                 raise JobStartError(
                     f"{verdict.failure}{released} (details: `{follow}`; to relaunch the same "
@@ -187,10 +214,19 @@ def wait_for_start(
             if verdict.progress != last_progress:
                 report(verdict.progress)
                 last_progress = verdict.progress
-        if clock() >= deadline:
+        timed_out = clock() >= deadline
+        if timed_out and not admitted:
+            # Not admitted, it holds no node: it stays in its queue and starts when admitted.
+            raise JobStartError(
+                f"PyTorchJob {job.name}: not admitted by Kueue within {limit_s / 60:.0f} min "
+                f"({last_progress or 'no status'}); it stays queued and starts once admitted "
+                f"(`fsdp-eks status {job.stack_or_placeholder}` shows where it waits; "
+                f"`fsdp-eks stop {job.stack_or_placeholder}` takes it out of the queue)"
+            )
+        if timed_out:
             raise JobStartError(
                 f"PyTorchJob {job.name}: not every worker started within "
                 f"{limit_s / 60:.0f} min ({last_progress or 'no status'})"
-                f"{release_gpus(api, job)}; see `{follow}`"
+                f"{release_gpus(api, job, workload)}; see `{follow}`"
             )
         sleep(poll_s)

@@ -15,6 +15,10 @@ the inputs' shape (`provider/pkg/provider/provider.go` `Diff`, `pruneLiveState`)
 unchanged job is a no-op with or without `--refresh`; any change of the job's spec replaces it
 (`replace_on_changes=["spec"]` in `infra.launch.training_job`), and the new job runs.
 
+A job in a Kueue queue (label `kueue.x-k8s.io/queue-name`) is stopped and started through its
+Workload's `spec.active` instead, because Kueue owns its `suspend` (`infra.job.queue_hold`);
+the waits are the same: Kueue suspends the job, the operator deletes its pods.
+
 Nothing here prints: results and errors carry the sentences, the command-line tool shows them.
 """
 
@@ -27,6 +31,8 @@ from typing import Any
 
 from infra.job.job_api import PYTORCHJOB
 from infra.job.kube_client import KubeClient, KubernetesApiError, KubernetesCredentialError
+from infra.job.queue_hold import is_deactivated, set_active, workload_of
+from infra.job.queueing import is_queued
 from infra.job.start_rule import DEFAULT_START_TIMEOUT_S
 from infra.job.start_wait import (
     DEFAULT_POLL_SECONDS,
@@ -111,6 +117,39 @@ def _apply_suspend(api: KubeClient, namespace: str, name: str, suspended: bool) 
             "training-operator v1.7.0; this project installs v1.9.0): nothing was changed, the "
             "operator needs an upgrade first"
         )
+
+
+class NoWorkloadError(JobControlError):
+    """A queued job without its Kueue Workload: nothing holds or queues it yet."""
+
+
+def _queued_workload(api: KubeClient, job: Mapping[str, Any]) -> dict[str, Any]:
+    meta = job.get("metadata") or {}
+    workload = workload_of(api, job)
+    if workload is None:
+        raise NoWorkloadError(
+            f"PyTorchJob {meta.get('namespace')}/{meta.get('name')} is queued (label "
+            "kueue.x-k8s.io/queue-name) but has no Kueue Workload: Kueue is not managing it "
+            "(is Kueue running, with its kubeflow.org/pytorchjob integration on? `kubectl -n "
+            "kueue-system logs deploy/kueue-controller-manager`); nothing was changed"
+        )
+    return workload
+
+
+def _is_held(api: KubeClient, job: Mapping[str, Any]) -> bool:
+    """Stopped: a queued job's Workload deactivated, any other job suspended
+    (infra.job.queue_hold says why a queued job is held through its Workload)."""
+    if is_queued(job):
+        return is_deactivated(_queued_workload(api, job))
+    return is_suspended(job)
+
+
+def _hold(api: KubeClient, job: Mapping[str, Any], held: bool) -> None:
+    meta = job.get("metadata") or {}
+    if is_queued(job):
+        set_active(api, _queued_workload(api, job), not held)
+    else:
+        _apply_suspend(api, str(meta.get("namespace")), str(meta.get("name")), held)
 
 
 @dataclass(frozen=True)
@@ -233,11 +272,11 @@ def stop_job(
     report = on_progress or (lambda _line: None)
     job = _read_job(api, namespace, name, stack)
     _refuse_finished(job, "stop", stack)
-    already = is_suspended(job)
+    already = _is_held(api, job)
     before = suspend_owners(job)
     # Also when already suspended: the apply makes fsdp-eks an owner of `true`, which an
     # owner Pulumi takes over (kubectl's) alone would not keep (infra.job.suspension).
-    _apply_suspend(api, namespace, name, True)
+    _hold(api, job, True)
     limit = stop_timeout_seconds(job) if timeout_s is None else timeout_s
     started = clock()
     deadline = started + limit
@@ -345,14 +384,14 @@ def start_job(
         start_timeout_s=start_timeout_s,
         stack=stack,
     )
-    was_running = not is_suspended(job)
+    was_running = not _is_held(api, job)
     if not was_running:
         poller = _Poller(api, namespace, name)
         limit = (
             stop_timeout_seconds(job) if terminating_timeout_s is None else terminating_timeout_s
         )
         _wait_for_pods_to_go(poller, limit, poll_s=poll_s, report=report, clock=clock, sleep=sleep)
-        _apply_suspend(api, namespace, name, False)
+        _hold(api, job, False)
         report(f"resumed PyTorchJob {namespace}/{name}: waiting for its workers")
     progress = ""
     if wait:

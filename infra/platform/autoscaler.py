@@ -149,14 +149,31 @@ def discovery_tags(cluster_name: str) -> list[str]:
     ]
 
 
+PROVISIONING_REQUEST_ARGS = {
+    "enable-provisioning-requests": "true",
+    "kube-api-content-type": "application/json",
+}
+"""What serving Kueue's ProvisioningRequests takes (cluster-autoscaler-1.35.2 `FAQ.md`,
+"Enabling ProvisioningRequest Support", steps 2 and 3; `config/flags/flags.go`
+`enable-provisioning-requests`, default false). The chart's ClusterRole already grants
+`provisioningrequests` and `podtemplates` (chart 9.59.0 `templates/clusterrole.yaml`); the CRD is
+`infra.platform.kueue`'s."""
+
+
 def chart_values(
-    cluster_name: str, region: str, system_selector: Mapping[str, str], scale_down_minutes: int
+    cluster_name: str,
+    region: str,
+    system_selector: Mapping[str, str],
+    scale_down_minutes: int,
+    *,
+    provisioning_requests: bool = False,
 ) -> dict[str, Any]:
     """Values of the pinned chart (keys of its `values.yaml`); `extraArgs` are flags of
     Cluster Autoscaler 1.35.0 (`cluster-autoscaler/config/flags/flags.go`). The chart joins
     `autoDiscovery.tags` into `--node-group-auto-discovery=asg:tag=<tags>` (chart 9.59.0
-    `templates/deployment.yaml`)."""
-    return {
+    `templates/deployment.yaml`). `provisioning_requests` (Kueue's admission check) adds
+    `PROVISIONING_REQUEST_ARGS`; without it the values are what they always were."""
+    values: dict[str, Any] = {
         "cloudProvider": "aws",
         "awsRegion": region,
         "autoDiscovery": {"clusterName": cluster_name, "tags": discovery_tags(cluster_name)},
@@ -172,6 +189,9 @@ def chart_values(
             "expander": "least-waste",
         },
     }
+    if provisioning_requests:
+        values["extraArgs"] = {**values["extraArgs"], **PROVISIONING_REQUEST_ARGS}
+    return values
 
 
 def _value_of(key: str) -> Callable[[Mapping[str, str]], str]:
@@ -188,6 +208,8 @@ class ClusterAutoscalerArgs:
     gpu_asg_name: pulumi.Input[str]
     gpu_nodes: GpuNodesConfig
     efa_interfaces: pulumi.Input[int]
+    provisioning_requests: bool = False
+    """Serve Kueue's ProvisioningRequests (`scheduling.kueue`)."""
     cluster_ready: Sequence[pulumi.Resource] = ()
     tags: Mapping[str, str] = field(default_factory=dict)
 
@@ -243,7 +265,13 @@ class ClusterAutoscaler(pulumi.ComponentResource):
                 opts=child,
             )
         values = pulumi.Output.all(args.cluster_name, args.region).apply(
-            lambda cr: chart_values(cr[0], cr[1], args.system_selector, args.scale_down_minutes)
+            lambda cr: chart_values(
+                cr[0],
+                cr[1],
+                args.system_selector,
+                args.scale_down_minutes,
+                provisioning_requests=args.provisioning_requests,
+            )
         )
         self.release = k8s.helm.v3.Release(
             f"{name}-release",

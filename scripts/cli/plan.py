@@ -273,7 +273,15 @@ def summary_lines(plan: RunPlan, evaluation: Evaluation | None = None) -> list[s
         *labelled("Standing:", plan.standing.summary_lines()),
         *labelled("Metrics:", [plan.metrics.summary()]),
         *labelled("Grafana:", [grafana_plan(plan).summary()]),
+        *(labelled("Queue:", queue) if (queue := queue_lines(config)) else []),
     ]
+
+
+def queue_lines(config: StackConfig) -> list[str]:
+    """Where a queued run waits for admission, and what its Kueue integration's status is."""
+    from infra.job.queueing import JOB_API, plan_lines
+
+    return plan_lines(config.scheduling, cluster_mode=config.cluster.mode, job_api=JOB_API)
 
 
 LINE_WIDTH = 100

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -17,6 +17,9 @@ from infra.job.job_api import PYTORCHJOB
 from scripts.cli.support.errors import CliError
 from scripts.cli.support.stacks import stack_arguments
 from scripts.cli.support.target import RunTarget, run_options
+
+if TYPE_CHECKING:
+    from infra.job.kube_client import KubeClient
 
 JOB_LABEL = PYTORCHJOB.job_name_label
 GPU_POOL_SELECTOR = "fsdp-eks/node-pool=gpu"
@@ -76,6 +79,8 @@ class JobStatus:
     """None: the nodes could not be read (no permission to list nodes)."""
     restarts: str | None = None
     """The run's restart history from its metrics file (`trainer.restarts`), when readable."""
+    admission: str | None = None
+    """A queued job's Kueue admission (`queue <name>: <state>`); None: not queued."""
 
     @property
     def spent_usd(self) -> float | None:
@@ -140,6 +145,8 @@ def format_status(status: JobStatus) -> str:
     lines = [f"job {status.name} ({status.namespace}): {status.state}"]
     if status.message:
         lines[0] += f" - {status.message}"
+    if status.admission is not None:
+        lines.append(f"  {status.admission}")
     if status.elapsed_s is not None:
         timing = f"  started {status.started}, {_duration(status.elapsed_s)} elapsed"
         if status.deadline_s:
@@ -216,13 +223,31 @@ def gpu_node_summary(nodes: list[NodeRow]) -> str:
     return ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
 
 
+def admission(client: KubeClient, job: Mapping[str, Any]) -> str | None:
+    """Where a queued job's Kueue Workload (the one it owns) stands; None: not queued."""
+    from infra.job.kube_client import KubernetesApiError
+    from infra.job.queue_hold import workload_of
+    from infra.job.queueing import QUEUE_LABEL, admission_state, is_queued
+
+    if not is_queued(job):
+        return None
+    queue = f"queue {job['metadata']['labels'][QUEUE_LABEL]}"
+    try:
+        workload = workload_of(client, job)
+    except KubernetesApiError as error:
+        return f"{queue}: admission unknown (Kueue Workloads not readable: {error})"
+    if workload is None:
+        return f"{queue}: no Kueue Workload (is Kueue running with this job's integration on?)"
+    return f"{queue}: {admission_state(workload)} (workload {workload['metadata']['name']})"
+
+
 def fetch_status(target: RunTarget, *, now: datetime | None = None) -> JobStatus:
     name = target.require_job()
     client = target.client()
     job = client.get_job(PYTORCHJOB, target.namespace, name)
     pods = {"items": client.list_pods(target.namespace, f"{JOB_LABEL}={name}")}
     summary = summarize(job, pods, now=now or datetime.now(UTC), usd_per_hour=target.usd_per_hour)
-    summary = replace(summary, restarts=read_restarts(target))
+    summary = replace(summary, restarts=read_restarts(target), admission=admission(client, job))
     from infra.job.kube_client import KubernetesApiError
 
     try:

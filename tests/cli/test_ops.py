@@ -38,7 +38,7 @@ from tests.cli.conftest import (
     set_answers,
     write_metrics,
 )
-from tests.infra.kube_fake import TOKEN, ClusterApiServer
+from tests.infra.kube_fake import TOKEN, ClusterApiServer, Kueue
 from tests.s3_server import s3_environment
 
 # --- status ---------------------------------------------------------------------------------
@@ -110,6 +110,31 @@ def test_status_command_reads_the_stack_outputs(fake_cli: Path, cluster: Cluster
          f"training.kubeflow.org/job-name={JOB_NAME}"),
         ("GET", "/api/v1/nodes", "fsdp-eks/node-pool=gpu"),
     ]  # fmt: skip
+
+
+def test_status_shows_a_queued_jobs_admission(fake_cli: Path, cluster: ClusterApiServer) -> None:
+    """The job's own Kueue Workload (its ownerReference), not another job's."""
+    job = pytorch_job()
+    job["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team-ml-localqueue"}
+    with cluster.lock:
+        cluster.store.delete(JOB_NAME)
+        cluster.kueue = Kueue(admits=False)
+        cluster.put_job(job)
+    result = run_cli("status", STACK, "--context", "lab")
+    assert result.code == 0, result
+    assert (
+        "  queue team-ml-localqueue: pending: couldn't assign flavors to pod set worker: "
+        "insufficient unused quota" in result.out
+    )
+    assert f"(workload pytorchjob-{JOB_NAME}-3f9a1)" in result.out
+
+
+def test_status_of_an_unqueued_job_asks_for_no_workload(
+    fake_cli: Path, cluster: ClusterApiServer
+) -> None:
+    result = run_cli("status", STACK, "--context", "lab")
+    assert "queue " not in result.out
+    assert not [r for r in cluster.requests if "workloads" in r.path]
 
 
 def test_status_without_the_right_to_list_nodes_leaves_the_lease_out(

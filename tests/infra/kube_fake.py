@@ -298,6 +298,83 @@ class Operator:
     terminating_reads: dict[str, int] = field(default_factory=dict)
 
 
+KUEUE_MANAGER = "kueue"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+
+
+@dataclass
+class Kueue:
+    """kubernetes-sigs/kueue v0.19.2 for one queued job, as far as its Workload and the job's
+    `suspend` go (`pkg/controller/jobframework/reconciler.go`): a Workload owned by the job;
+    `spec.active: false` evicts it (reason Deactivated); an admitted Workload's job is
+    unsuspended (step 7), an unsuspended job without admission suspended (step 8)."""
+
+    admits: bool = True
+    """Quota and the ProvisioningRequest check pass; False: it waits in its queue."""
+    workload: dict[str, Any] | None = None
+    running: bool = True
+    """False: Kueue does not act (not installed with the job's integration on)."""
+
+    def reconcile(self, store: ssa_model.ApiServer) -> None:
+        job = store.obj
+        if (
+            not self.running
+            or job is None
+            or QUEUE_LABEL not in (job["metadata"].get("labels") or {})
+        ):
+            return
+        meta = job["metadata"]
+        if self.workload is None:
+            self.workload = {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "Workload",
+                "metadata": {
+                    "name": f"pytorchjob-{meta['name']}-3f9a1",
+                    "namespace": meta.get("namespace"),
+                    "ownerReferences": [
+                        {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+                         "name": meta["name"], "uid": meta.get("uid"), "controller": True}
+                    ],
+                },
+                "spec": {"active": True, "queueName": meta["labels"][QUEUE_LABEL]},
+                "status": {},
+            }  # fmt: skip
+        workload = self.workload
+        conditions: list[dict[str, Any]] = workload["status"].get("conditions") or []
+        active = workload["spec"].get("active") is not False
+        if not active:
+            conditions = _set_condition(
+                conditions, "Evicted", "True", "Deactivated", "The workload is deactivated"
+            )
+            conditions = _set_condition(conditions, "Admitted", "False", "NoReservation", "")
+            conditions = _set_condition(conditions, "QuotaReserved", "False", "Pending", "")
+            checks: list[dict[str, Any]] = []
+        elif self.admits:
+            conditions = [c for c in conditions if c["type"] != "Evicted"]
+            conditions = _set_condition(
+                conditions, "QuotaReserved", "True", "QuotaReserved", "Quota reserved in "
+                "ClusterQueue fsdp-eks"
+            )  # fmt: skip
+            conditions = _set_condition(
+                conditions, "Admitted", "True", "Admitted", "The workload is admitted"
+            )
+            checks = [{"name": "atomic-provisioning", "state": "Ready"}]
+        else:
+            conditions = [c for c in conditions if c["type"] != "Evicted"]
+            conditions = _set_condition(
+                conditions, "QuotaReserved", "False", "Pending",
+                "couldn't assign flavors to pod set worker: insufficient unused quota for "
+                "nvidia.com/gpu in flavor gpu, 16 more needed",
+            )  # fmt: skip
+            checks = [{"name": "atomic-provisioning", "state": "Pending"}]
+        workload["status"] = {"conditions": conditions, "admissionChecks": checks}
+        admitted = active and self.admits
+        suspended = bool(ssa_model.get_path(job, ssa_model.SUSPEND))
+        if admitted == suspended:  # Kueue's client Update of the one field it owns
+            patch = {"spec": {"runPolicy": {"suspend": not admitted}}}
+            store.merge_patch(meta["name"], patch, KUEUE_MANAGER)
+
+
 def _set_condition(
     conditions: list[dict[str, Any]], kind: str, value: str, reason: str, message: str
 ) -> list[dict[str, Any]]:
@@ -346,6 +423,8 @@ class ClusterApiServer(LoopbackApiServer):
         """Anything else applied, by its path (validate's check workloads)."""
         self.outcomes: dict[str, str] = {"Job": "Complete", "PyTorchJob": "Succeeded"}
         """The condition each kind of applied workload ends with."""
+        self.kueue: Kueue | None = None
+        """Kueue managing the job (it carries the queue label); None: not installed."""
         self.crd_without_suspend = False
         """An operator older than v1.7.0: the API server prunes `spec.runPolicy.suspend`, a
         field the CRD's structural schema does not declare, and answers 200
@@ -362,8 +441,17 @@ class ClusterApiServer(LoopbackApiServer):
     def job(self) -> dict[str, Any]:
         return self.store.get(self.name)
 
+    @property
+    def workloads_path(self) -> str:
+        return f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{self.namespace}/workloads"
+
     def put_job(self, job: dict[str, Any]) -> None:
-        """`job` as deployed (created by Pulumi, its status written by the operator)."""
+        """`job` as deployed (created by Pulumi, its status written by the operator); with
+        Kueue, a queued job as its webhook defaults it: suspended (`jobframework/defaults.go`
+        `ApplyDefaultForSuspend`), recorded under the creator's manager."""
+        if self.kueue is not None and QUEUE_LABEL in (job["metadata"].get("labels") or {}):
+            job = copy.deepcopy(job)
+            ssa_model.put_path(job, ssa_model.SUSPEND, True)
         self.store.create(job, "pulumi-kubernetes")
         if job.get("status"):
             self.store.update_status(self.name, job["status"], OPERATOR_MANAGER)
@@ -379,6 +467,8 @@ class ClusterApiServer(LoopbackApiServer):
     def reconcile(self) -> None:
         """One pass of the operator, then of the kubelets of terminating pods."""
         self._kubelet()
+        if self.kueue is not None:
+            self.kueue.reconcile(self.store)
         job = self.store.obj
         if job is None or not self.operator.running:
             return
@@ -512,6 +602,12 @@ class _ClusterHandler(_Handler):
                 self._send(200, {"kind": "NodeList", "apiVersion": "v1", "items": items})
             elif request.path.startswith(server.pods_path + "/") and request.path.endswith("/log"):
                 self._log(request)
+            elif request.path == server.workloads_path and server.kueue is not None:
+                if self._refused(request, "list", "workloads", "kueue.x-k8s.io"):
+                    return
+                server.reconcile()
+                items = [server.kueue.workload] if server.kueue.workload else []
+                self._send(200, {"kind": "WorkloadList", "items": copy.deepcopy(items)})
             elif request.path in server.objects:
                 self._send(200, server.objects[request.path])
             else:
@@ -565,6 +661,14 @@ class _ClusterHandler(_Handler):
         request = self._request()
         server = self.server
         with server.lock:
+            workload = (server.kueue.workload or {}) if server.kueue else {}
+            name = (workload.get("metadata") or {}).get("name")
+            if name and request.path == f"{server.workloads_path}/{name}":
+                # Only `spec.active` is modelled; the apply sets it.
+                workload["spec"]["active"] = request.body["spec"]["active"]
+                server.reconcile()
+                self._send(200, copy.deepcopy(workload))
+                return
             other = request.path != server.job_path and request.content_type == APPLY_PATCH
             if other and request.query.get("fieldManager"):
                 self._apply_other(request)

@@ -1,0 +1,57 @@
+"""Stopping and starting a queued job through its Kueue Workload, not its `suspend` field.
+
+Kueue owns a queued job's `suspend`: its job reconciler unsuspends a suspended job whose
+Workload is admitted and suspends an unsuspended one that is not (kubernetes-sigs/kueue v0.19.2
+`pkg/controller/jobframework/reconciler.go`, steps 7 and 8), so `fsdp-eks stop`'s apply of
+`suspend: true` would be undone within a reconcile. What Kueue offers instead is the
+Workload's `spec.active`: false evicts the Workload (reason `Deactivated`) and Kueue suspends
+the job, whose operator then deletes the pods as for any stop (step 6, `stopJob`); true queues
+it again, and admission unsuspends the job (`apis/kueue/v1beta2/workload_types.go` `Active`).
+
+The rule, then: a job carrying Kueue's queue label is held by `spec.active: false` on the
+Workload it owns, applied as `FIELD_MANAGER`, forced (Kueue's controller may own the field);
+every other job by `suspend` (`infra.job.suspension`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from infra.job.job_api import PYTORCHJOB, JobApi
+from infra.job.kube_client import KubeClient
+from infra.job.queueing import KUEUE_GROUP, KUEUE_VERSION, is_deactivated, owned_workloads
+from infra.job.suspension import FIELD_MANAGER
+
+__all__ = ["active_patch", "is_deactivated", "set_active", "workload_of"]
+
+
+def workload_of(
+    client: KubeClient, job: Mapping[str, Any], api: JobApi = PYTORCHJOB
+) -> dict[str, Any] | None:
+    """The Workload Kueue made for `job` (owned by it), or None when none exists yet."""
+    meta = job.get("metadata") or {}
+    namespace, name = str(meta.get("namespace")), str(meta.get("name"))
+    found = owned_workloads(
+        client.list_workloads(namespace), kind=api.kind, name=name, uid=meta.get("uid")
+    )
+    return dict(found[0]) if found else None
+
+
+def active_patch(namespace: str, name: str, active: bool) -> dict[str, Any]:
+    """The apply configuration: the Workload's identity and `spec.active` only."""
+    return {
+        "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}",
+        "kind": "Workload",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"active": active},
+    }
+
+
+def set_active(client: KubeClient, workload: Mapping[str, Any], active: bool) -> dict[str, Any]:
+    """Queue (True) or hold (False) the Workload; the Workload as stored."""
+    meta = workload.get("metadata") or {}
+    namespace, name = str(meta.get("namespace")), str(meta.get("name"))
+    return client.apply_workload(
+        namespace, name, active_patch(namespace, name, active), field_manager=FIELD_MANAGER
+    )
