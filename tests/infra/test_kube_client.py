@@ -100,8 +100,9 @@ def _sources() -> list[Path]:
 def test_one_module_speaks_to_kubernetes() -> None:
     """The Kubernetes client is imported by `infra/job/kube_client.py` alone; no module of
     ours sends HTTP with urllib to Kubernetes or runs kubectl (kubectl stays in printed hints;
-    `doctor` reports its version, an optional tool). The one module that uses urllib asks a
-    Prometheus HTTP API, not a cluster (`fsdp-eks status`'s live figures)."""
+    `doctor` reports its version, an optional tool), but for the port-forward a person would
+    type to look at Grafana (`fsdp-eks dashboard --open`). The one module that uses urllib
+    asks a Prometheus HTTP API, not a cluster (`fsdp-eks status`'s live figures)."""
     imports = re.compile(r"^\s*(from|import)\s+kubernetes\b", re.M)
     urllib = re.compile(r"^\s*(from|import)\s+urllib\b(?!3)", re.M)
     kubectl_argv = re.compile(
@@ -115,5 +116,7 @@ def test_one_module_speaks_to_kubernetes() -> None:
         http += [name] if urllib.search(text) else []
         runs += [name] if kubectl_argv.search(text) else []
     assert clients == ["infra/job/kube_client.py"]
-    assert http == ["scripts/cli/support/live_metrics.py"] and runs == [], (http, runs)
+    assert http == ["scripts/cli/support/live_metrics.py"], http
+    assert runs == ["scripts/cli/support/port_forward.py"], runs
+    assert "port-forward" in (ROOT / runs[0]).read_text(encoding="utf-8")
     assert "/api/v1/query" in (ROOT / http[0]).read_text(encoding="utf-8")
