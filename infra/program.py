@@ -120,6 +120,9 @@ def main() -> None:
             gpu_placement=gpu_placement(stack.gpu_nodes),
             efa_enabled=stack.gpu_nodes.efa_enabled,
             cluster_ready=cluster.ready,
+            # The job API's operator: training operator v1, or Trainer v2 with JobSet.
+            job_api=stack.job.api,
+            owns_cluster=stack.cluster.mode == "create",
         ),
     )
     # The run's metrics: GPU and EFA exporters, collected by AMP's managed scraper into a
