@@ -69,10 +69,25 @@ class JobApi(CustomKind):
     (then `first_worker_selector` finds it)."""
     first_worker_label: str = "training.kubeflow.org/replica-index"
     """The label whose value 0 marks worker 0's pod."""
+    worker_label: tuple[str, str] = ("training.kubeflow.org/replica-type", "worker")
+    """(label, value) on every trainer pod of the job."""
+    controller: str = "the training operator"
+    """Who reconciles the job, for messages."""
 
     def pod_selector(self, name: str) -> str:
         """The label selector of the job's pods."""
         return f"{self.job_name_label}={name}"
+
+    def is_worker(self, pod: Mapping[str, Any]) -> bool:
+        """Whether `pod` is one of the job's trainer pods."""
+        label, value = self.worker_label
+        return bool((_at(pod, "metadata", "labels") or {}).get(label) == value)
+
+    def picked_up(self, job: Mapping[str, Any]) -> bool:
+        """Whether the controller has written any status yet (the operator adds `Created` at
+        once; Trainer v2 writes `jobsStatus` from the JobSet and no condition while running)."""
+        status = job.get("status") or {}
+        return bool(status.get("conditions") or status.get("jobsStatus"))
 
     def first_worker_selector(self, name: str) -> str:
         """The label selector of worker 0's pod."""
@@ -177,6 +192,8 @@ TRAINJOB = JobApi(
     container_name="node",
     first_worker_suffix=None,
     first_worker_label="batch.kubernetes.io/job-completion-index",
+    worker_label=("jobset.sigs.k8s.io/replicatedjob-name", "node"),
+    controller="Kubeflow Trainer v2 and JobSet",
 )
 """Kubeflow Trainer v2.3.0's TrainJob: `spec.suspend`, copied onto its JobSet (`plugins/jobset/
 jobset.go` `Build`); conditions `Suspended`, `Complete`, `Failed` (`trainjob_types.go`), no
