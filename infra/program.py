@@ -245,6 +245,7 @@ def main() -> None:
     pulumi.export("oidcProviderArn", cluster.oidc_provider_arn)
     pulumi.export("bucketName", storage.bucket_name)
     pulumi.export("jobName", job.job_name)
+    pulumi.export("jobApi", stack.job.api)  # which API the verbs talk to (infra.job.job_api)
     pulumi.export("namespace", job.namespace)
     pulumi.export("image", job.image)
     pulumi.export("runId", job.run_id)

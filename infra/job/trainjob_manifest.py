@@ -22,7 +22,6 @@ reads them only for the static backend), and `--nnodes` on the command line wins
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -130,11 +129,21 @@ def restart_rules(restart_policy: str, backoff_limit: int) -> tuple[str, dict[st
     return "Never", {"backoffLimit": backoff_limit, "podFailurePolicy": {"rules": [rule]}}
 
 
+def _copy_tree(value: Any) -> Any:
+    """A copy of the dicts and lists of a manifest, its leaves shared: they may be Pulumi
+    outputs (the image digest, the claim's name), which cannot be deep-copied."""
+    if isinstance(value, dict):
+        return {key: _copy_tree(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_copy_tree(item) for item in value]
+    return value
+
+
 def trainer_pod_template(plan: RunPlan, pytorchjob: JobManifest) -> dict[str, Any]:
     """The PyTorchJob's worker pod, changed only as `POD_DIFFERENCES` says."""
     job_name = pytorchjob.name
     worker = pytorchjob.spec["pytorchReplicaSpecs"]["Worker"]
-    template = copy.deepcopy(worker["template"])
+    template = _copy_tree(worker["template"])
     spec = template["spec"]
     [container] = [c for c in spec["containers"] if c["name"] == CONTAINER_NAME]
     container["name"] = TRAINER_CONTAINER

@@ -44,6 +44,11 @@ EVALUATED_LINE = re.compile(r"^(Resources \(\d+\), evaluated offline in [\d.]+s)
 """`render`'s timing line of a verbose plan."""
 
 PYTORCHJOB_TYPE = "kubernetes:kubeflow.org/v1:PyTorchJob"
+TRAINJOB_TYPES = (
+    "kubernetes:trainer.kubeflow.org/v1alpha1:TrainingRuntime",
+    "kubernetes:trainer.kubeflow.org/v1alpha1:TrainJob",
+)
+"""What a stack with `job.api: trainjob` submits instead (infra.launch.training_job)."""
 
 # The settings worth a reviewer's eye, per input key (camelCase, as sent to the engine).
 KEY_SETTINGS = (
@@ -334,13 +339,13 @@ def render(plan: Plan, *, verbose: bool = False) -> str:
             lines.extend(f"    {k}: {v}" for k, v in value.items())
         else:
             lines.append(f"  {key}: {value}")
-    jobs = evaluation.of_type(PYTORCHJOB_TYPE)
+    jobs = [job for kind in (PYTORCHJOB_TYPE, *TRAINJOB_TYPES) for job in evaluation.of_type(kind)]
     for job in jobs:
         manifest = whole_numbers(
             {key: job.inputs.get(key) for key in ("apiVersion", "kind", "metadata", "spec")}
         )
         # Sorted keys, as `kubectl get -o yaml` shows objects.
-        lines += ["", "PyTorchJob:", "---", _yaml(manifest)]
+        lines += ["", f"{job.type.rsplit(':', 1)[-1]}:", "---", _yaml(manifest)]
     return "\n".join(label_placeholders(line) for line in "\n".join(lines).splitlines())
 
 
