@@ -1,0 +1,162 @@
+"""stop / start / status / logs on a TrainJob, as tests/cli/test_stop_start.py and
+tests/cli/test_ops.py hold them on a PyTorchJob: typed as a user types them, against the
+loopback API server (`tests.infra.kube_fake`, `api=TRAINJOB`) playing Kubeflow Trainer v2.3.0
+and JobSet. The job and its TrainingRuntime are the shipped stack's own rendering, so the
+grace period and worker count the verbs read come from the real manifests."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from infra.job.job_api import TRAINJOB
+from infra.job.stack_checks import plan_stack_file
+from infra.job.stop_start import STOP_MARGIN_S, STOP_POLL_S, Pacing
+from infra.job.trainjob_manifest import TrainJobManifests, render_trainjob
+from tests.cli.conftest import (
+    LOG_LINES,
+    assert_one_line_mistake,
+    run_cli,
+    set_answers,
+)
+from tests.infra.kube_fake import ClusterApiServer, FakeClock, kubeconfig, serving
+
+STACK = "llama32-1b-g5-trainjob"
+NAMESPACE = "training"
+IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/fsdp@sha256:" + "a" * 64
+
+
+@pytest.fixture(autouse=True)
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    fake = FakeClock()
+    monkeypatch.setattr("scripts.cli.job.PACING", Pacing(clock=fake, sleep=fake.sleep))
+    return fake
+
+
+@pytest.fixture(scope="module")
+def rendered() -> TrainJobManifests:
+    return render_trainjob(plan_stack_file(STACK), image=IMAGE, pvc_name="fsx-claim")
+
+
+@pytest.fixture
+def cluster(
+    fake_cli: Path, monkeypatch: pytest.MonkeyPatch, rendered: TrainJobManifests
+) -> Iterator[ClusterApiServer]:
+    """The TrainJob stack deployed: its outputs say `jobApi: trainjob`; the TrainJob runs with
+    its four pods, each with a log."""
+    with serving(ClusterApiServer(namespace=NAMESPACE, name=STACK, api=TRAINJOB)) as server:
+        set_answers(
+            fake_cli,
+            outputs={"jobName": STACK, "namespace": NAMESPACE, "clusterName": "lab",
+                     "jobApi": "trainjob"},
+        )  # fmt: skip
+        monkeypatch.setattr(
+            "scripts.cli.support.kube.stack_cluster_access",
+            lambda stack, name: (kubeconfig(server.url), None),
+        )
+        server.put_runtime(rendered.runtime)
+        server.put_job(rendered.trainjob)
+        with server.lock:
+            server.reconcile()
+        for name in server.pods:
+            server.logs[name] = list(LOG_LINES)
+        yield server
+
+
+def grace_s(rendered: TrainJobManifests) -> int:
+    return int(rendered.pod_template["spec"]["terminationGracePeriodSeconds"])
+
+
+def test_stop_suspends_the_trainjob_by_server_side_apply(
+    cluster: ClusterApiServer, clock: FakeClock
+) -> None:
+    assert len(cluster.live_pods()) == 4
+    stopped = run_cli("stop", STACK)
+    assert stopped.code == 0, stopped
+    assert f"Stopped TrainJob {NAMESPACE}/{STACK}" in stopped.out
+    assert cluster.suspended() and not cluster.live_pods()
+    assert clock.slept == [STOP_POLL_S] * 2
+    [patch] = cluster.patches
+    assert (
+        patch.path
+        == f"/apis/trainer.kubeflow.org/v1alpha1/namespaces/{NAMESPACE}/trainjobs/{STACK}"
+    )
+    assert patch.query == {"fieldManager": "fsdp-eks", "force": "true"}
+    assert patch.content_type == "application/apply-patch+yaml"
+    assert patch.body == {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": STACK, "namespace": NAMESPACE},
+        "spec": {"suspend": True},
+    }
+
+
+def test_stop_waits_the_runtimes_grace_period(
+    cluster: ClusterApiServer, rendered: TrainJobManifests
+) -> None:
+    """The bound is the grace period of the pods the TrainingRuntime makes, read through it."""
+    cluster.operator.pods_removable = False
+    failed = run_cli("stop", STACK)
+    limit = grace_s(rendered) + STOP_MARGIN_S
+    assert grace_s(rendered) > 30  # not the Kubernetes default: read from the runtime
+    assert failed.code == 1 and "Traceback" not in failed.err
+    assert f"TrainJob {NAMESPACE}/{STACK} is suspended, but {limit:.0f} s later" in failed.err
+
+
+def test_start_resumes_and_waits_for_every_node(cluster: ClusterApiServer) -> None:
+    assert run_cli("stop", STACK).code == 0
+    started = run_cli("start", STACK)
+    assert started.code == 0, started
+    assert f"Started TrainJob {NAMESPACE}/{STACK}" in started.out
+    assert "4/4 workers running" in started.out
+    assert not cluster.suspended() and len(cluster.live_pods()) == 4
+    conditions = {c["type"]: c for c in cluster.job()["status"]["conditions"]}
+    assert conditions["Suspended"]["status"] == "False"
+    assert conditions["Suspended"]["reason"] == "Resumed"
+    last = cluster.patches[-1]
+    assert last.body["spec"] == {"suspend": False}
+
+
+def test_a_finished_trainjob_is_one_line_naming_its_urn(cluster: ClusterApiServer) -> None:
+    status = json.loads(json.dumps(cluster.job()["status"]))
+    complete = {"type": "Complete", "status": "True", "reason": "Completed", "message": "done"}
+    status["conditions"] = [{**complete, "lastTransitionTime": "2026-11-27T21:00:00Z"}]
+    cluster.store.update_status(cluster.name, status, "trainer")
+    assert_one_line_mistake(
+        run_cli("stop", STACK),
+        "has finished (Complete)",
+        "trainer.kubeflow.org/v1alpha1:TrainJob::job-trainjob",
+    )
+
+
+def test_status_shows_the_running_trainjob_and_its_pods(cluster: ClusterApiServer) -> None:
+    result = run_cli("status", STACK)
+    assert result.code == 0, result
+    assert f"job {STACK} ({NAMESPACE}): Running" in result.out
+    assert "deadline in" in result.out  # spec.activeDeadlineSeconds (job.maxRunHours)
+    for name in cluster.pods:
+        assert name in result.out
+    selectors = {r.query.get("labelSelector") for r in cluster.requests if r.path.endswith("/pods")}
+    assert f"jobset.sigs.k8s.io/jobset-name={STACK}" in selectors
+    assert run_cli("stop", STACK).code == 0
+    assert f"({NAMESPACE}): Suspended" in run_cli("status", STACK).out
+
+
+def test_logs_follow_node_0_in_the_node_container(cluster: ClusterApiServer) -> None:
+    result = run_cli("logs", STACK, "--loss", "--no-follow")
+    assert result.code == 0, result
+    assert result.lines == [line.rstrip("\n") for line in LOG_LINES if "Loss:" in line]
+    index = "batch.kubernetes.io/job-completion-index"
+    [node0] = [n for n, p in cluster.pods.items() if p["metadata"]["labels"][index] == "0"]
+    asked = [(r.path.split("/")[-2], r.query) for r in cluster.requests if r.path.endswith("/log")]
+    assert asked == [(node0, {"container": "node"})]
+    assert f"logs {node0} -c node" in result.err
+    every = run_cli("logs", STACK, "--node", "all", "--no-follow", "--loss")
+    assert every.code == 0 and len(every.lines) == 4 * 2
+    assert f"--selector=jobset.sigs.k8s.io/jobset-name={STACK}" in every.err
+    assert_one_line_mistake(
+        run_cli("logs", STACK, "--node", "9"), "--node 9: TrainJob", "4 node(s)"
+    )
