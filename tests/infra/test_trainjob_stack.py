@@ -116,3 +116,18 @@ def test_only_the_jobs_own_pods_reach_it_and_the_outputs_say_how_to_follow_it() 
         f"-l jobset.sigs.k8s.io/jobset-name={STACK},"
         "batch.kubernetes.io/job-completion-index=0 -c node"
     )
+
+
+def test_the_metrics_are_scraped_from_the_trainjobs_pods() -> None:
+    """Without the JobSet label the scraper would keep no trainer pod, and the scrape policy
+    would open the metrics port of none (their label is not the training operator's)."""
+    result = evaluation()
+    [scraper] = result.of_type("aws:amp/scraper:Scraper")
+    config = scraper.inputs["scrapeConfiguration"]
+    assert "__meta_kubernetes_pod_label_jobset_sigs_k8s_io_jobset_name" in config
+    assert "training_kubeflow_org_job_name" not in config
+    [policy] = [p for p in result.of_type("kubernetes:networking.k8s.io/v1:NetworkPolicy")
+                if p.name == "observability-trainer-policy"]  # fmt: skip
+    assert policy.inputs["spec"]["podSelector"] == {
+        "matchLabels": {"jobset.sigs.k8s.io/jobset-name": STACK}
+    }
