@@ -3,7 +3,7 @@
     fsdp-eks plan dev                      # a stack under stacks/ (or a stack file)
     fsdp-eks plan dev llama31-8b-p5        # several
     fsdp-eks plan --all                    # every stack (CI)
-    fsdp-eks plan -v dev                   # + every resource, the outputs and the PyTorchJob
+    fsdp-eks plan -v dev                   # + every resource, the outputs and the job
     fsdp-eks plan --time dev               # how long evaluating it takes
 
 Evaluates the real program (`infra.program.main`) under Pulumi's mock runtime with AWS-shaped
@@ -439,7 +439,7 @@ def replayed(kept: CachedPlan) -> CachedPlan:
 @click.command()
 @stack_arguments(many=True, all_flag=True)
 @click.option(
-    "-v", "--verbose", is_flag=True, help="Also every resource, the outputs and the PyTorchJob."
+    "-v", "--verbose", is_flag=True, help="Also every resource, the outputs and the job."
 )
 @click.option("--time", "timed", is_flag=True, help="Time the plan of each stack instead.")
 @click.option("--repeats", type=click.IntRange(1), default=5, show_default=True,
