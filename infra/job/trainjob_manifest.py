@@ -32,7 +32,6 @@ from infra.job.manifest import (
     RENDEZVOUS_PORT_NAME,
     JobManifest,
     S3Bucket,
-    elastic_policy,
     render_job,
 )
 
@@ -83,19 +82,12 @@ def runtime_name(job_name: str) -> str:
     return f"{job_name}-runtime"
 
 
-def rendezvous_env(plan: RunPlan, job_name: str) -> list[dict[str, str]]:
-    """The `PET_*` variables training operator v1.9 gives a worker for `elasticPolicy`
-    (`pkg/controller.v1/pytorch/elastic.go`), from the same policy, with node 0's JobSet
-    hostname (`<jobset>-node-0-0.<subdomain>`: jobset v0.12.0 `jobset_controller.go`
-    `constructJob`, subdomain = the JobSet's name) as the endpoint. `PET_NNODES` is the
-    plugin's (`N`, not the operator's `N:N`); the command's `--nnodes` wins over either."""
-    job = plan.config.job
-    policy = elastic_policy(
-        workers=plan.config.gpu_nodes.count,
-        max_restarts=job.backoff_limit,
-        run_name=job_name,
-        start_timeout_s=plan.timeouts.start_budget_seconds,
-    )
+def rendezvous_env(policy: dict[str, Any], job_name: str) -> list[dict[str, str]]:
+    """The `PET_*` variables training operator v1.9 gives a worker for `policy` (an
+    `elasticPolicy`: `pkg/controller.v1/pytorch/elastic.go`), with node 0's JobSet hostname
+    (`<jobset>-node-0-0.<subdomain>`: jobset v0.12.0 `jobset_controller.go` `constructJob`,
+    subdomain = the JobSet's name) as the endpoint. `PET_NNODES` is the plugin's (`N`, not the
+    operator's `N:N`); the command's `--nnodes` wins over either."""
     conf = ",".join(f"{c['key']}={c['value']}" for c in policy["rdzvConf"])
     values = {
         "PET_RDZV_ENDPOINT": f"{job_name}-{TRAINER_CONTAINER}-0-0.{job_name}:{TRAINER_PORT}",
@@ -139,18 +131,95 @@ def _copy_tree(value: Any) -> Any:
     return value
 
 
-def trainer_pod_template(plan: RunPlan, pytorchjob: JobManifest) -> dict[str, Any]:
-    """The PyTorchJob's worker pod, changed only as `POD_DIFFERENCES` says."""
-    job_name = pytorchjob.name
-    worker = pytorchjob.spec["pytorchReplicaSpecs"]["Worker"]
+def trainer_pod_template(pytorchjob: dict[str, Any], backoff_limit: int) -> dict[str, Any]:
+    """A PyTorchJob's worker pod, changed only as `POD_DIFFERENCES` says."""
+    job_name = str(pytorchjob["metadata"]["name"])
+    spec = pytorchjob["spec"]
+    worker = spec["pytorchReplicaSpecs"]["Worker"]
     template = _copy_tree(worker["template"])
-    spec = template["spec"]
-    [container] = [c for c in spec["containers"] if c["name"] == CONTAINER_NAME]
+    pod = template["spec"]
+    [container] = [c for c in pod["containers"] if c["name"] == CONTAINER_NAME]
     container["name"] = TRAINER_CONTAINER
     container["ports"] = [p for p in container["ports"] if p["name"] != RENDEZVOUS_PORT_NAME]
-    container["env"] = [*container["env"], *rendezvous_env(plan, job_name)]
-    spec["restartPolicy"], _ = restart_rules(worker["restartPolicy"], plan.config.job.backoff_limit)
+    container["env"] = [*container["env"], *rendezvous_env(spec["elasticPolicy"], job_name)]
+    pod["restartPolicy"], _ = restart_rules(worker["restartPolicy"], backoff_limit)
     return dict(template)
+
+
+def as_trainjob(
+    pytorchjob: dict[str, Any],
+    *,
+    runtime_name: str,
+    restart_policy: str,
+    backoff_limit: int,
+    ttl_seconds: int | None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(TrainingRuntime, TrainJob) running the workers of `pytorchjob` (a rendered
+    PyTorchJob of Workers only, with an elastic policy), its deadline and TTL carried over."""
+    metadata = pytorchjob["metadata"]
+    name, namespace = metadata["name"], metadata["namespace"]
+    spec = pytorchjob["spec"]
+    worker = spec["pytorchReplicaSpecs"]["Worker"]
+    workers = int(worker["replicas"])
+    _, job_restarts = restart_rules(restart_policy, backoff_limit)
+    jobset_spec: dict[str, Any] = {
+        # Node 0's hostname is the rendezvous endpoint (`rendezvous_env`).
+        "network": {"enableDNSHostnames": True},
+        # Restarts are the batch Job's (`restart_rules`); a failed Job fails the JobSet.
+        "failurePolicy": {"maxRestarts": 0},
+        "replicatedJobs": [
+            {
+                "name": TRAINER_CONTAINER,
+                "replicas": 1,
+                "template": {
+                    "metadata": {"labels": {ANCESTOR_LABEL: ANCESTOR_TRAINER}},
+                    "spec": {
+                        "parallelism": workers,
+                        "completions": workers,
+                        "completionMode": "Indexed",
+                        **job_restarts,
+                        "template": trainer_pod_template(pytorchjob, backoff_limit),
+                    },
+                },
+            }
+        ],
+    }
+    if ttl_seconds is not None:
+        # The JobSet (and its pods) go; the TrainJob itself stays until `pulumi destroy`.
+        jobset_spec["ttlSecondsAfterFinished"] = ttl_seconds
+    labels = dict(metadata.get("labels") or {})
+    runtime = {
+        "apiVersion": TRAININGRUNTIME.api_version,
+        "kind": TRAININGRUNTIME.kind,
+        "metadata": {
+            "name": runtime_name,
+            "namespace": namespace,
+            "labels": {**labels, **FRAMEWORK_LABEL},
+        },
+        "spec": {
+            "mlPolicy": {"numNodes": workers, "torch": {}},
+            "template": {"spec": jobset_spec},
+        },
+    }
+    trainjob_spec: dict[str, Any] = {
+        "runtimeRef": {
+            "name": runtime_name,
+            "apiGroup": TRAININGRUNTIME.group,
+            "kind": TRAININGRUNTIME.kind,
+        },
+        "trainer": {"numNodes": workers, "numProcPerNode": int(spec["nprocPerNode"])},
+    }
+    deadline = (spec.get("runPolicy") or {}).get("activeDeadlineSeconds")
+    if deadline is not None:
+        trainjob_spec["activeDeadlineSeconds"] = int(deadline)
+    # Never `suspend`: `fsdp-eks stop` / `start` own it, as on the PyTorchJob.
+    trainjob = {
+        "apiVersion": TRAINJOB.api_version,
+        "kind": TRAINJOB.kind,
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": trainjob_spec,
+    }
+    return runtime, trainjob
 
 
 def render_trainjob(
@@ -173,65 +242,13 @@ def render_trainjob(
         service_account_name=service_account_name,
         bucket=bucket,
     )
-    config = plan.config
-    job = config.job
-    name, namespace = pytorchjob.name, pytorchjob.namespace
-    workers = config.gpu_nodes.count
-    _, job_restarts = restart_rules(job.restart_policy, job.backoff_limit)
-    jobset_spec: dict[str, Any] = {
-        # Node 0's hostname is the rendezvous endpoint (`rendezvous_env`).
-        "network": {"enableDNSHostnames": True},
-        # Restarts are the batch Job's (`restart_rules`); a failed Job fails the JobSet.
-        "failurePolicy": {"maxRestarts": 0},
-        "replicatedJobs": [
-            {
-                "name": TRAINER_CONTAINER,
-                "replicas": 1,
-                "template": {
-                    "metadata": {"labels": {ANCESTOR_LABEL: ANCESTOR_TRAINER}},
-                    "spec": {
-                        "parallelism": workers,
-                        "completions": workers,
-                        "completionMode": "Indexed",
-                        **job_restarts,
-                        "template": trainer_pod_template(plan, pytorchjob),
-                    },
-                },
-            }
-        ],
-    }
-    if job.ttl_hours_after_finished is not None:
-        # The JobSet (and its pods) go; the TrainJob itself stays until `pulumi destroy`.
-        jobset_spec["ttlSecondsAfterFinished"] = int(job.ttl_hours_after_finished * 3600)
-    labels = dict(pytorchjob.metadata["labels"])
-    runtime = {
-        "apiVersion": TRAININGRUNTIME.api_version,
-        "kind": TRAININGRUNTIME.kind,
-        "metadata": {
-            "name": runtime_name(name),
-            "namespace": namespace,
-            "labels": {**labels, **FRAMEWORK_LABEL},
-        },
-        "spec": {
-            "mlPolicy": {"numNodes": workers, "torch": {}},
-            "template": {"spec": jobset_spec},
-        },
-    }
-    trainjob_spec: dict[str, Any] = {
-        "runtimeRef": {
-            "name": runtime_name(name),
-            "apiGroup": TRAININGRUNTIME.group,
-            "kind": TRAININGRUNTIME.kind,
-        },
-        "trainer": {"numNodes": workers, "numProcPerNode": config.gpus_per_node},
-    }
-    if job.max_run_hours is not None:
-        trainjob_spec["activeDeadlineSeconds"] = int(job.max_run_hours * 3600)
-    # Never `suspend`: `fsdp-eks stop` / `start` own it, as on the PyTorchJob.
-    trainjob = {
-        "apiVersion": TRAINJOB.api_version,
-        "kind": TRAINJOB.kind,
-        "metadata": {"name": name, "namespace": namespace, "labels": labels},
-        "spec": trainjob_spec,
-    }
+    job = plan.config.job
+    ttl = job.ttl_hours_after_finished
+    runtime, trainjob = as_trainjob(
+        pytorchjob.as_dict(),
+        runtime_name=runtime_name(pytorchjob.name),
+        restart_policy=job.restart_policy,
+        backoff_limit=job.backoff_limit,
+        ttl_seconds=None if ttl is None else int(ttl * 3600),
+    )
     return TrainJobManifests(job=pytorchjob, runtime=runtime, trainjob=trainjob)

@@ -438,9 +438,7 @@ def replayed(kept: CachedPlan) -> CachedPlan:
 
 @click.command()
 @stack_arguments(many=True, all_flag=True)
-@click.option(
-    "-v", "--verbose", is_flag=True, help="Also every resource, the outputs and the job."
-)
+@click.option("-v", "--verbose", is_flag=True, help="Also every resource, the outputs and the job.")
 @click.option("--time", "timed", is_flag=True, help="Time the plan of each stack instead.")
 @click.option("--repeats", type=click.IntRange(1), default=5, show_default=True,
               help="Evaluations per stack with --time.")  # fmt: skip
