@@ -164,3 +164,30 @@ def test_a_finished_jobset_goes_after_the_ttl_and_never_restarts_itself() -> Non
     jobset = rendered.runtime["spec"]["template"]["spec"]
     assert jobset["ttlSecondsAfterFinished"] == 24 * 3600
     assert jobset["failurePolicy"] == {"maxRestarts": 0}
+
+
+def runtime_webhook_problems(runtime: dict[str, Any]) -> list[str]:
+    """Trainer v2.3.0's TrainingRuntime webhook (`pkg/webhooks/trainingruntime_webhook.go`
+    `validateReplicatedJobs`): a replicated job labelled as the trainer ancestor must have
+    `replicas: 1` and a container named `node`."""
+    problems = []
+    for job in runtime["spec"]["template"]["spec"]["replicatedJobs"]:
+        labels = job["template"].get("metadata", {}).get("labels", {})
+        if labels.get("trainer.kubeflow.org/trainjob-ancestor-step") != "trainer":
+            continue
+        if job.get("replicas", 1) != 1:
+            problems.append(f"{job['name']}: replicas always must be 1")
+        names = [c["name"] for c in job["template"]["spec"]["template"]["spec"]["containers"]]
+        if "node" not in names:
+            problems.append(f"{job['name']}: no container named node")
+    return problems
+
+
+def test_the_runtime_passes_trainer_v2_3s_runtime_webhook() -> None:
+    rendered = render_trainjob(plan(api="trainjob"), image=IMAGE, pvc_name="fsx-claim")
+    assert runtime_webhook_problems(rendered.runtime) == []
+    # The model can fail: the PyTorchJob's container name is refused.
+    renamed = copy.deepcopy(rendered.runtime)
+    [node] = renamed["spec"]["template"]["spec"]["replicatedJobs"]
+    node["template"]["spec"]["template"]["spec"]["containers"][0]["name"] = CONTAINER_NAME
+    assert runtime_webhook_problems(renamed) == ["node: no container named node"]
