@@ -315,6 +315,8 @@ class TrainingJob(pulumi.ComponentResource):
         )
         spec = dict(rendered.trainjob["spec"])
         spec["runtimeRef"] = {**spec["runtimeRef"], "name": runtime_name}
+        # `runtimeRef` and `trainer` are immutable (Trainer v2.3.0 `trainjob_types.go`
+        # XValidation `self == oldSelf`): any change of the spec replaces the TrainJob.
         return k8s.apiextensions.CustomResource(
             f"{name}-trainjob",
             api_version=rendered.trainjob["apiVersion"],
