@@ -23,6 +23,7 @@ from tests.cli.conftest import (
     set_answers,
 )
 from tests.infra.kube_fake import ClusterApiServer, FakeClock, kubeconfig, serving
+from tests.infra.ssa_model import Pulumi
 
 STACK = "llama32-1b-g5-trainjob"
 NAMESPACE = "training"
@@ -160,3 +161,18 @@ def test_logs_follow_node_0_in_the_node_container(cluster: ClusterApiServer) -> 
     assert_one_line_mistake(
         run_cli("logs", STACK, "--node", "9"), "--node 9: TrainJob", "4 node(s)"
     )
+
+
+def test_an_unchanged_pulumi_up_leaves_a_stopped_trainjob_stopped(
+    cluster: ClusterApiServer, rendered: TrainJobManifests
+) -> None:
+    """What `stop` promises, on the modelled engine (tests/infra/ssa_model.py): the program
+    never renders `spec.suspend`, so an unchanged `up` (refreshed or not) is no change."""
+    cluster.store.delete()
+    pulumi = Pulumi(cluster.store)
+    inputs = {k: rendered.trainjob[k] for k in ("apiVersion", "kind", "metadata", "spec")}
+    pulumi.up(json.loads(json.dumps(inputs)))
+    assert run_cli("stop", STACK).code == 0 and cluster.suspended()
+    assert pulumi.up(json.loads(json.dumps(inputs))) == "same" and cluster.suspended()
+    pulumi.refresh()
+    assert pulumi.up(json.loads(json.dumps(inputs))) == "same" and cluster.suspended()
