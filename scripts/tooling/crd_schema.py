@@ -1,82 +1,85 @@
-"""Reduce an upstream CRD to the machine facts tests validate against.
+"""Reduce an upstream CustomResourceDefinition to the machine facts the tests validate against.
 
-    python -m scripts.tooling.crd_schema UPSTREAM_CRD.yaml VERSION OUT_DIR
+    python scripts/tooling/crd_schema.py UPSTREAM.yaml > tests/schemas/<name>.<version>.yaml
+    curl -s URL | python scripts/tooling/crd_schema.py - > ...
 
-Keeps the group, the names, and each served version's `openAPIV3Schema` with every
-`description` removed, so no upstream prose is copied; the output keeps the upstream file
-name with the pinned version before `.yaml` (`tests/schemas/SOURCES.md` lists each source).
+Keeps apiVersion/kind, metadata.name, spec.group/names/scope and, per version, name, served,
+storage, subresources and schema.openAPIV3Schema; every `description` prose string is dropped so
+that no upstream documentation text is copied into this repository (tests/schemas/SOURCES.md).
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+_VERSION_KEYS = ("name", "served", "storage", "subresources")
+
 
 def without_descriptions(node: Any) -> Any:
-    """The schema with every `description` key dropped (a property named `description` is
-    a key of `properties` whose value is a schema, so it stays)."""
+    """`node` with every `description: <string>` removed at any depth.
+
+    Only string values are prose: a schema property that happens to be named `description`
+    (a mapping under `properties`) is part of the schema and stays.
+    """
     if isinstance(node, dict):
-        kept = {}
-        for key, value in node.items():
-            if key == "description" and isinstance(value, str):
-                continue
-            kept[key] = (
-                {name: without_descriptions(schema) for name, schema in value.items()}
-                if key == "properties" and isinstance(value, dict)
-                else without_descriptions(value)
-            )
-        return kept
+        return {
+            key: without_descriptions(value)
+            for key, value in node.items()
+            if not (key == "description" and isinstance(value, str))
+        }
     if isinstance(node, list):
         return [without_descriptions(item) for item in node]
     return node
 
 
-def schema_facts(crd: dict[str, Any]) -> dict[str, Any]:
+def machine_facts(crd: dict[str, Any]) -> dict[str, Any]:
+    """The reduced CRD; raises ValueError when `crd` is not a CustomResourceDefinition."""
+    if crd.get("kind") != "CustomResourceDefinition":
+        raise ValueError(f"kind is {crd.get('kind')!r}, not CustomResourceDefinition")
     spec = crd["spec"]
+    versions = []
+    for version in spec["versions"]:
+        reduced = {key: version[key] for key in _VERSION_KEYS if key in version}
+        schema = version.get("schema", {}).get("openAPIV3Schema")
+        if schema is not None:
+            reduced["schema"] = {"openAPIV3Schema": without_descriptions(schema)}
+        versions.append(reduced)
     return {
         "apiVersion": crd["apiVersion"],
-        "kind": crd["kind"],
+        "kind": "CustomResourceDefinition",
         "metadata": {"name": crd["metadata"]["name"]},
         "spec": {
             "group": spec["group"],
             "names": spec["names"],
             "scope": spec["scope"],
-            "versions": [
-                {
-                    "name": version["name"],
-                    "served": version["served"],
-                    "storage": version["storage"],
-                    "schema": {
-                        "openAPIV3Schema": without_descriptions(
-                            version["schema"]["openAPIV3Schema"]
-                        )
-                    },
-                }
-                for version in spec["versions"]
-            ],
+            "versions": versions,
         },
     }
 
 
-def output_name(upstream: Path, version: str) -> str:
-    return f"{upstream.stem}.{version}{upstream.suffix}"
-
-
-def main(argv: list[str]) -> int:
-    if len(argv) != 3:
-        sys.stderr.write(__doc__ or "")
-        return 2
-    upstream, version, out_dir = Path(argv[0]), argv[1], Path(argv[2])
-    crd = yaml.safe_load(upstream.read_text())
-    target = out_dir / output_name(upstream, version)
-    target.write_text(yaml.safe_dump(schema_facts(crd), sort_keys=False))
-    print(target)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("source", help="upstream CRD YAML file, or - for stdin")
+    parser.add_argument("-o", "--output", type=Path, help="write here instead of stdout")
+    args = parser.parse_args(argv)
+    text = sys.stdin.read() if args.source == "-" else Path(args.source).read_text()
+    try:
+        reduced = machine_facts(yaml.safe_load(text))
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        print(f"crd_schema: {args.source} is not a CRD: {error}", file=sys.stderr)
+        return 1
+    out = yaml.safe_dump(reduced, sort_keys=False, width=100)
+    if args.output:
+        args.output.write_text(out)
+    else:
+        sys.stdout.write(out)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+    sys.exit(main())

@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.crd_schemas import openapi_schema
+
 CRD_PATH = (
     Path(__file__).resolve().parents[2].parent
     / "shared/schemas/kubeflow.org_pytorchjobs.v1.9.0.yaml"
@@ -27,33 +29,13 @@ def crd_schema() -> dict[str, Any]:
     return dict(version["schema"]["openAPIV3Schema"])
 
 
-SCHEMA_DIRS = (
-    Path(__file__).resolve().parents[2].parent / "shared/schemas",
-    Path(__file__).resolve().parents[1] / "schemas",
-)
-"""Where CRD schemas are looked for: shared/ beside the checkout first, then tests/schemas/
-(written by scripts/tooling/crd_schema.py; tests/schemas/SOURCES.md)."""
-
-
-def crd_version_schema(file_name: str, version: str) -> dict[str, Any]:
-    """`openAPIV3Schema` of `version` in the first CRD file named `file_name` found."""
-    for folder in SCHEMA_DIRS:
-        path = folder / file_name
-        if path.exists():
-            loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-            crd = yaml.load(path.read_text(), Loader=loader)
-            [served] = [v for v in crd["spec"]["versions"] if v["name"] == version]
-            return dict(served["schema"]["openAPIV3Schema"])
-    pytest.skip(f"{file_name} is in none of {[str(d) for d in SCHEMA_DIRS]}")
-
-
 @pytest.fixture(scope="session")
 def trainjob_schema() -> dict[str, Any]:
-    """Kubeflow Trainer v2.3.0's TrainJob CRD schema (v1alpha1)."""
-    return crd_version_schema("trainer.kubeflow.org_trainjobs.v2.3.0.yaml", "v1alpha1")
+    """Kubeflow Trainer v2.3.0's TrainJob CRD schema (v1alpha1; tests/schemas/SOURCES.md)."""
+    return openapi_schema("trainer.kubeflow.org_trainjobs.v2.3.0.yaml", "v1alpha1")
 
 
 @pytest.fixture(scope="session")
 def trainingruntime_schema() -> dict[str, Any]:
     """Kubeflow Trainer v2.3.0's TrainingRuntime CRD schema (v1alpha1)."""
-    return crd_version_schema("trainer.kubeflow.org_trainingruntimes.v2.3.0.yaml", "v1alpha1")
+    return openapi_schema("trainer.kubeflow.org_trainingruntimes.v2.3.0.yaml", "v1alpha1")

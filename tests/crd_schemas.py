@@ -1,0 +1,35 @@
+"""Where the tests find an upstream CRD: $FSDP_EKS_SCHEMAS when set, then ../shared/schemas/
+(reference data beside the repository), then tests/schemas/ (reduced by
+scripts/tooling/crd_schema.py, sources in tests/schemas/SOURCES.md)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SEARCH_PATH = (REPO_ROOT.parent / "shared" / "schemas", REPO_ROOT / "tests" / "schemas")
+
+
+def crd_path(file_name: str) -> Path | None:
+    """The first folder's copy of `file_name`, or None when no folder holds it."""
+    override = os.environ.get("FSDP_EKS_SCHEMAS")
+    folders = (Path(override), *SEARCH_PATH) if override else SEARCH_PATH
+    for folder in folders:
+        if (folder / file_name).is_file():
+            return folder / file_name
+    return None
+
+
+def openapi_schema(file_name: str, version: str) -> dict[str, Any]:
+    """`version`'s openAPIV3Schema of the CRD `file_name`; skips the test when it is absent."""
+    path = crd_path(file_name)
+    if path is None:
+        pytest.skip(f"{file_name} is in none of {SEARCH_PATH}")
+    crd = yaml.safe_load(path.read_text())
+    (found,) = [v for v in crd["spec"]["versions"] if v["name"] == version]
+    return dict(found["schema"]["openAPIV3Schema"])
