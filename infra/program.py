@@ -27,7 +27,6 @@ from infra.job.flags import s3_run_prefix
 from infra.job.grafana import grafana_plan
 from infra.job.manifest import S3Bucket
 from infra.job.placement import gpu_placement
-from infra.job.queueing import JOB_API
 from infra.job.stack_checks import checked_run_plan
 from infra.launch.training_job import JobNamespace, JobNamespaceArgs, TrainingJob, TrainingJobArgs
 from infra.platform.addons import Addons, AddonsArgs
@@ -124,6 +123,9 @@ def main() -> None:
             gpu_placement=gpu_placement(stack.gpu_nodes),
             efa_enabled=stack.gpu_nodes.efa_enabled,
             cluster_ready=cluster.ready,
+            # The job API's operator: training operator v1, or Trainer v2 with JobSet.
+            job_api=stack.job.api,
+            owns_cluster=stack.cluster.mode == "create",
         ),
     )
     # The run's metrics: GPU and EFA exporters, collected by AMP's managed scraper into a
@@ -190,7 +192,7 @@ def main() -> None:
             "kueue",
             KueueArgs(
                 config=stack,
-                job_api=JOB_API,
+                job_api=stack.job.api,
                 k8s_provider=cluster.k8s_provider,
                 system_selector=SYSTEM_NODE_SELECTOR,
                 namespace=namespace.name,
@@ -285,6 +287,7 @@ def main() -> None:
     pulumi.export("oidcProviderArn", cluster.oidc_provider_arn)
     pulumi.export("bucketName", storage.bucket_name)
     pulumi.export("jobName", job.job_name)
+    pulumi.export("jobApi", stack.job.api)  # which API the verbs talk to (infra.job.job_api)
     pulumi.export("namespace", job.namespace)
     pulumi.export("image", job.image)
     pulumi.export("runId", job.run_id)

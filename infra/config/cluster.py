@@ -339,6 +339,15 @@ class ClusterConfig(ConfigSection):
             "look-up cannot tell."
         ),
     )
+    trainer_v2: bool | None = Field(
+        default=None,
+        description=(
+            "Existing mode with job.api trainjob: the cluster runs Kubeflow Trainer v2 (its "
+            "TrainJob and TrainingRuntime CRDs, its controller and JobSet); check with `kubectl "
+            "get crd trainjobs.trainer.kubeflow.org`. Nothing is installed on an existing "
+            "cluster. In create mode the stack installs Trainer v2 itself: leave it unset."
+        ),
+    )
     network: NetworkConfig = Field(
         default_factory=NetworkConfig, description="VPC and subnets (create mode)."
     )

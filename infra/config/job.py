@@ -54,8 +54,23 @@ def _check_dns_label(value: str, what: str) -> str:
     return value
 
 
+JOB_APIS = ("pytorchjob", "trainjob")
+"""The job APIs a run can be submitted as (`infra.job.job_api`)."""
+
+
 class JobConfig(TrainerKeyedSection, stack_section="job"):
     """`fsdp-eks:job`: the PyTorchJob around the trainer: name, lifetime, restarts."""
+
+    api: Literal["pytorchjob", "trainjob"] = Field(
+        default="pytorchjob",
+        description=(
+            "The job API the run is submitted as. pytorchjob: Kubeflow training operator v1's "
+            "PyTorchJob. trainjob: Kubeflow Trainer v2's TrainJob (trainer.kubeflow.org/"
+            "v1alpha1, alpha) on JobSet, with a TrainingRuntime rendered for this trainer; a "
+            "created cluster gets Trainer v2 (Helm chart 2.3.0, with JobSet) instead of the "
+            "training operator, an existing one must declare it (cluster.trainerV2)."
+        ),
+    )
 
     name: str | None = Field(
         default=None,

@@ -20,6 +20,7 @@ from infra.config.cluster import ClusterConfig, GpuNodesConfig
 from infra.config.cost import CostConfig
 from infra.config.image import ImageConfig
 from infra.config.job import DataConfig, JobConfig, ModelConfig, TrainingConfig
+from infra.config.job_api import job_api_problems
 from infra.config.observability import ObservabilityConfig, observability_problems
 from infra.config.scheduling import SchedulingConfig, scheduling_problems
 from infra.config.storage import StorageConfig
@@ -346,4 +347,5 @@ def cross_section_problems(config: StackConfig) -> list[str]:
             creates_namespace=bool(config.job.create_namespace),
         )
     )
+    problems.extend(job_api_problems(config.job, cluster, config.addons))
     return problems

@@ -31,6 +31,7 @@ from typing import Any
 
 from infra.config import StackConfig
 from infra.estimates.run_plan import RunPlan
+from infra.job.job_api import job_api
 from infra.job.manifest import (
     API_VERSION,
     CONTAINER_NAME,
@@ -45,6 +46,7 @@ from infra.job.manifest import (
     trainer_security_context,
 )
 from infra.job.placement import EFA_RESOURCE, GPU_RESOURCE, gpu_placement
+from infra.job.trainjob_manifest import as_trainjob
 
 BENCH_SCRIPT_NAME = "nccl_allreduce.py"
 BENCH_MOUNT_PATH = "/opt/fsdp-eks-validation"
@@ -332,7 +334,7 @@ def validation_network_policies(config: StackConfig, *, run_id: str) -> list[dic
     from nothing (they serve nothing). Applied before the checks, so no check pod is ever
     reachable from the rest of a shared cluster."""
     namespace = config.job.namespace
-    nccl = network_policy(f"{run_id}-nccl", namespace)
+    nccl = network_policy(f"{run_id}-nccl", namespace, job_api(config.job.api))
     nccl["metadata"]["labels"].update(_labels(run_id, "nccl"))
     gpu_labels = _labels(run_id, "gpu-check")
     gpu_check = {
@@ -357,11 +359,24 @@ def validation_manifests(
     claim_name: str | None = None,
 ) -> list[dict[str, Any]]:
     """Everything the validation run applies, in apply order: the two NetworkPolicies first,
-    then the gpu-check Job, the benchmark's ConfigMap and the NCCL PyTorchJob."""
+    then the gpu-check Job, the benchmark's ConfigMap and the NCCL PyTorchJob (with `job.api:
+    trainjob`, the NCCL TrainingRuntime and TrainJob: the cluster runs no training operator)."""
     config = plan.config
+    nccl = nccl_job(plan, image=image, run_id=run_id)
+    workload = [nccl]
+    if config.job.api == "trainjob":
+        workload = list(
+            as_trainjob(
+                nccl,
+                runtime_name=f"{run_id}-nccl",
+                restart_policy="Never",
+                backoff_limit=0,
+                ttl_seconds=TTL_SECONDS_AFTER_FINISHED,
+            )
+        )
     return [
         *validation_network_policies(config, run_id=run_id),
         gpu_check_job(config, image=image, run_id=run_id, claim_name=claim_name),
         bench_config_map(config, run_id=run_id, script_text=bench_script),
-        nccl_job(plan, image=image, run_id=run_id),
+        *workload,
     ]

@@ -31,7 +31,7 @@ from kubernetes import config as k8s_config
 from kubernetes import watch as k8s_watch
 from kubernetes.config.config_exception import ConfigException
 
-from infra.job.job_api import JobApi
+from infra.job.job_api import CustomKind, JobApi
 
 APPLY_PATCH_TYPE = "application/apply-patch+yaml"
 """Server-side apply (apimachinery `pkg/types/patch.go` `ApplyYAMLPatchType`). Passed as
@@ -276,7 +276,7 @@ class KubeClient:
 
     # -- the job ------------------------------------------------------------------------------
 
-    def get_job(self, api: JobApi, namespace: str, name: str) -> dict[str, Any]:
+    def get_job(self, api: CustomKind, namespace: str, name: str) -> dict[str, Any]:
         with self._asking(ResourceRef("get", api.resource, namespace, name)):
             answer = self.custom.get_namespaced_custom_object(
                 api.group, api.version, namespace, api.plural, name,

@@ -21,7 +21,7 @@ from infra.job.flags import (
     run_paths,
     torchrun_command,
 )
-from infra.job.job_api import PYTORCHJOB
+from infra.job.job_api import PYTORCHJOB, JobApi
 from infra.job.placement import EFA_RESOURCE, GPU_RESOURCE, gpu_placement
 from infra.job.queueing import queue_labels
 from trainer.telemetry_names import DEFAULT_METRICS_PORT, METRICS_PORT_NAME, STACK_ENV
@@ -556,7 +556,7 @@ JOB_NAME_LABEL = PYTORCHJOB.job_name_label
 `pkg/controller.v1/common/job_controller.go` `GenLabels`)."""
 
 
-def network_policy(job_name: str, namespace: Any) -> dict[str, Any]:
+def network_policy(job_name: str, namespace: Any, api: JobApi = PYTORCHJOB) -> dict[str, Any]:
     """Ingress to the job's pods only from the job's own pods.
 
     Worker 0 serves the c10d rendezvous store (RENDEZVOUS_PORT) and every worker listens on
@@ -567,8 +567,9 @@ def network_policy(job_name: str, namespace: Any) -> dict[str, Any]:
     `enableNetworkPolicy`: infra/platform/cluster.py); an existing cluster enforces it only if
     its operators turned that on, and otherwise stores the object and changes nothing, so it
     is rendered for every stack (tests/infra/test_network_policies.py evaluates the flows).
+    The job's pods are those `api` labels with the job's name (a TrainJob's: its JobSet's).
     """
-    selector = {"matchLabels": {JOB_NAME_LABEL: job_name}}
+    selector = {"matchLabels": {api.job_name_label: job_name}}
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -588,9 +589,19 @@ def network_policy(job_name: str, namespace: Any) -> dict[str, Any]:
     }
 
 
-def kubectl_commands(name: str, namespace: str) -> dict[str, str]:
+def kubectl_commands(name: str, namespace: str, api: JobApi = PYTORCHJOB) -> dict[str, str]:
     """The commands a user runs to follow the job (stack outputs and the plan show them)."""
-    selector = f"{JOB_NAME_LABEL}={name}"
+    selector = api.pod_selector(name)
+    if api is not PYTORCHJOB:  # pod names carry a random suffix: worker 0 by its labels
+        kind = api.kubectl_name
+        first = api.first_worker_selector(name)
+        return {
+            "status": f"kubectl -n {namespace} get {kind} {name} -o wide",
+            "pods": f"kubectl -n {namespace} get pods -l {selector} -o wide",
+            "logs": f"kubectl -n {namespace} logs -f -l {first} -c {api.container_name}",
+            "events": f"kubectl -n {namespace} describe {kind} {name}",
+            "delete": f"kubectl -n {namespace} delete {kind} {name}",
+        }
     return {
         "status": f"kubectl -n {namespace} get pytorchjob {name} -o wide",
         "pods": f"kubectl -n {namespace} get pods -l {selector} -o wide",

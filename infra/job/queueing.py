@@ -43,10 +43,6 @@ KUEUE_FRAMEWORKS = {
 jobs/pytorchjob/pytorchjob_controller.go` and `pkg/controller/jobs/trainjob/
 trainjob_controller.go`)."""
 
-JOB_API = "pytorchjob"
-"""The job API every stack submits today; `job.api` (`pytorchjob` | `trainjob`) takes its place
-where it exists, and everything here takes the API's name as an argument."""
-
 DEPRECATED_FRAMEWORKS = {
     "kubeflow.org/pytorchjob": (
         "Kueue has deprecated its PyTorchJob (Kubeflow Trainer v1) integration and plans to "

@@ -56,8 +56,7 @@ from datetime import datetime
 from typing import Any
 
 from infra.config.job import DEFAULT_START_TIMEOUT_MINUTES
-from infra.job.job_api import PYTORCHJOB
-from infra.job.manifest import CONTAINER_NAME
+from infra.job.job_api import JOB_APIS, PYTORCHJOB, JobApi
 from infra.job.queueing import admission_state, is_deactivated, is_queued
 from infra.job.suspension import is_suspended
 
@@ -167,9 +166,13 @@ def _condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None
     return None
 
 
+TRAINER_CONTAINERS = frozenset(api.container_name for api in JOB_APIS.values())
+"""The trainer container's name under each job API (one app container per pod)."""
+
+
 def _trainer_status(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     for status in pod.get("status", {}).get("containerStatuses") or []:
-        if status.get("name") == CONTAINER_NAME:
+        if status.get("name") in TRAINER_CONTAINERS:
             return status
     return {}
 
@@ -308,6 +311,7 @@ def assess(
     history: StartHistory | None = None,
     stack: str | None = None,
     workload: Mapping[str, Any] | None = None,
+    api: JobApi = PYTORCHJOB,
 ) -> Verdict:
     """What `job` (a PyTorchJob), its `pods` and their Warning `events` mean at `now` for a job
     of `workers` nodes whose workers may take `start_timeout_s` to be placed; `history` is what
@@ -316,41 +320,38 @@ def assess(
     queued job's Kueue Workload (None: not queued, or none yet)."""
     name = job.get("metadata", {}).get("name", "?")
     status = job.get("status") or {}
-    worker_pods = [
-        p
-        for p in pods
-        if p.get("metadata", {}).get("labels", {}).get(WORKER_REPLICA_TYPE_LABEL) == "worker"
-    ]
-    failed = _condition(status, PYTORCHJOB.failed_condition)
+    kind = api.kind
+    worker_pods = [p for p in pods if api.is_worker(p)]
+    failed = _condition(status, api.failed_condition)
     if failed is not None:
-        reason = f"PyTorchJob {name} failed ({failed.get('reason', 'Failed')}): "
+        reason = f"{kind} {name} failed ({failed.get('reason', 'Failed')}): "
         reason += str(failed.get("message", "")).strip() or "no message"
         last = _last_termination(worker_pods) or (history.last_exit if history else None)
         return Verdict(False, reason + (f"; last worker exit: {last}" if last else ""), "failed")
-    if _condition(status, PYTORCHJOB.succeeded_condition) is not None:
-        return Verdict(True, None, f"PyTorchJob {name} succeeded")
-    if is_queued(job) and is_suspended(job):
+    if _condition(status, api.succeeded_condition) is not None:
+        return Verdict(True, None, f"{kind} {name} succeeded")
+    if is_queued(job) and is_suspended(job, api):
         # Kueue holds a queued job suspended until its Workload is admitted
         # (infra.job.queueing); only a deactivated Workload means someone stopped it.
         if is_deactivated(workload):
             return Verdict(
                 False,
-                f"PyTorchJob {name} is stopped (its Kueue Workload is deactivated): `fsdp-eks "
+                f"{kind} {name} is stopped (its Kueue Workload is deactivated): `fsdp-eks "
                 f"start {stack or '<stack>'}` queues it again",
                 "stopped",
             )
         state = admission_state(workload) if workload is not None else "no Workload yet"
-        return Verdict(False, None, f"PyTorchJob {name}: waiting for Kueue's admission: {state}")
-    if is_suspended(job):
+        return Verdict(False, None, f"{kind} {name}: waiting for Kueue's admission: {state}")
+    if is_suspended(job, api):
         return Verdict(
             False,
-            f"PyTorchJob {name} is stopped (suspended): `fsdp-eks start {stack or '<stack>'}` "
+            f"{kind} {name} is stopped (suspended): `fsdp-eks start {stack or '<stack>'}` "
             "resumes it from its latest checkpoint",
             "stopped",
         )
-    if not status.get("conditions"):
+    if not api.picked_up(job):
         waited = _seconds_since(job.get("metadata", {}).get("creationTimestamp"), now)
-        if waited > OPERATOR_PICKUP_S:
+        if waited > OPERATOR_PICKUP_S and api is PYTORCHJOB:
             return Verdict(
                 False,
                 f"PyTorchJob {name} has no status after {waited / 60:.0f} min: no training "
@@ -358,7 +359,15 @@ def assess(
                 "addons.trainingOperator.install: true, or check the operator's logs)",
                 "not picked up",
             )
-        return Verdict(False, None, f"PyTorchJob {name}: waiting for the training operator")
+        if waited > OPERATOR_PICKUP_S:
+            return Verdict(
+                False,
+                f"{kind} {name} has no status after {waited / 60:.0f} min: Kubeflow Trainer v2 "
+                "is not reconciling TrainJobs on this cluster (check its controller and "
+                "JobSet's in kubeflow-system, or cluster.trainerV2)",
+                "not picked up",
+            )
+        return Verdict(False, None, f"{kind} {name}: waiting for {api.controller}")
     for pod in worker_pods:
         problem = _stuck(
             pod,
@@ -369,12 +378,12 @@ def assess(
             history=history,
         )
         if problem is not None:
-            return Verdict(False, f"PyTorchJob {name}: worker {problem}", "cannot start")
+            return Verdict(False, f"{kind} {name}: worker {problem}", "cannot start")
     if history is not None and history.recreations() >= max(backoff_limit, 1):
         last = f"; last worker exit: {history.last_exit}" if history.last_exit else ""
         return Verdict(
             False,
-            f"PyTorchJob {name}: workers were recreated {history.recreations()} times before "
+            f"{kind} {name}: workers were recreated {history.recreations()} times before "
             f"all of them started (restartPolicy ExitCode: the operator recreates a pod on a "
             f"retryable exit code without counting it against backoffLimit {backoff_limit})" + last,
             "restarting",

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from infra.job.job_api import PYTORCHJOB
+from infra.job.job_api import PYTORCHJOB, JobApi
 from infra.job.kube_client import KubeClient, KubernetesApiError, KubernetesCredentialError
 from infra.job.queue_hold import set_active, workload_of
 from infra.job.queueing import is_queued
@@ -57,6 +57,8 @@ class WatchedJob:
     stack: str | None = None
     """The stack the job belongs to, for the commands the messages suggest (None: unknown,
     as in the Pulumi program's dynamic provider; the messages say `<stack>`)."""
+    api: JobApi = PYTORCHJOB
+    """The job's API (`job.api`)."""
 
     @property
     def stack_or_placeholder(self) -> str:
@@ -81,7 +83,7 @@ def release_gpus(
         if workload is not None:  # queued: Kueue would undo a suspend (infra.job.queue_hold)
             set_active(api, workload, False)
         else:
-            set_suspended(api, job.namespace, job.name, True)
+            set_suspended(api, job.namespace, job.name, True, job.api)
     except KubernetesApiError as err:
         return (
             f"; could not suspend the job to release its GPU nodes ({err}): `fsdp-eks stop "
@@ -94,13 +96,15 @@ def release_gpus(
     )
 
 
-def _queued_workload(api: KubeClient, job: dict[str, Any]) -> dict[str, Any] | None:
+def _queued_workload(
+    api: KubeClient, job: dict[str, Any], job_api: JobApi
+) -> dict[str, Any] | None:
     """A queued job's Kueue Workload; None when not queued, none yet, or not readable (403:
     the watcher may not read Workloads; 404: no Kueue CRDs), when the wait reads the job alone."""
     if not is_queued(job):
         return None
     try:
-        return workload_of(api, job)
+        return workload_of(api, job, job_api)
     except KubernetesApiError as err:
         if err.status in (403, 404):
             return None
@@ -127,7 +131,8 @@ def wait_for_start(
     report = on_progress or (lambda line: logger.info("%s", line))
     if limit_s is None:
         limit_s = wait_limit_seconds(job.start_timeout_s)
-    selector = PYTORCHJOB.pod_selector(job.name)
+    kind = job.api.kind
+    selector = job.api.pod_selector(job.name)
     # Event field selectors: pkg/registry/core/event/strategy.go `ToSelectableFields`.
     warnings = "involvedObject.kind=Pod,type=Warning"
     read_events = True
@@ -137,13 +142,13 @@ def wait_for_start(
     deadline = clock() + limit_s
     transient = 0
     last_progress = ""
-    follow = f"kubectl -n {job.namespace} describe {PYTORCHJOB.kubectl_name} {job.name}"
-    urn = job_urn(job.stack) if job.stack else "<the PyTorchJob's URN>"
+    follow = f"kubectl -n {job.namespace} describe {job.api.kubectl_name} {job.name}"
+    urn = job_urn(job.stack, job.api) if job.stack else f"<the {kind}'s URN>"
     while True:
         try:
-            document = api.get_job(PYTORCHJOB, job.namespace, job.name)
+            document = api.get_job(job.api, job.namespace, job.name)
             pods = api.list_pods(job.namespace, selector)
-            workload = _queued_workload(api, document)
+            workload = _queued_workload(api, document, job.api)
             events: list[dict[str, Any]] = []
             if read_events and _pending(pods):
                 try:
@@ -162,25 +167,26 @@ def wait_for_start(
         except KubernetesApiError as err:
             if err.status in (401, 403):
                 raise JobStartError(
-                    f"the Kubernetes API refused to show PyTorchJob {job.namespace}/{job.name} "
+                    f"the Kubernetes API refused to show {kind} {job.namespace}/{job.name} "
                     f"(HTTP {err.status}): the identity the kubeconfig signs as needs read "
-                    "access to pytorchjobs and pods in that namespace (an EKS access entry); "
+                    f"access to {job.api.plural} and pods in that namespace (an EKS access "
+                    "entry); "
                     f"{err}"
                 ) from None
             if err.status == 404:
                 raise JobStartError(
-                    f"PyTorchJob {job.namespace}/{job.name} disappeared while waiting for "
+                    f"{kind} {job.namespace}/{job.name} disappeared while waiting for "
                     "it to start (deleted by someone, or its CRD was removed)"
                 ) from None
             if err.status is None and transient >= MAX_TRANSIENT_ERRORS:
                 raise JobStartError(
                     f"the Kubernetes API server stopped answering while waiting for "
-                    f"PyTorchJob {job.name}: {err}"
+                    f"{kind} {job.name}: {err}"
                 ) from None
             if err.status is not None and (
                 err.status not in TRANSIENT_HTTP or transient >= MAX_TRANSIENT_ERRORS
             ):
-                raise JobStartError(f"watching PyTorchJob {job.name}: {err}") from None
+                raise JobStartError(f"watching {kind} {job.name}: {err}") from None
             transient += 1
         else:
             admitted = not (is_queued(document) and is_suspended(document))
@@ -197,6 +203,7 @@ def wait_for_start(
                 history=history,
                 stack=job.stack,
                 workload=workload,
+                api=job.api,
             )
             if verdict.failure is not None and verdict.progress == "stopped":
                 raise JobStartError(verdict.failure)
@@ -218,14 +225,14 @@ def wait_for_start(
         if timed_out and not admitted:
             # Not admitted, it holds no node: it stays in its queue and starts when admitted.
             raise JobStartError(
-                f"PyTorchJob {job.name}: not admitted by Kueue within {limit_s / 60:.0f} min "
+                f"{kind} {job.name}: not admitted by Kueue within {limit_s / 60:.0f} min "
                 f"({last_progress or 'no status'}); it stays queued and starts once admitted "
                 f"(`fsdp-eks status {job.stack_or_placeholder}` shows where it waits; "
                 f"`fsdp-eks stop {job.stack_or_placeholder}` takes it out of the queue)"
             )
         if timed_out:
             raise JobStartError(
-                f"PyTorchJob {job.name}: not every worker started within "
+                f"{kind} {job.name}: not every worker started within "
                 f"{limit_s / 60:.0f} min ({last_progress or 'no status'})"
                 f"{release_gpus(api, job, workload)}; see `{follow}`"
             )

@@ -29,10 +29,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from infra.job.job_api import PYTORCHJOB
+from infra.job.job_api import PYTORCHJOB, TRAININGRUNTIME, JobApi
 from infra.job.kube_client import KubeClient, KubernetesApiError, KubernetesCredentialError
 from infra.job.queue_hold import is_deactivated, set_active, workload_of
-from infra.job.queueing import is_queued
+from infra.job.queueing import is_queued, kueue_integrations
 from infra.job.start_rule import DEFAULT_START_TIMEOUT_S
 from infra.job.start_wait import (
     DEFAULT_POLL_SECONDS,
@@ -86,7 +86,7 @@ class JobControlError(RuntimeError):
 
 
 class JobNotFoundError(JobControlError):
-    """No PyTorchJob of that name in that namespace."""
+    """No job of that name in that namespace."""
 
 
 class JobFinishedError(JobControlError):
@@ -98,10 +98,12 @@ class PodsRemainError(JobControlError):
 
 
 class SuspendUnsupportedError(JobControlError):
-    """The cluster's PyTorchJob CRD does not keep `spec.runPolicy.suspend`."""
+    """The cluster's job CRD does not keep the suspend field."""
 
 
-def _apply_suspend(api: KubeClient, namespace: str, name: str, suspended: bool) -> None:
+def _apply_suspend(
+    api: KubeClient, namespace: str, name: str, suspended: bool, job_api: JobApi = PYTORCHJOB
+) -> None:
     """`set_suspended`, checked against the job the API server stored.
 
     `runPolicy.suspend` came with training-operator v1.7.0 (`pkg/apis/kubeflow.org/v1/
@@ -109,8 +111,13 @@ def _apply_suspend(api: KubeClient, namespace: str, name: str, suspended: bool) 
     does not declare (kubernetes/apiextensions-apiserver `pkg/apiserver/schema/pruning`) and
     answers the apply with 200 all the same, so on an older operator the stop would wait for a
     suspension nothing asked for and time out with the pods still running."""
-    stored = set_suspended(api, namespace, name, suspended)
-    if suspend_requested(stored) is not suspended:
+    stored = set_suspended(api, namespace, name, suspended, job_api)
+    if suspend_requested(stored, job_api) is not suspended and job_api is not PYTORCHJOB:
+        raise SuspendUnsupportedError(
+            f"{job_api.kind} {namespace}/{name}: the cluster's {job_api.kind} CRD dropped "
+            f"{'.'.join(job_api.suspend_path)}={str(suspended).lower()}: nothing was changed"
+        )
+    if suspend_requested(stored, job_api) is not suspended:
         raise SuspendUnsupportedError(
             f"PyTorchJob {namespace}/{name}: the cluster's PyTorchJob CRD dropped "
             f"spec.runPolicy.suspend={str(suspended).lower()} (it keeps the field from "
@@ -123,33 +130,38 @@ class NoWorkloadError(JobControlError):
     """A queued job without its Kueue Workload: nothing holds or queues it yet."""
 
 
-def _queued_workload(api: KubeClient, job: Mapping[str, Any]) -> dict[str, Any]:
+def _queued_workload(
+    api: KubeClient, job: Mapping[str, Any], job_api: JobApi = PYTORCHJOB
+) -> dict[str, Any]:
     meta = job.get("metadata") or {}
-    workload = workload_of(api, job)
+    workload = workload_of(api, job, job_api)
     if workload is None:
         raise NoWorkloadError(
-            f"PyTorchJob {meta.get('namespace')}/{meta.get('name')} is queued (label "
+            f"{job_api.kind} {meta.get('namespace')}/{meta.get('name')} is queued (label "
             "kueue.x-k8s.io/queue-name) but has no Kueue Workload: Kueue is not managing it "
-            "(is Kueue running, with its kubeflow.org/pytorchjob integration on? `kubectl -n "
-            "kueue-system logs deploy/kueue-controller-manager`); nothing was changed"
+            f"(is Kueue running, with its {kueue_integrations(job_api.name)[0]} integration "
+            "on? `kubectl -n kueue-system logs deploy/kueue-controller-manager`); nothing was "
+            "changed"
         )
     return workload
 
 
-def _is_held(api: KubeClient, job: Mapping[str, Any]) -> bool:
+def _is_held(api: KubeClient, job: Mapping[str, Any], job_api: JobApi = PYTORCHJOB) -> bool:
     """Stopped: a queued job's Workload deactivated, any other job suspended
     (infra.job.queue_hold says why a queued job is held through its Workload)."""
     if is_queued(job):
-        return is_deactivated(_queued_workload(api, job))
-    return is_suspended(job)
+        return is_deactivated(_queued_workload(api, job, job_api))
+    return is_suspended(job, job_api)
 
 
-def _hold(api: KubeClient, job: Mapping[str, Any], held: bool) -> None:
+def _hold(
+    api: KubeClient, job: Mapping[str, Any], held: bool, job_api: JobApi = PYTORCHJOB
+) -> None:
     meta = job.get("metadata") or {}
     if is_queued(job):
-        set_active(api, _queued_workload(api, job), not held)
+        set_active(api, _queued_workload(api, job, job_api), not held)
     else:
-        _apply_suspend(api, str(meta.get("namespace")), str(meta.get("name")), held)
+        _apply_suspend(api, str(meta.get("namespace")), str(meta.get("name")), held, job_api)
 
 
 @dataclass(frozen=True)
@@ -175,43 +187,66 @@ class StartResult:
     message: str
 
 
-def grace_seconds(job: Mapping[str, Any]) -> int:
-    """The worker pods' `terminationGracePeriodSeconds`, as the job's template sets it."""
-    template = (((job.get("spec") or {}).get("pytorchReplicaSpecs") or {}).get("Worker") or {}).get(
-        "template"
-    ) or {}
+def grace_seconds(
+    job: Mapping[str, Any], runtime: Mapping[str, Any] | None = None, api: JobApi = PYTORCHJOB
+) -> int:
+    """The worker pods' `terminationGracePeriodSeconds`, as the job's template sets it (a
+    TrainJob's is in its `runtime`)."""
+    template = api.pod_template(job, runtime)
     value = (template.get("spec") or {}).get("terminationGracePeriodSeconds")
     return DEFAULT_GRACE_S if value is None else int(value)
 
 
-def stop_timeout_seconds(job: Mapping[str, Any]) -> float:
+def stop_timeout_seconds(
+    job: Mapping[str, Any], runtime: Mapping[str, Any] | None = None, api: JobApi = PYTORCHJOB
+) -> float:
     """How long a stop may take: the pods' grace period (the trainer's checkpoint) plus
     `STOP_MARGIN_S`."""
-    return grace_seconds(job) + STOP_MARGIN_S
+    return grace_seconds(job, runtime, api) + STOP_MARGIN_S
 
 
-def _read_job(api: KubeClient, namespace: str, name: str, stack: str | None) -> dict[str, Any]:
+def read_runtime(
+    api: KubeClient, namespace: str, job: Mapping[str, Any], job_api: JobApi
+) -> dict[str, Any] | None:
+    """The TrainingRuntime a TrainJob's pods come from (None for a PyTorchJob, or when it is
+    gone: the defaults then apply)."""
+    name = job_api.runtime_name(job)
+    if name is None:
+        return None
     try:
-        return api.get_job(PYTORCHJOB, namespace, name)
+        return api.get_job(TRAININGRUNTIME, namespace, name)
+    except KubernetesApiError as err:
+        if err.status != 404:
+            raise
+    return None
+
+
+def _read_job(
+    api: KubeClient, namespace: str, name: str, stack: str | None, job_api: JobApi = PYTORCHJOB
+) -> dict[str, Any]:
+    try:
+        return api.get_job(job_api, namespace, name)
     except KubernetesApiError as err:
         if err.status != 404:
             raise
     refresh = f"pulumi up --refresh -s {stack}" if stack else "pulumi up --refresh"
     raise JobNotFoundError(
-        f"PyTorchJob {namespace}/{name} not found on the cluster (deleted outside Pulumi, or "
-        f"the stack is not deployed): `{refresh}` recreates it"
+        f"{job_api.kind} {namespace}/{name} not found on the cluster (deleted outside Pulumi, "
+        f"or the stack is not deployed): `{refresh}` recreates it"
     )
 
 
-def _refuse_finished(job: Mapping[str, Any], verb: str, stack: str | None) -> None:
-    outcome = finished(job)
+def _refuse_finished(
+    job: Mapping[str, Any], verb: str, stack: str | None, job_api: JobApi = PYTORCHJOB
+) -> None:
+    outcome = finished(job, job_api)
     if outcome is None:
         return
     meta = job.get("metadata") or {}
-    urn = job_urn(stack) if stack else "<the PyTorchJob's URN>"
+    urn = job_urn(stack, job_api) if stack else f"<the {job_api.kind}'s URN>"
     stack_flag = f" -s {stack}" if stack else ""
     raise JobFinishedError(
-        f"PyTorchJob {meta.get('namespace')}/{meta.get('name')} has finished ({outcome}): "
+        f"{job_api.kind} {meta.get('namespace')}/{meta.get('name')} has finished ({outcome}): "
         f"there is nothing to {verb}; `pulumi up --replace '{urn}'{stack_flag}` relaunches it "
         "from its latest checkpoint"
     )
@@ -220,16 +255,19 @@ def _refuse_finished(job: Mapping[str, Any], verb: str, stack: str | None) -> No
 class _Poller:
     """Reads the job and its pods, riding out a few transient API errors."""
 
-    def __init__(self, api: KubeClient, namespace: str, name: str) -> None:
+    def __init__(
+        self, api: KubeClient, namespace: str, name: str, job_api: JobApi = PYTORCHJOB
+    ) -> None:
         self.api = api
+        self.job_api = job_api
         self.namespace, self.name = namespace, name
-        self.selector = PYTORCHJOB.pod_selector(name)
+        self.selector = job_api.pod_selector(name)
         self.transient = 0
 
     def read(self) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
         """(job, pods), or None after a transient error (raises after too many)."""
         try:
-            job = self.api.get_job(PYTORCHJOB, self.namespace, self.name)
+            job = self.api.get_job(self.job_api, self.namespace, self.name)
             pods = self.api.list_pods(self.namespace, self.selector)
         except KubernetesCredentialError:
             raise
@@ -262,6 +300,7 @@ def stop_job(
     on_progress: Callable[[str], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    job_api: JobApi = PYTORCHJOB,
 ) -> StopResult:
     """Suspend the job and wait until the operator reports it `Suspended` and its pods are
     gone; `timeout_s` defaults to `stop_timeout_seconds` of the job.
@@ -270,23 +309,25 @@ def stop_job(
     but pods remain at the limit) or `KubernetesApiError` (refused, or no answer).
     """
     report = on_progress or (lambda _line: None)
-    job = _read_job(api, namespace, name, stack)
-    _refuse_finished(job, "stop", stack)
-    already = _is_held(api, job)
-    before = suspend_owners(job)
+    kind = job_api.kind
+    job = _read_job(api, namespace, name, stack, job_api)
+    _refuse_finished(job, "stop", stack, job_api)
+    already = _is_held(api, job, job_api)
+    before = suspend_owners(job, job_api)
+    runtime = read_runtime(api, namespace, job, job_api)
     # Also when already suspended: the apply makes fsdp-eks an owner of `true`, which an
     # owner Pulumi takes over (kubectl's) alone would not keep (infra.job.suspension).
-    _hold(api, job, True)
-    limit = stop_timeout_seconds(job) if timeout_s is None else timeout_s
+    _hold(api, job, True, job_api)
+    limit = stop_timeout_seconds(job, runtime, job_api) if timeout_s is None else timeout_s
     started = clock()
     deadline = started + limit
-    poller = _Poller(api, namespace, name)
+    poller = _Poller(api, namespace, name, job_api)
     last = ""
     while True:
         state = poller.read()
         if state is not None:
             job, pods = state
-            suspended = true_condition(job, PYTORCHJOB.suspended_condition) is not None
+            suspended = true_condition(job, job_api.suspended_condition) is not None
             if suspended and not pods:
                 break
             line = _pods_line(pods) if pods else "waiting for the operator to mark it Suspended"
@@ -295,22 +336,20 @@ def stop_job(
                 last = line
         if clock() >= deadline:
             raise PodsRemainError(
-                f"PyTorchJob {namespace}/{name} is suspended, but {limit:.0f} s later: "
+                f"{kind} {namespace}/{name} is suspended, but {limit:.0f} s later: "
                 f"{last or 'the API server did not answer'}; the operator (is it running?) or "
                 f"the kubelet has not finished: see `kubectl -n {namespace} get pods -l "
-                f"{PYTORCHJOB.pod_selector(name)}`"
+                f"{job_api.pod_selector(name)}`"
             )
         sleep(poll_s)
     waited = clock() - started
     resume = f"fsdp-eks start {stack}" if stack else "fsdp-eks start <stack>"
     if already:
         held = f" (held by {', '.join(before)})" if before else ""
-        head = (
-            f"PyTorchJob {namespace}/{name} was already stopped{held}; it is held by fsdp-eks now."
-        )
+        head = f"{kind} {namespace}/{name} was already stopped{held}; it is held by fsdp-eks now."
     else:
         head = (
-            f"Stopped PyTorchJob {namespace}/{name} in {waited:.0f} s: its pods are gone, so "
+            f"Stopped {kind} {namespace}/{name} in {waited:.0f} s: its pods are gone, so "
             "the autoscaler removes its GPU nodes; the platform and checkpoints stay."
         )
     message = f"{head}\n`{resume}` resumes it from its latest checkpoint.\n{STOPPED_AND_PULUMI}"
@@ -360,6 +399,7 @@ def start_job(
     on_progress: Callable[[str], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    job_api: JobApi = PYTORCHJOB,
 ) -> StartResult:
     """Resume a stopped job and (with `wait`) wait until every worker trains, as `pulumi up`
     does: `start_timeout_s` is the stack's start budget (the run plan's
@@ -372,27 +412,30 @@ def start_job(
     suspended again so that it holds no GPU node: the message says so).
     """
     report = on_progress or (lambda _line: None)
-    job = _read_job(api, namespace, name, stack)
-    _refuse_finished(job, "start", stack)
-    spec = job.get("spec") or {}
-    worker = (spec.get("pytorchReplicaSpecs") or {}).get("Worker") or {}
+    kind = job_api.kind
+    job = _read_job(api, namespace, name, stack, job_api)
+    _refuse_finished(job, "start", stack, job_api)
+    runtime = read_runtime(api, namespace, job, job_api)
     watched = WatchedJob(
         namespace,
         name,
-        workers=int(worker.get("replicas", 1)),
-        backoff_limit=int((spec.get("runPolicy") or {}).get("backoffLimit", 3)),
+        workers=job_api.workers(job),
+        backoff_limit=job_api.backoff_limit(job, runtime),
         start_timeout_s=start_timeout_s,
         stack=stack,
+        api=job_api,
     )
-    was_running = not _is_held(api, job)
+    was_running = not _is_held(api, job, job_api)
     if not was_running:
-        poller = _Poller(api, namespace, name)
+        poller = _Poller(api, namespace, name, job_api)
         limit = (
-            stop_timeout_seconds(job) if terminating_timeout_s is None else terminating_timeout_s
+            stop_timeout_seconds(job, runtime, job_api)
+            if terminating_timeout_s is None
+            else terminating_timeout_s
         )
         _wait_for_pods_to_go(poller, limit, poll_s=poll_s, report=report, clock=clock, sleep=sleep)
-        _hold(api, job, False)
-        report(f"resumed PyTorchJob {namespace}/{name}: waiting for its workers")
+        _hold(api, job, False, job_api)
+        report(f"resumed {kind} {namespace}/{name}: waiting for its workers")
     progress = ""
     if wait:
         progress = wait_for_start(
@@ -405,10 +448,10 @@ def start_job(
             on_progress=report,
         )
     if was_running:
-        message = f"PyTorchJob {namespace}/{name} was not stopped; nothing was changed."
+        message = f"{kind} {namespace}/{name} was not stopped; nothing was changed."
     else:
         message = (
-            f"Started PyTorchJob {namespace}/{name}: it resumes from its latest checkpoint. "
+            f"Started {kind} {namespace}/{name}: it resumes from its latest checkpoint. "
             "job.maxRunHours (the job's deadline) counts afresh from this start, so "
             "cost.maxUsdPerRun bounds each start, not the whole run."
         )

@@ -53,15 +53,17 @@ SUSPEND_FIELD = PYTORCHJOB.suspend_path
 
 JOB_URN = (
     "urn:pulumi:{stack}::fsdp-eks::fsdp-eks:job:TrainingJob"
-    "$kubernetes:kubeflow.org/v1:PyTorchJob::job-pytorchjob"
+    "$kubernetes:{api_version}:{kind}::job-{plural_kind}"
 )
-"""The PyTorchJob's URN in stack `{stack}` (the program's `TrainingJob("job")` registering
-`job-pytorchjob`; tests/infra/golden/urns.json holds every shipped stack's)."""
+"""The job's URN in stack `{stack}` (the program's `TrainingJob("job")` registering
+`job-pytorchjob` or `job-trainjob`; tests/infra/golden/urns.json holds every shipped stack's)."""
 
 
-def job_urn(stack: str) -> str:
+def job_urn(stack: str, api: JobApi = PYTORCHJOB) -> str:
     """What `pulumi up --replace` takes to relaunch the stack's job."""
-    return JOB_URN.format(stack=stack)
+    return JOB_URN.format(
+        stack=stack, api_version=api.api_version, kind=api.kind, plural_kind=api.kind.lower()
+    )
 
 
 def suspend_patch(namespace: str, name: str, suspended: bool) -> dict[str, Any]:
@@ -93,38 +95,39 @@ def true_condition(job: Mapping[str, Any], kind: str) -> Mapping[str, Any] | Non
     return None
 
 
-def suspend_requested(job: Mapping[str, Any]) -> bool | None:
-    """`spec.runPolicy.suspend` as stored (None when absent: never on a real job, which the
-    CRD defaults to false)."""
-    return PYTORCHJOB.suspend_requested(job)
+def suspend_requested(job: Mapping[str, Any], api: JobApi = PYTORCHJOB) -> bool | None:
+    """The suspend field as stored (None when absent: the PyTorchJob CRD defaults it to false,
+    a TrainJob may leave it out)."""
+    return api.suspend_requested(job)
 
 
-def is_suspended(job: Mapping[str, Any]) -> bool:
+def is_suspended(job: Mapping[str, Any], api: JobApi = PYTORCHJOB) -> bool:
     """Whether the job is stopped or being stopped: its spec asks for it, or (a document
     without the field) the operator reports it `Suspended`. A job whose spec says false while
     the condition is still True is being resumed, not stopped."""
-    requested = suspend_requested(job)
+    requested = suspend_requested(job, api)
     if requested is not None:
         return requested
-    return true_condition(job, PYTORCHJOB.suspended_condition) is not None
+    return true_condition(job, api.suspended_condition) is not None
 
 
-def finished(job: Mapping[str, Any]) -> str | None:
-    """`Succeeded` or `Failed` for a finished job: the operator then ignores `suspend`
-    (v1.9.0 `ReconcileJobs` handles finished jobs before suspension)."""
-    for kind in (PYTORCHJOB.succeeded_condition, PYTORCHJOB.failed_condition):
+def finished(job: Mapping[str, Any], api: JobApi = PYTORCHJOB) -> str | None:
+    """`Succeeded` (`Complete`) or `Failed` for a finished job: the operator then ignores
+    `suspend` (v1.9.0 `ReconcileJobs` handles finished jobs before suspension; Trainer v2.3.0
+    no longer builds a finished TrainJob's JobSet: `pkg/controller/trainjob_controller.go`)."""
+    for kind in (api.succeeded_condition, api.failed_condition):
         if true_condition(job, kind) is not None:
             return kind
     return None
 
 
-def suspend_owners(job: Mapping[str, Any]) -> list[str]:
-    """The field managers that own `spec.runPolicy.suspend` (from `metadata.managedFields`,
-    FieldsV1 `{"f:spec": {"f:runPolicy": {"f:suspend": {}}}}`), as `name (Operation)`."""
+def suspend_owners(job: Mapping[str, Any], api: JobApi = PYTORCHJOB) -> list[str]:
+    """The field managers that own the suspend field (from `metadata.managedFields`, FieldsV1
+    `{"f:spec": {"f:runPolicy": {"f:suspend": {}}}}` on a PyTorchJob), as `name (Operation)`."""
     owners = []
     for entry in (job.get("metadata") or {}).get("managedFields") or []:
         fields: Any = entry.get("fieldsV1") or {}
-        for step in SUSPEND_FIELD:
+        for step in api.suspend_path:
             fields = fields.get(f"f:{step}") if isinstance(fields, dict) else None
         if fields is not None:
             owners.append(f"{entry.get('manager')} ({entry.get('operation')})")

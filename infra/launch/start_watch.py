@@ -28,6 +28,7 @@ import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, ResourceProvider, UpdateResult
 
 from infra.job import start_wait
+from infra.job.job_api import PYTORCHJOB, JobApi, job_api
 from infra.job.kube_client import KubeClient, KubernetesCredentialError
 from infra.job.start_rule import DEFAULT_START_TIMEOUT_S, JobStartError
 from infra.job.start_wait import DEFAULT_POLL_SECONDS, WatchedJob, wait_for_start
@@ -61,6 +62,8 @@ class JobStartWatchProvider(ResourceProvider):
             int(props["workers"]),
             int(props.get("backoff_limit", 3)),
             float(props.get("start_timeout_seconds") or DEFAULT_START_TIMEOUT_S),
+            # Absent on a PyTorchJob's watch: its inputs stay as they were before TrainJobs.
+            api=job_api(str(props.get("job_api") or PYTORCHJOB.name)),
         )
         try:
             client = KubeClient.from_kubeconfig(props["kubeconfig"])
@@ -92,8 +95,8 @@ class JobStartWatchProvider(ResourceProvider):
 
 
 class JobStartWatch(pulumi.dynamic.Resource, module="job", name="JobStartWatch"):
-    """Created once every worker of the PyTorchJob runs; its creation fails with the reason
-    when the job fails or its workers cannot start."""
+    """Created once every worker of the job (a PyTorchJob, or a TrainJob: `api`) runs; its
+    creation fails with the reason when the job fails or its workers cannot start."""
 
     started: pulumi.Output[str]
 
@@ -109,6 +112,7 @@ class JobStartWatch(pulumi.dynamic.Resource, module="job", name="JobStartWatch")
         backoff_limit: int,
         start_timeout_seconds: int,
         poll_seconds: float = DEFAULT_POLL_SECONDS,
+        api: JobApi = PYTORCHJOB,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         props = {
@@ -122,4 +126,6 @@ class JobStartWatch(pulumi.dynamic.Resource, module="job", name="JobStartWatch")
             "poll_seconds": poll_seconds,
             "started": None,
         }
+        if api is not PYTORCHJOB:
+            props["job_api"] = api.name
         super().__init__(JobStartWatchProvider(), resource_name, props, opts)

@@ -28,6 +28,8 @@ Construction (`infra/program.py`):
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +40,7 @@ import pulumi_kubernetes as k8s
 from infra.config.job import JobConfig
 from infra.estimates.run_plan import RunPlan
 from infra.job.flags import CHECKPOINT_BUCKET_ENV, RunPaths
+from infra.job.job_api import TRAINJOB, job_api
 from infra.job.manifest import (
     API_VERSION,
     HF_TOKEN_SECRET_KEY,
@@ -49,6 +52,7 @@ from infra.job.manifest import (
     render_job,
 )
 from infra.job.start_wait import wait_limit_seconds
+from infra.job.trainjob_manifest import render_trainjob
 from infra.launch.start_watch import JobStartWatch
 
 
@@ -57,6 +61,16 @@ def create_timeout(start_timeout_s: int) -> str:
     every worker may take to start (`job.startTimeoutMinutes`: GPU nodes scaling up, a 20 GB
     image pull), plus the minute each must then run without a restart."""
     return f"{-(-int(wait_limit_seconds(start_timeout_s)) // 60)}m"
+
+
+def content_name(prefix: str, spec: Any) -> str:
+    """`prefix` plus a digest of `spec` (resolved): a TrainingRuntime whose content changes gets
+    a new name, so the TrainJob naming it changes too and is replaced, as a PyTorchJob whose
+    spec changes is. Trainer v2.3.0 never updates a running JobSet from a changed runtime
+    (`plugins/jobset/jobset.go` `Build`), and holds a runtime in use by a finalizer, so the old
+    one goes only after the new TrainJob replaced the old."""
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
+    return f"{prefix}-{digest}"
 
 
 def _uid(metadata: Any) -> str | None:
@@ -176,8 +190,8 @@ class TrainingJob(pulumi.ComponentResource):
             # A pod started before its Secret exists fails to start (CreateContainerConfigError).
             depends_on.append(secret)
 
-        self.manifest = render_job(
-            args.plan,
+        api = job_api(config.job.api)
+        rendering: dict[str, Any] = dict(
             image=args.image_uri,
             pvc_name=args.pvc_name,
             mount_path=args.mount_path,
@@ -185,9 +199,10 @@ class TrainingJob(pulumi.ComponentResource):
             service_account_name=args.service_account_name,
             bucket=args.bucket,
         )
+        self.manifest = render_job(args.plan, **rendering)
         # Only the job's own pods may connect to its rendezvous store and NCCL ports; created
         # first, so no pod of the job is ever reachable from the rest of a shared cluster.
-        policy = network_policy(job_name, args.namespace)
+        policy = network_policy(job_name, args.namespace, api)
         self.network_policy = k8s.networking.v1.NetworkPolicy(
             f"{name}-network-policy",
             metadata=policy["metadata"],
@@ -197,22 +212,10 @@ class TrainingJob(pulumi.ComponentResource):
             ),
         )
         depends_on.append(self.network_policy)
-        metadata = {**self.manifest.metadata, "namespace": args.namespace}
-        job = k8s.apiextensions.CustomResource(
-            f"{name}-pytorchjob",
-            api_version=API_VERSION,
-            kind=KIND,
-            metadata=metadata,
-            spec=self.manifest.spec,
-            opts=pulumi.ResourceOptions.merge(
-                k8s_opts,
-                pulumi.ResourceOptions(
-                    depends_on=depends_on,
-                    # Same-name relaunch: the old job must be gone before the new one exists.
-                    delete_before_replace=True,
-                    replace_on_changes=["spec"],
-                ),
-            ),
+        job = (
+            self._trainjob(name, args, rendering, k8s_opts, depends_on)
+            if api is TRAINJOB
+            else self._pytorchjob(name, args, k8s_opts, depends_on)
         )
         # `up` waits here for every worker to run, and fails with the reason when they can't.
         # A new uid is a new job (a replaced spec): only then is there a start to wait for.
@@ -231,6 +234,7 @@ class TrainingJob(pulumi.ComponentResource):
             workers=config.gpu_nodes.count,
             backoff_limit=config.job.backoff_limit,
             start_timeout_seconds=start_budget_s,
+            api=api,
             opts=pulumi.ResourceOptions(
                 parent=self,
                 depends_on=[job],
@@ -243,7 +247,7 @@ class TrainingJob(pulumi.ComponentResource):
         self.image = pulumi.Output.from_input(args.image_uri)
         self.run_id = self.manifest.run_id
         self.checkpoint_path = checkpoint_location(self.manifest.paths, args.bucket)
-        self.kubectl = kubectl_commands(job_name, config.job.namespace)
+        self.kubectl = kubectl_commands(job_name, config.job.namespace, api)
         self.register_outputs(
             {
                 "jobName": self.job_name,
@@ -252,4 +256,79 @@ class TrainingJob(pulumi.ComponentResource):
                 "runId": self.run_id,
                 "checkpointPath": self.checkpoint_path,
             }
+        )
+
+    def _pytorchjob(
+        self,
+        name: str,
+        args: TrainingJobArgs,
+        k8s_opts: pulumi.ResourceOptions,
+        depends_on: list[pulumi.Resource],
+    ) -> k8s.apiextensions.CustomResource:
+        """The PyTorchJob, replaced (old one deleted first) whenever its spec changes."""
+        metadata = {**self.manifest.metadata, "namespace": args.namespace}
+        return k8s.apiextensions.CustomResource(
+            f"{name}-pytorchjob",
+            api_version=API_VERSION,
+            kind=KIND,
+            metadata=metadata,
+            spec=self.manifest.spec,
+            opts=pulumi.ResourceOptions.merge(
+                k8s_opts,
+                pulumi.ResourceOptions(
+                    depends_on=depends_on,
+                    # Same-name relaunch: the old job must be gone before the new one exists.
+                    delete_before_replace=True,
+                    replace_on_changes=["spec"],
+                ),
+            ),
+        )
+
+    def _trainjob(
+        self,
+        name: str,
+        args: TrainingJobArgs,
+        rendering: dict[str, Any],
+        k8s_opts: pulumi.ResourceOptions,
+        depends_on: list[pulumi.Resource],
+    ) -> k8s.apiextensions.CustomResource:
+        """The TrainingRuntime (named by its content) and the TrainJob using it, replaced as
+        the PyTorchJob is whenever either changes."""
+        rendered = render_trainjob(args.plan, **rendering)
+        runtime_spec = pulumi.Output.from_input(rendered.runtime["spec"])
+        runtime_name = runtime_spec.apply(
+            lambda spec: content_name(str(rendered.runtime["metadata"]["name"]), spec)
+        )
+        runtime = k8s.apiextensions.CustomResource(
+            f"{name}-trainingruntime",
+            api_version=rendered.runtime["apiVersion"],
+            kind=rendered.runtime["kind"],
+            metadata={
+                **rendered.runtime["metadata"],
+                "name": runtime_name,
+                "namespace": args.namespace,
+            },
+            spec=rendered.runtime["spec"],
+            opts=pulumi.ResourceOptions.merge(
+                k8s_opts, pulumi.ResourceOptions(depends_on=depends_on)
+            ),
+        )
+        spec = dict(rendered.trainjob["spec"])
+        spec["runtimeRef"] = {**spec["runtimeRef"], "name": runtime_name}
+        # `runtimeRef` and `trainer` are immutable (Trainer v2.3.0 `trainjob_types.go`
+        # XValidation `self == oldSelf`): any change of the spec replaces the TrainJob.
+        return k8s.apiextensions.CustomResource(
+            f"{name}-trainjob",
+            api_version=rendered.trainjob["apiVersion"],
+            kind=rendered.trainjob["kind"],
+            metadata={**rendered.trainjob["metadata"], "namespace": args.namespace},
+            spec=spec,
+            opts=pulumi.ResourceOptions.merge(
+                k8s_opts,
+                pulumi.ResourceOptions(
+                    depends_on=[*depends_on, runtime],
+                    delete_before_replace=True,
+                    replace_on_changes=["spec"],
+                ),
+            ),
         )

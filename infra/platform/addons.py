@@ -1,4 +1,4 @@
-"""Cluster add-ons a GPU training job needs: the device plugins and the training operator.
+"""Cluster add-ons a GPU training job needs: the device plugins and the job API's operator.
 
 The AL2023 NVIDIA AMI brings the driver and the EFA host stack, but a node advertises
 `nvidia.com/gpu` and `vpc.amazonaws.com/efa` only once the device plugins run on it. Both
@@ -9,7 +9,9 @@ can never disagree about which nodes are GPU nodes. The EFA plugin is installed 
 instance types with EFA.
 
 On an existing cluster each add-on has an `install` switch; what is switched off is not
-created, changed or deleted by the stack.
+created, changed or deleted by the stack. The job's operator follows `job.api`: the training
+operator v1 for a PyTorchJob; Kubeflow Trainer v2 with JobSet for a TrainJob, installed only
+on a cluster the stack creates (an existing one declares it: `cluster.trainerV2`).
 
 Construction (STACK's `__main__`), after `Cluster`:
 
@@ -32,6 +34,7 @@ import pulumi_kubernetes as k8s
 
 from infra.config.addons import AddonsConfig
 from infra.job.placement import Placement
+from infra.platform.kubeflow_trainer import KubeflowTrainer, KubeflowTrainerArgs
 from infra.platform.training_operator import TrainingOperator, TrainingOperatorArgs
 
 NVIDIA_CHART_REPO = "https://nvidia.github.io/k8s-device-plugin"
@@ -54,6 +57,10 @@ class AddonsArgs:
     """What must exist before anything is scheduled (node groups)."""
     operator_node_selector: Mapping[str, str] = field(default_factory=dict)
     """Where the training operator may run (e.g. system nodes); empty: any untainted node."""
+    job_api: str = "pytorchjob"
+    """`job.api`: which operator the job needs."""
+    owns_cluster: bool = True
+    """Whether the stack created the cluster (Trainer v2 is installed only there)."""
 
 
 def gpu_node_affinity(selector: Mapping[str, str]) -> dict[str, Any]:
@@ -81,6 +88,7 @@ class Addons(pulumi.ComponentResource):
     nvidia_device_plugin: k8s.helm.v3.Release | None
     efa_device_plugin: k8s.helm.v3.Release | None
     training_operator: TrainingOperator | None
+    kubeflow_trainer: KubeflowTrainer | None
     ready: list[pulumi.Resource]
     """Everything the PyTorchJob must wait for (empty when nothing is installed)."""
 
@@ -99,6 +107,7 @@ class Addons(pulumi.ComponentResource):
         self.nvidia_device_plugin = None
         self.efa_device_plugin = None
         self.training_operator = None
+        self.kubeflow_trainer = None
 
         if config.nvidia_device_plugin.install:
             self.nvidia_device_plugin = self._plugin(
@@ -120,7 +129,18 @@ class Addons(pulumi.ComponentResource):
                 values={},
             )
             self.ready.append(self.efa_device_plugin)
-        if config.training_operator.install:
+        if args.job_api == "trainjob" and args.owns_cluster:
+            self.kubeflow_trainer = KubeflowTrainer(
+                f"{name}-kubeflow-trainer",
+                KubeflowTrainerArgs(
+                    k8s_provider=args.k8s_provider,
+                    node_selector=args.operator_node_selector,
+                    depends_on=list(args.cluster_ready),
+                ),
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+            self.ready.extend(self.kubeflow_trainer.ready)
+        elif args.job_api == "pytorchjob" and config.training_operator.install:
             self.training_operator = TrainingOperator(
                 f"{name}-training-operator",
                 TrainingOperatorArgs(

@@ -39,6 +39,7 @@ from infra.facts.exporter_metrics import (
     DCGM_EXPORTER_CHART_REPOSITORY,
     DCGM_EXPORTER_CHART_VERSION,
 )
+from infra.job.job_api import job_api
 from infra.job.placement import gpu_placement
 from infra.platform.observability_manifests import (
     DCGM_APP,
@@ -109,6 +110,8 @@ class Observability(pulumi.ComponentResource):
         self.workspace_id = self.workspace_arn = self.workspace_endpoint = None
         self.namespace = None
         self.ready = []
+        # The trainer pods' label is the job API's (a TrainJob's pods carry JobSet's).
+        self._job_label = job_api(args.plan.config.job.api).job_name_label
         metrics = args.plan.metrics
         if metrics.enabled:
             self._build(name, args)
@@ -204,7 +207,7 @@ class Observability(pulumi.ComponentResource):
                 scrape_network_policy(
                     name=f"{job_name}-metrics-scrapes",
                     namespace=args.job_namespace,
-                    pod_selector=trainer_selector(job_name),
+                    pod_selector=trainer_selector(job_name, self._job_label),
                     sources=sources,
                 )
             ),
@@ -236,7 +239,7 @@ class Observability(pulumi.ComponentResource):
             (
                 "trainer",
                 args.job_namespace,
-                trainer_selector(job_name)["matchLabels"],
+                trainer_selector(job_name, self._job_label)["matchLabels"],
                 True,
                 k8s_opts,
             ),
@@ -323,6 +326,7 @@ class Observability(pulumi.ComponentResource):
                     metrics_namespace=str(names[1]),
                     interval_seconds=obs.scrape_interval_seconds,
                     efa=efa,
+                    job_label=self._job_label,
                 )
             ),
             tags=tags,

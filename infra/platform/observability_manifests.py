@@ -241,8 +241,10 @@ def scrape_configuration(
     metrics_namespace: str,
     interval_seconds: int,
     efa: bool,
+    job_label: str = JOB_NAME_LABEL,
 ) -> str:
-    """The managed scraper's Prometheus configuration: the job's pods, DCGM and EFA.
+    """The managed scraper's Prometheus configuration: the job's pods (those `job_label`
+    names: the job API's pod label, `infra.job.job_api`), DCGM and EFA.
 
     The trainer labels its own series with stack, run, node and rank, so its job honours them
     (`honor_labels`); the exporters' series get `node` from the pod's node and `stack`.
@@ -264,7 +266,7 @@ def scrape_configuration(
         }
 
     jobs = [
-        job("fsdp-trainer", job_namespace, _keep(JOB_NAME_LABEL, job_name), True),
+        job("fsdp-trainer", job_namespace, _keep(job_label, job_name), True),
         job("dcgm-exporter", metrics_namespace, _keep(NAME_LABEL, DCGM_APP), False),
     ]
     if efa:
@@ -385,8 +387,9 @@ def scrape_network_policy(
     }
 
 
-def trainer_selector(job_name: str) -> dict[str, Any]:
-    return {"matchLabels": {JOB_NAME_LABEL: job_name}}
+def trainer_selector(job_name: str, job_label: str = JOB_NAME_LABEL) -> dict[str, Any]:
+    """The job's pods, by the label its job API puts on them (`infra.job.job_api`)."""
+    return {"matchLabels": {job_label: job_name}}
 
 
 DCGM_METRICS_PORT = DCGM_EXPORTER_PORT

@@ -20,9 +20,9 @@ from infra.policy.kube_checks import Finding
 from infra.policy.view import (
     UNKNOWN,
     Resource,
-    dig,
     gpu_node_groups,
     is_training_job,
+    job_deadline,
     pod_templates,
     selected_instance_type,
 )
@@ -90,11 +90,7 @@ def _node_sets(
 
 def run_hours(resources: Sequence[Resource], config: Mapping[str, Any]) -> float | None:
     """The longest job deadline in the stack, else the configured maxRunHours, else None."""
-    deadlines = [
-        dig(r.props, "spec", "runPolicy", "activeDeadlineSeconds")
-        for r in resources
-        if is_training_job(r)
-    ]
+    deadlines = [job_deadline(r) for r in resources if is_training_job(r)]
     seconds = [d for d in deadlines if isinstance(d, int | float) and d is not UNKNOWN and d > 0]
     if seconds:
         return max(seconds) / 3600

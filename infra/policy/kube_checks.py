@@ -16,9 +16,9 @@ from infra.policy.view import (
     UNKNOWN,
     PodTemplate,
     Resource,
-    dig,
     gpu_node_groups,
     is_training_job,
+    job_deadline,
     pod_templates,
     resource_quantity,
     selected_instance_type,
@@ -144,9 +144,9 @@ def _command_tokens(container: Mapping[str, object]) -> list[str]:
 
 def check_run_is_bounded(resource: Resource) -> list[str]:
     """A training job stops by itself: a deadline (activeDeadlineSeconds) or --max_steps."""
-    if not is_training_job(resource):
-        return []
-    deadline = dig(resource.props, "spec", "runPolicy", "activeDeadlineSeconds")
+    if not is_training_job(resource) or resource.type.endswith(":TrainJob"):
+        return []  # a TrainJob's pods, and their --max_steps, are its TrainingRuntime's
+    deadline = job_deadline(resource)
     if deadline is UNKNOWN or (isinstance(deadline, int | float) and deadline > 0):
         return []
     for template in pod_templates(resource):

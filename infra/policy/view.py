@@ -159,13 +159,49 @@ class PodTemplate:
                 yield from (c for c in items if isinstance(c, Mapping))
 
 
+TRAINER_V2_PREFIX = "kubernetes:trainer.kubeflow.org/"
+"""Kubeflow Trainer v2's kinds: a TrainJob (deadline, node count) runs the pods of the
+TrainingRuntime it names (JobSet's replicated jobs)."""
+
+
 def is_training_job(resource: Resource) -> bool:
-    """A Kubeflow training-operator job (PyTorchJob and its siblings)."""
+    """A Kubeflow training-operator job (PyTorchJob and its siblings), or a Trainer v2
+    TrainingRuntime (which holds a TrainJob's pod templates) or TrainJob."""
+    if resource.type.startswith(TRAINER_V2_PREFIX):
+        return resource.type.endswith((":TrainingRuntime", ":TrainJob"))
     return resource.type.startswith("kubernetes:kubeflow.org/") and resource.type.endswith("Job")
+
+
+def job_deadline(resource: Resource) -> Any:
+    """A training job's `activeDeadlineSeconds` (the training operator's in `runPolicy`, a
+    TrainJob's in its spec), or None."""
+    if resource.type.startswith(TRAINER_V2_PREFIX):
+        return dig(resource.props, "spec", "activeDeadlineSeconds")
+    return dig(resource.props, "spec", "runPolicy", "activeDeadlineSeconds")
+
+
+def _runtime_templates(resource: Resource) -> list[PodTemplate]:
+    """A TrainingRuntime's pods: each replicated job's pod template, `replicas` Jobs of
+    `parallelism` pods each (jobset v0.12.0 `ReplicatedJob`, batch/v1 `JobSpec`)."""
+    templates = []
+    jobs = dig(resource.props, "spec", "template", "spec", "replicatedJobs")
+    for replicated in jobs if isinstance(jobs, list) else []:
+        pod_spec = dig(replicated, "template", "spec", "template", "spec")
+        if not isinstance(pod_spec, Mapping):
+            continue
+        jobs_count = dig(replicated, "replicas")
+        parallelism = dig(replicated, "template", "spec", "parallelism")
+        count = (jobs_count if isinstance(jobs_count, int) else 1) * (
+            parallelism if isinstance(parallelism, int) else 1
+        )
+        templates.append(PodTemplate(str(dig(replicated, "name")), count, pod_spec))
+    return templates
 
 
 def pod_templates(resource: Resource) -> list[PodTemplate]:
     """Pod templates of a Kubernetes workload; empty for anything else."""
+    if resource.type.startswith(TRAINER_V2_PREFIX):
+        return _runtime_templates(resource)
     if is_training_job(resource):
         spec = resource.props.get("spec")
         templates = []

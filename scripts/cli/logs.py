@@ -2,7 +2,9 @@
 
 Rank 0 runs in the master pod when the job has a Master replica, else in worker 0 (our jobs
 are workers only: the operator makes worker 0 the rendezvous master). The container is
-`pytorch`, the name the training operator requires.
+`pytorch`, the name the training operator requires. A TrainJob's pods carry a random suffix
+(Indexed Job pods of its JobSet): node N is the pod labelled with completion index N, in
+container `node` (`infra.job.job_api.TRAINJOB`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import click
 
-from infra.job.job_api import PYTORCHJOB
+from infra.job.job_api import PYTORCHJOB, JobApi
 from scripts.cli.support.errors import CliError
 from scripts.cli.support.stacks import stack_arguments
 from scripts.cli.support.target import RunTarget, run_options
@@ -59,6 +61,22 @@ def worker_pod(job: Mapping[str, Any], index: int) -> str:
     return f"{name}-worker-{index}"
 
 
+def trainjob_worker_pod(
+    client: KubeClient, api: JobApi, namespace: str, job: Mapping[str, Any], index: int
+) -> str:
+    """Name of node `index`'s pod of a TrainJob: the newest pod with that completion index."""
+    name = job["metadata"]["name"]
+    workers = api.workers(job)
+    if index >= workers:
+        raise CliError(f"--node {index}: {api.kind} {name} has {workers} node(s), 0-{workers - 1}")
+    selector = f"{api.pod_selector(name)},{api.first_worker_label}={index}"
+    found = client.list_pods(namespace, selector)
+    if not found:
+        raise CliError(f"{api.kind} {name} has no pod for node {index} now (stopped, or not up)")
+    newest = max(found, key=lambda p: str(p["metadata"].get("creationTimestamp") or ""))
+    return str(newest["metadata"]["name"])
+
+
 def logs_command(
     target: RunTarget,
     pod: str | None,
@@ -68,19 +86,20 @@ def logs_command(
     previous: bool = False,
 ) -> list[str]:
     """The `kubectl logs` a person would type for the same lines (printed as a hint)."""
+    api = target.api
     base = ["kubectl", *(["--context", target.context] if target.context else [])]
     base += ["-n", target.namespace]
     if pod is None:
         args = [
             "logs",
-            f"--selector={JOB_NAME_LABEL}={target.require_job()}",
+            f"--selector={api.pod_selector(target.require_job())}",
             "-c",
-            CONTAINER,
+            api.container_name,
             "--prefix",
             f"--max-log-requests={MAX_LOG_REQUESTS}",
         ]
     else:
-        args = ["logs", pod, "-c", CONTAINER]
+        args = ["logs", pod, "-c", api.container_name]
     if follow:
         args.append("--follow")
     if tail is not None:
@@ -99,13 +118,14 @@ def pod_lines(
     follow: bool,
     tail: int | None,
     previous: bool,
+    container: str = CONTAINER,
 ) -> Iterator[str]:
     """The pods' log lines as they come; with `prefixed`, each led by `[pod/NAME/pytorch] `
     as `kubectl logs --prefix` writes it, one stream per pod on its own thread."""
 
     def stream(pod: str) -> Iterator[str]:
         return client.pod_log_lines(
-            namespace, pod, CONTAINER, follow=follow, tail=tail, previous=previous
+            namespace, pod, container, follow=follow, tail=tail, previous=previous
         )
 
     if not prefixed:
@@ -193,12 +213,18 @@ def logs(
         )
     client = target.client()
     name = target.require_job()
-    job = client.get_job(PYTORCHJOB, target.namespace, name)
-    pod = None if node == "all" else worker_pod(job, int(node))
+    api = target.api
+    job = client.get_job(api, target.namespace, name)
+    if node == "all":
+        pod = None
+    elif api is PYTORCHJOB:
+        pod = worker_pod(job, int(node))
+    else:
+        pod = trainjob_worker_pod(client, api, target.namespace, job, int(node))
     command = logs_command(target, pod, follow=not no_follow, tail=tail, previous=previous)
     click.echo(f"# {' '.join(command)}", err=True)
     if pod is None:
-        found = client.list_pods(target.namespace, PYTORCHJOB.pod_selector(name))
+        found = client.list_pods(target.namespace, api.pod_selector(name))
         pods = sorted(str(p["metadata"]["name"]) for p in found)
     else:
         pods = [pod]
@@ -210,6 +236,7 @@ def logs(
         follow=not no_follow,
         tail=tail,
         previous=previous,
+        container=api.container_name,
     )
     try:
         copy_lines(lines, sys.stdout, only_loss=only_loss, only_errors=only_errors)

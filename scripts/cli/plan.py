@@ -3,7 +3,7 @@
     fsdp-eks plan dev                      # a stack under stacks/ (or a stack file)
     fsdp-eks plan dev llama31-8b-p5        # several
     fsdp-eks plan --all                    # every stack (CI)
-    fsdp-eks plan -v dev                   # + every resource, the outputs and the PyTorchJob
+    fsdp-eks plan -v dev                   # + every resource, the outputs and the job
     fsdp-eks plan --time dev               # how long evaluating it takes
 
 Evaluates the real program (`infra.program.main`) under Pulumi's mock runtime with AWS-shaped
@@ -44,6 +44,11 @@ EVALUATED_LINE = re.compile(r"^(Resources \(\d+\), evaluated offline in [\d.]+s)
 """`render`'s timing line of a verbose plan."""
 
 PYTORCHJOB_TYPE = "kubernetes:kubeflow.org/v1:PyTorchJob"
+TRAINJOB_TYPES = (
+    "kubernetes:trainer.kubeflow.org/v1alpha1:TrainingRuntime",
+    "kubernetes:trainer.kubeflow.org/v1alpha1:TrainJob",
+)
+"""What a stack with `job.api: trainjob` submits instead (infra.launch.training_job)."""
 
 # The settings worth a reviewer's eye, per input key (camelCase, as sent to the engine).
 KEY_SETTINGS = (
@@ -279,9 +284,9 @@ def summary_lines(plan: RunPlan, evaluation: Evaluation | None = None) -> list[s
 
 def queue_lines(config: StackConfig) -> list[str]:
     """Where a queued run waits for admission, and what its Kueue integration's status is."""
-    from infra.job.queueing import JOB_API, plan_lines
+    from infra.job.queueing import plan_lines
 
-    return plan_lines(config.scheduling, cluster_mode=config.cluster.mode, job_api=JOB_API)
+    return plan_lines(config.scheduling, cluster_mode=config.cluster.mode, job_api=config.job.api)
 
 
 LINE_WIDTH = 100
@@ -344,13 +349,13 @@ def render(plan: Plan, *, verbose: bool = False) -> str:
             lines.extend(f"    {k}: {v}" for k, v in value.items())
         else:
             lines.append(f"  {key}: {value}")
-    jobs = evaluation.of_type(PYTORCHJOB_TYPE)
+    jobs = [job for kind in (PYTORCHJOB_TYPE, *TRAINJOB_TYPES) for job in evaluation.of_type(kind)]
     for job in jobs:
         manifest = whole_numbers(
             {key: job.inputs.get(key) for key in ("apiVersion", "kind", "metadata", "spec")}
         )
         # Sorted keys, as `kubectl get -o yaml` shows objects.
-        lines += ["", "PyTorchJob:", "---", _yaml(manifest)]
+        lines += ["", f"{job.type.rsplit(':', 1)[-1]}:", "---", _yaml(manifest)]
     return "\n".join(label_placeholders(line) for line in "\n".join(lines).splitlines())
 
 
@@ -443,9 +448,7 @@ def replayed(kept: CachedPlan) -> CachedPlan:
 
 @click.command()
 @stack_arguments(many=True, all_flag=True)
-@click.option(
-    "-v", "--verbose", is_flag=True, help="Also every resource, the outputs and the PyTorchJob."
-)
+@click.option("-v", "--verbose", is_flag=True, help="Also every resource, the outputs and the job.")
 @click.option("--time", "timed", is_flag=True, help="Time the plan of each stack instead.")
 @click.option("--repeats", type=click.IntRange(1), default=5, show_default=True,
               help="Evaluations per stack with --time.")  # fmt: skip

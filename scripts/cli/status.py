@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from infra.job.job_api import PYTORCHJOB
+from infra.job.job_api import PYTORCHJOB, TRAINJOB, JobApi
 from scripts.cli.support.errors import CliError
 from scripts.cli.support.stacks import stack_arguments
 from scripts.cli.support.target import RunTarget, run_options
@@ -21,13 +21,11 @@ from scripts.cli.support.target import RunTarget, run_options
 if TYPE_CHECKING:
     from infra.job.kube_client import KubeClient
 
-JOB_LABEL = PYTORCHJOB.job_name_label
 GPU_POOL_SELECTOR = "fsdp-eks/node-pool=gpu"
 """The GPU node group's label (`infra.platform.gpu_nodes.gpu_labels`)."""
 SCALE_DOWN_TAINT = "ToBeDeletedByClusterAutoscaler"
 """The taint Cluster Autoscaler puts on a node it is removing (kubernetes/autoscaler
 `cluster-autoscaler/utils/taints/taints.go`)."""
-_TERMINAL = (PYTORCHJOB.succeeded_condition, PYTORCHJOB.failed_condition)
 
 
 @dataclass(frozen=True)
@@ -95,18 +93,53 @@ def _parse_time(text: Any) -> datetime | None:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
+def trainjob_status(job: Mapping[str, Any], pods: Mapping[str, Any]) -> dict[str, Any]:
+    """A TrainJob's status in the PyTorchJob's terms: no `Running` condition and no
+    `startTime` (kubeflow/trainer v2.3.0 `trainjob_types.go`), so it runs while its pods do,
+    started when it was created or last resumed (the deadline's own start:
+    `pkg/controller/trainjob_controller.go` `reconcileDeadline`), its replicas from
+    `jobsStatus`."""
+    status = dict(job.get("status") or {})
+    conditions = list(status.get("conditions") or [])
+    resumed = next(
+        (c for c in conditions if c.get("type") == TRAINJOB.suspended_condition
+         and c.get("status") == "False"),
+        None,
+    )  # fmt: skip
+    started = (resumed or {}).get("lastTransitionTime") or job.get("metadata", {}).get(
+        "creationTimestamp"
+    )
+    live = [p for p in pods.get("items") or [] if (p.get("status") or {}).get("phase") == "Running"]
+    if live and not any(c.get("status") == "True" for c in conditions):
+        conditions.append({"type": "Running", "status": "True", "lastTransitionTime": started})
+    return {
+        "conditions": conditions,
+        "startTime": started,
+        "replicaStatuses": {
+            str(j.get("name")): {k: v for k, v in j.items() if k != "name"}
+            for j in status.get("jobsStatus") or []
+        },
+    }
+
+
 def summarize(
-    job: Mapping[str, Any], pods: Mapping[str, Any], *, now: datetime, usd_per_hour: float | None
+    job: Mapping[str, Any],
+    pods: Mapping[str, Any],
+    *,
+    now: datetime,
+    usd_per_hour: float | None,
+    api: JobApi = PYTORCHJOB,
 ) -> JobStatus:
-    """The status of a PyTorchJob (`kubectl get pytorchjob -o json`) and its pods."""
-    status = job.get("status") or {}
+    """The status of a job (`kubectl get pytorchjob|trainjob -o json`) and its pods."""
+    status = trainjob_status(job, pods) if api is TRAINJOB else job.get("status") or {}
     true_conditions = [c for c in status.get("conditions") or [] if c.get("status") == "True"]
     latest: Mapping[str, Any] = max(
-        true_conditions, key=lambda c: c.get("lastTransitionTime", ""), default={}
+        true_conditions, key=lambda c: c.get("lastTransitionTime") or "", default={}
     )
     started = _parse_time(status.get("startTime"))
     ended = _parse_time(status.get("completionTime"))
-    if ended is None and latest.get("type") in _TERMINAL:
+    terminal = (api.succeeded_condition, api.failed_condition)
+    if ended is None and latest.get("type") in terminal:
         ended = _parse_time(latest.get("lastTransitionTime"))
     elapsed = ((ended or now) - started).total_seconds() if started else None
     rows = [
@@ -121,7 +154,8 @@ def summarize(
         )
         for pod in pods.get("items") or []
     ]
-    deadline = ((job.get("spec") or {}).get("runPolicy") or {}).get("activeDeadlineSeconds")
+    spec = job.get("spec") or {}
+    deadline = (spec.get("runPolicy") or spec).get("activeDeadlineSeconds")
     return JobStatus(
         name=job["metadata"]["name"],
         namespace=job["metadata"].get("namespace", "default"),
@@ -223,7 +257,7 @@ def gpu_node_summary(nodes: list[NodeRow]) -> str:
     return ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
 
 
-def admission(client: KubeClient, job: Mapping[str, Any]) -> str | None:
+def admission(client: KubeClient, job: Mapping[str, Any], api: JobApi = PYTORCHJOB) -> str | None:
     """Where a queued job's Kueue Workload (the one it owns) stands; None: not queued."""
     from infra.job.kube_client import KubernetesApiError
     from infra.job.queue_hold import workload_of
@@ -233,7 +267,7 @@ def admission(client: KubeClient, job: Mapping[str, Any]) -> str | None:
         return None
     queue = f"queue {job['metadata']['labels'][QUEUE_LABEL]}"
     try:
-        workload = workload_of(client, job)
+        workload = workload_of(client, job, api)
     except KubernetesApiError as error:
         return f"{queue}: admission unknown (Kueue Workloads not readable: {error})"
     if workload is None:
@@ -244,10 +278,15 @@ def admission(client: KubeClient, job: Mapping[str, Any]) -> str | None:
 def fetch_status(target: RunTarget, *, now: datetime | None = None) -> JobStatus:
     name = target.require_job()
     client = target.client()
-    job = client.get_job(PYTORCHJOB, target.namespace, name)
-    pods = {"items": client.list_pods(target.namespace, f"{JOB_LABEL}={name}")}
-    summary = summarize(job, pods, now=now or datetime.now(UTC), usd_per_hour=target.usd_per_hour)
-    summary = replace(summary, restarts=read_restarts(target), admission=admission(client, job))
+    api = target.api
+    job = client.get_job(api, target.namespace, name)
+    pods = {"items": client.list_pods(target.namespace, api.pod_selector(name))}
+    summary = summarize(
+        job, pods, now=now or datetime.now(UTC), usd_per_hour=target.usd_per_hour, api=api
+    )
+    summary = replace(
+        summary, restarts=read_restarts(target), admission=admission(client, job, api)
+    )
     from infra.job.kube_client import KubernetesApiError
 
     try:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from infra.job.job_api import PYTORCHJOB
+from infra.job.job_api import PYTORCHJOB, TRAINJOB
 from infra.job.placement import EFA_RESOURCE, GPU_RESOURCE, INSTANCE_TYPE_LABEL
 from scripts.cli.support.errors import CliError
 from scripts.cli.support.kube import to_yaml
@@ -389,7 +389,8 @@ def _minutes(seconds: float) -> str:
 
 
 def job_state(job: dict[str, Any]) -> str | None:
-    """`Complete`/`Failed` for a batch Job, `Succeeded`/`Failed` for a PyTorchJob, else None."""
+    """`Complete`/`Failed` for a batch Job or a TrainJob, `Succeeded`/`Failed` for a
+    PyTorchJob, else None."""
     for condition in job.get("status", {}).get("conditions", []) or []:
         if condition.get("status") == "True" and condition.get("type") in (
             "Complete",
@@ -450,23 +451,28 @@ def run_nccl_check(
     from infra.job.kube_client import KubernetesApiError
 
     name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
+    api = TRAINJOB if job.get("kind") == TRAINJOB.kind else PYTORCHJOB
     state = wait_until(
-        lambda: job_state(kubectl.get_job(PYTORCHJOB, namespace, name)),
+        lambda: job_state(kubectl.get_job(api, namespace, name)),
         timeout_s=timeout_s,
-        what=f"PyTorchJob {name} (the NCCL all-reduce)",
+        what=f"{api.kind} {name} (the NCCL all-reduce)",
     )
+    pod = f"{name}-worker-0"
     try:
-        text = "".join(kubectl.pod_log_lines(namespace, f"{name}-worker-0", CONTAINER_NAME))
+        if api is TRAINJOB:  # JobSet's pods carry a random suffix: node 0 by its labels
+            found = kubectl.list_pods(namespace, api.first_worker_selector(name))
+            pod = max((str(p["metadata"]["name"]) for p in found), default=f"{name}-node-0-0")
+        text = "".join(kubectl.pod_log_lines(namespace, pod, api.container_name))
     except KubernetesApiError as error:  # a pod that never started has no log
         text = ""
-        log.warning("no log from %s-worker-0: %s", name, error)
+        log.warning("no log from %s: %s", pod, error)
     result = check_nccl(parse_nccl_log(text), expected)
-    if state != "Succeeded":
+    if state != api.succeeded_condition:
         result.passed = False
         result.problems.insert(
             0,
-            f"PyTorchJob {name} ended {state}: "
-            f"see kubectl -n {namespace} describe pytorchjob {name}",
+            f"{api.kind} {name} ended {state}: "
+            f"see kubectl -n {namespace} describe {api.kubectl_name} {name}",
         )
     return result, text
 
@@ -548,7 +554,7 @@ def validate(
     else:
         image = resolve_image(config, name, image, dict(target.outputs))
     claim = config.storage.claim_name(name)
-    *policies, gpu_job, bench, nccl = validation_manifests(
+    documents = validation_manifests(
         plan,
         image=image,
         run_id=run_id,
@@ -556,8 +562,14 @@ def validate(
         claim_name=claim,
     )
     if render_only or target is None:
-        click.echo(to_yaml([*policies, gpu_job, bench, nccl]))
+        click.echo(to_yaml(documents))
         return 0
+    policies = [d for d in documents if d["kind"] == "NetworkPolicy"]
+    [gpu_job] = [d for d in documents if d["kind"] == "Job"]
+    [bench] = [d for d in documents if d["kind"] == "ConfigMap"]
+    # The NCCL workload: a PyTorchJob, or a TrainingRuntime and the TrainJob using it.
+    workload = [d for d in documents if d not in (*policies, gpu_job, bench)]
+    nccl = workload[-1]
 
     kubectl = target.client()
     results: list[CheckResult] = []
@@ -577,9 +589,9 @@ def validate(
                 run_gpu_check(kubectl, gpu_job, expected, timeout, fsx=claim is not None)
             )
         if "nccl" not in skip:
-            log.info("running the NCCL all-reduce (PyTorchJob %s)", nccl["metadata"]["name"])
-            kubectl.apply([bench, nccl], field_manager=FIELD_MANAGER)
-            created += [bench, nccl]
+            log.info("running the NCCL all-reduce (%s %s)", nccl["kind"], nccl["metadata"]["name"])
+            kubectl.apply([bench, *workload], field_manager=FIELD_MANAGER)
+            created += [bench, *workload]
             result, text = run_nccl_check(kubectl, nccl, expected, timeout)
             results.append(result)
             if not result.passed:

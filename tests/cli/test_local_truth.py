@@ -101,13 +101,14 @@ def test_plot_s_default_figure_is_not_the_rehearsal_s(tmp_path: Path) -> None:
             ["plan", "./exp/Pulumi.exp.yaml"],
             "fsdp-eks plan: no stack file ./exp/Pulumi.exp.yaml: no such file; a stack is a "
             "stack file's path or a name under stacks/: dev, llama2-7b-p4d, llama31-8b-p5, "
-            "llama32-1b-g5, mixtral-8x7b-p5, team-cluster",
+            "llama32-1b-g5, llama32-1b-g5-trainjob, mixtral-8x7b-p5, team-cluster, "
+            "team-cluster-queued",
         ),
         (
             ["plan", "exp.yaml"],
             "fsdp-eks plan: no stack file exp.yaml: no such file; a stack is a stack file's "
             "path or a name under stacks/: dev, llama2-7b-p4d, llama31-8b-p5, llama32-1b-g5, "
-            "mixtral-8x7b-p5, team-cluster",
+            "llama32-1b-g5-trainjob, mixtral-8x7b-p5, team-cluster, team-cluster-queued",
         ),
     ],
 )

@@ -370,7 +370,8 @@ def test_the_installed_script_as_a_user_types_it() -> None:
     assert done.stderr.splitlines() == [
         "fsdp-eks plan: no stack 'nope': no file "
         f"{ROOT / 'stacks' / 'Pulumi.nope.yaml'}; stacks: dev, llama2-7b-p4d, llama31-8b-p5, "
-        "llama32-1b-g5, mixtral-8x7b-p5, team-cluster"
+        "llama32-1b-g5, llama32-1b-g5-trainjob, mixtral-8x7b-p5, team-cluster, "
+        "team-cluster-queued"
     ]
 
 
@@ -379,8 +380,12 @@ def test_shell_completion_offers_the_stacks_as_the_readme_sets_it_up() -> None:
     `bash_complete` and the words typed so far (click's `BashComplete`)."""
     script = Path(sys.executable).parent / "fsdp-eks"
     env = {**os.environ, "_FSDP_EKS_COMPLETE": "bash_complete", "COMP_CWORD": "2"}
-    typed = {"fsdp-eks plan llama3": ["plain,llama31-8b-p5", "plain,llama32-1b-g5"],
-             "fsdp-eks stop -s te": ["plain,team-cluster"]}  # fmt: skip
+    typed = {
+        "fsdp-eks plan llama3": [
+            "plain,llama31-8b-p5", "plain,llama32-1b-g5", "plain,llama32-1b-g5-trainjob"
+        ],
+        "fsdp-eks stop -s te": ["plain,team-cluster", "plain,team-cluster-queued"],
+    }  # fmt: skip
     for words, offered in typed.items():
         env["COMP_WORDS"] = words
         env["COMP_CWORD"] = str(len(words.split()) - 1)

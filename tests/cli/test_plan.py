@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from infra.config import stack_names
+from infra.config import load_stack_file, stack_names
 from infra.config.files import SECRET_PLACEHOLDER
 from tests.cli.conftest import assert_one_line_mistake, run_cli
 
@@ -18,7 +18,10 @@ def test_plan_of_every_stack(no_pulumi: None) -> None:
     result = run_cli("plan", "--all", "--verbose")
     assert result.code == 0, result
     out = result.out
-    assert out.count("\nPyTorchJob:\n---\n") == len(stack_names())
+    apis = [load_stack_file(name).job.api for name in stack_names()]
+    assert out.count("\nPyTorchJob:\n---\n") == apis.count("pytorchjob")
+    assert out.count("\nTrainingRuntime:\n---\n") == apis.count("trainjob") >= 1
+    assert out.count("\nTrainJob:\n---\n") == apis.count("trainjob")
     for name in stack_names():
         assert f"Stack {name} (stacks/Pulumi.{name}.yaml)" in out
     assert SECRET_PLACEHOLDER not in out

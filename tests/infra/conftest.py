@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.crd_schemas import openapi_schema
+
 CRD_PATH = (
     Path(__file__).resolve().parents[2].parent
     / "shared/schemas/kubeflow.org_pytorchjobs.v1.9.0.yaml"
@@ -25,3 +27,15 @@ def crd_schema() -> dict[str, Any]:
     crd = yaml.load(CRD_PATH.read_text(), Loader=loader)
     [version] = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
     return dict(version["schema"]["openAPIV3Schema"])
+
+
+@pytest.fixture(scope="session")
+def trainjob_schema() -> dict[str, Any]:
+    """Kubeflow Trainer v2.3.0's TrainJob CRD schema (v1alpha1; tests/schemas/SOURCES.md)."""
+    return openapi_schema("trainer.kubeflow.org_trainjobs.v2.3.0.yaml", "v1alpha1")
+
+
+@pytest.fixture(scope="session")
+def trainingruntime_schema() -> dict[str, Any]:
+    """Kubeflow Trainer v2.3.0's TrainingRuntime CRD schema (v1alpha1)."""
+    return openapi_schema("trainer.kubeflow.org_trainingruntimes.v2.3.0.yaml", "v1alpha1")

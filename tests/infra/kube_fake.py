@@ -24,6 +24,11 @@ under test.
   (`pods/NAME/log`, streamed line by line when followed), and any other object applied,
   read or deleted at its path (validate's check workloads), a batch Job getting the pods its
   controller would label `job-name` (`outcomes` says how each kind of workload ends).
+  With `api=TRAINJOB` the job is a TrainJob and the operator plays Kubeflow Trainer v2.3.0 with
+  JobSet (`trainjob_controller.go` `setSuspendedCondition`: `Suspended` True/False with reasons
+  `Suspended`/`Resumed`, no `Running` condition, `jobsStatus` from the JobSet; pods of the
+  Indexed Job `<job>-node-0`, named with a random suffix and labelled by JobSet and the Job
+  controller); its TrainingRuntime is one of the `objects`.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from infra.job.job_api import PYTORCHJOB, TRAINJOB, JobApi
 from tests.infra import ssa_model
 
 TOKEN = "k8s-aws-v1.test-token"
@@ -315,7 +321,9 @@ class Kueue:
     running: bool = True
     """False: Kueue does not act (not installed with the job's integration on)."""
 
-    def reconcile(self, store: ssa_model.ApiServer) -> None:
+    def reconcile(
+        self, store: ssa_model.ApiServer, suspend_path: ssa_model.Path = ssa_model.SUSPEND
+    ) -> None:
         job = store.obj
         if (
             not self.running
@@ -329,10 +337,10 @@ class Kueue:
                 "apiVersion": "kueue.x-k8s.io/v1beta2",
                 "kind": "Workload",
                 "metadata": {
-                    "name": f"pytorchjob-{meta['name']}-3f9a1",
+                    "name": f"{job['kind'].lower()}-{meta['name']}-3f9a1",
                     "namespace": meta.get("namespace"),
                     "ownerReferences": [
-                        {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+                        {"apiVersion": job["apiVersion"], "kind": job["kind"],
                          "name": meta["name"], "uid": meta.get("uid"), "controller": True}
                     ],
                 },
@@ -369,9 +377,10 @@ class Kueue:
             checks = [{"name": "atomic-provisioning", "state": "Pending"}]
         workload["status"] = {"conditions": conditions, "admissionChecks": checks}
         admitted = active and self.admits
-        suspended = bool(ssa_model.get_path(job, ssa_model.SUSPEND))
+        suspended = bool(ssa_model.get_path(job, suspend_path))
         if admitted == suspended:  # Kueue's client Update of the one field it owns
-            patch = {"spec": {"runPolicy": {"suspend": not admitted}}}
+            patch: dict[str, Any] = {}
+            ssa_model.put_path(patch, suspend_path, not admitted)
             store.merge_patch(meta["name"], patch, KUEUE_MANAGER)
 
 
@@ -405,11 +414,24 @@ def _is_true(conditions: list[dict[str, Any]], kind: str) -> bool:
 class ClusterApiServer(LoopbackApiServer):
     """One namespace holding one PyTorchJob (in the field-management model) and its pods."""
 
-    def __init__(self, namespace: str = "training", name: str = "exp") -> None:
+    def __init__(
+        self, namespace: str = "training", name: str = "exp", api: JobApi = PYTORCHJOB
+    ) -> None:
         super().__init__(_ClusterHandler)
         self.namespace = namespace
         self.name = name
-        self.store = ssa_model.ApiServer()
+        self.api = api
+        self.store = (
+            ssa_model.ApiServer()
+            if api is PYTORCHJOB
+            else ssa_model.ApiServer(
+                kind=api.kind,
+                resource=api.resource,
+                api_version=api.api_version,
+                # The TrainJob v2.3.0 CRD's `spec.suspend: default: false` (tests/schemas/).
+                defaults={api.suspend_path: False},
+            )
+        )
         self.pods: dict[str, dict[str, Any]] = {}
         self.operator = Operator()
         self.events: list[dict[str, Any]] = []
@@ -432,7 +454,17 @@ class ClusterApiServer(LoopbackApiServer):
 
     @property
     def job_path(self) -> str:
-        return f"/apis/kubeflow.org/v1/namespaces/{self.namespace}/pytorchjobs/{self.name}"
+        api = self.api
+        return f"/apis/{api.api_version}/namespaces/{self.namespace}/{api.plural}/{self.name}"
+
+    def put_runtime(self, runtime: dict[str, Any]) -> None:
+        """A TrainingRuntime as deployed, served at its path."""
+        meta = runtime["metadata"]
+        path = (
+            f"/apis/{runtime['apiVersion']}/namespaces/{self.namespace}/trainingruntimes/"
+            f"{meta['name']}"
+        )
+        self.objects[path] = copy.deepcopy(runtime)
 
     @property
     def pods_path(self) -> str:
@@ -451,13 +483,16 @@ class ClusterApiServer(LoopbackApiServer):
         `ApplyDefaultForSuspend`), recorded under the creator's manager."""
         if self.kueue is not None and QUEUE_LABEL in (job["metadata"].get("labels") or {}):
             job = copy.deepcopy(job)
-            ssa_model.put_path(job, ssa_model.SUSPEND, True)
+            ssa_model.put_path(job, self.api.suspend_path, True)
         self.store.create(job, "pulumi-kubernetes")
         if job.get("status"):
             self.store.update_status(self.name, job["status"], OPERATOR_MANAGER)
 
     def suspended(self) -> bool:
-        return ssa_model.suspended(self.store)
+        if self.api is PYTORCHJOB:
+            return ssa_model.suspended(self.store)
+        obj = self.store.obj
+        return obj is not None and ssa_model.get_path(obj, self.api.suspend_path) is True
 
     def live_pods(self) -> list[dict[str, Any]]:
         return [copy.deepcopy(p) for _, p in sorted(self.pods.items())]
@@ -468,9 +503,12 @@ class ClusterApiServer(LoopbackApiServer):
         """One pass of the operator, then of the kubelets of terminating pods."""
         self._kubelet()
         if self.kueue is not None:
-            self.kueue.reconcile(self.store)
+            self.kueue.reconcile(self.store, self.api.suspend_path)
         job = self.store.obj
         if job is None or not self.operator.running:
+            return
+        if self.api is TRAINJOB:
+            self._reconcile_trainjob(job)
             return
         status = copy.deepcopy(job.get("status") or {})
         conditions: list[dict[str, Any]] = status.get("conditions") or []
@@ -514,6 +552,49 @@ class ClusterApiServer(LoopbackApiServer):
         status["conditions"] = conditions
         if status != (job.get("status") or {}):
             self.store.update_status(self.name, status, OPERATOR_MANAGER)
+
+    def _reconcile_trainjob(self, job: dict[str, Any]) -> None:
+        """Trainer v2.3.0 and JobSet 0.12.0, one pass: `spec.suspend` reaches the JobSet, whose
+        Jobs are suspended (their pods deleted gracefully) or resumed (new pods, new uids)."""
+        status = copy.deepcopy(job.get("status") or {})
+        conditions: list[dict[str, Any]] = status.get("conditions") or []
+        if _is_true(conditions, "Complete") or _is_true(conditions, "Failed"):
+            return
+        replicas = int(job["spec"].get("trainer", {}).get("numNodes", 1))
+        if ssa_model.get_path(job, TRAINJOB.suspend_path):
+            for pod in self.pods.values():
+                pod["metadata"].setdefault("deletionTimestamp", stamp())
+            conditions = _set_condition(
+                conditions, "Suspended", "True", "Suspended", "TrainJob is suspended"
+            )
+            active = 0
+        else:
+            if _is_true(conditions, "Suspended"):
+                conditions = _set_condition(
+                    conditions, "Suspended", "False", "Resumed", "TrainJob is resumed"
+                )
+            live = {
+                p["metadata"]["labels"][TRAINJOB.first_worker_label]
+                for p in self.pods.values()
+                if not p["metadata"].get("deletionTimestamp")
+            }
+            for index in range(replicas):
+                if str(index) not in live:
+                    pod = self._new_pod(f"{self.name}-node-0-{index}-x{self.operator.uids + 1:04d}")
+                    pod["metadata"]["labels"] = {
+                        TRAINJOB.job_name_label: self.name,
+                        TRAINJOB.worker_label[0]: TRAINJOB.worker_label[1],
+                        TRAINJOB.first_worker_label: str(index),
+                    }
+                    pod["status"]["containerStatuses"][0]["name"] = TRAINJOB.container_name
+                    self.pods[pod["metadata"]["name"]] = pod
+            active = replicas
+        status["conditions"] = conditions
+        status["jobsStatus"] = [
+            {"name": "node", "active": active, "ready": active, "suspended": int(not active)}
+        ]
+        if status != (job.get("status") or {}):
+            self.store.update_status(self.name, status, "trainer")
 
     def _kubelet(self) -> None:
         if self.store.obj is None:  # the garbage collector removes a deleted job's pods
@@ -563,7 +644,7 @@ class _ClusterHandler(_Handler):
         if (verb, resource) not in self.server.forbidden:
             return False
         server = self.server
-        name = server.name if resource == "pytorchjobs" else ""
+        name = server.name if resource == server.api.plural else ""
         qualified = f"{resource}.{group}" if group else resource
         target = f'{qualified} "{name}"' if name else qualified
         message = (
@@ -578,11 +659,11 @@ class _ClusterHandler(_Handler):
         server = self.server
         with server.lock:
             if request.path == server.job_path:
-                if self._refused(request, "get", "pytorchjobs", "kubeflow.org"):
+                if self._refused(request, "get", server.api.plural, server.api.group):
                     return
                 server.reconcile()
                 if server.store.obj is None:
-                    message = f'pytorchjobs.kubeflow.org "{server.name}" not found'
+                    message = f'{server.api.resource} "{server.name}" not found'
                     self._send(404, status(404, "NotFound", message, name=server.name))
                     return
                 self._send(200, server.job())
@@ -676,7 +757,7 @@ class _ClusterHandler(_Handler):
             if request.path != server.job_path:
                 self._send(404, status(404, "NotFound", "the server could not find it"))
                 return
-            if self._refused(request, "patch", "pytorchjobs", "kubeflow.org"):
+            if self._refused(request, "patch", server.api.plural, server.api.group):
                 return
             manager = request.query.get("fieldManager", "")
             invalid = 'PatchOptions.meta.k8s.io "" is invalid: '

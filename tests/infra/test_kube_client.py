@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.job.job_api import PYTORCHJOB
+from infra.job.job_api import PYTORCHJOB, TRAINJOB
 from infra.job.kube_client import KubeClient, KubernetesApiError, KubernetesCredentialError
 from tests.infra.kube_fake import ClusterApiServer, config_with_user, kubeconfig, serving
 
@@ -76,21 +76,31 @@ def test_a_missing_credential_command_names_it() -> None:
     assert "No such file or directory" in str(error.value)
 
 
-def test_the_apply_is_server_side_apply_as_the_manager() -> None:
+JOBS = {
+    "pytorchjob": (PYTORCHJOB, {"pytorchReplicaSpecs": {"Worker": {"replicas": 1}}}),
+    "trainjob": (TRAINJOB, {"runtimeRef": {"name": "exp-runtime"}, "trainer": {"numNodes": 1}}),
+}
+
+
+@pytest.mark.parametrize("which", list(JOBS))
+def test_the_apply_is_server_side_apply_as_the_manager(which: str) -> None:
     """`_content_type` picks apply: the generated method would otherwise send a JSON patch
     that rest.py turns into a strategic merge patch, which CRDs refuse."""
-    with serving(ClusterApiServer(namespace="training", name="exp")) as server:
-        server.put_job({"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
-                        "metadata": {"name": "exp", "namespace": "training"},
-                        "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 1}}}})  # fmt: skip
+    api, spec = JOBS[which]
+    with serving(ClusterApiServer(namespace="training", name="exp", api=api)) as server:
+        meta = {"name": "exp", "namespace": "training"}
+        server.put_job({"apiVersion": api.api_version, "kind": api.kind, "metadata": meta,
+                        "spec": spec})  # fmt: skip
         client = KubeClient.from_kubeconfig(kubeconfig(server.url))
-        body = PYTORCHJOB.suspend_patch("training", "exp", True)
-        stored = client.apply_job(PYTORCHJOB, "training", "exp", body, field_manager="fsdp-eks",
+        body = api.suspend_patch("training", "exp", True)
+        stored = client.apply_job(api, "training", "exp", body, field_manager="fsdp-eks",
                                   force=True)  # fmt: skip
+        assert client.get_job(api, "training", "exp")["kind"] == api.kind
     (sent,) = server.patches
+    assert sent.path == f"/apis/{api.api_version}/namespaces/training/{api.plural}/exp"
     assert sent.content_type == "application/apply-patch+yaml"
     assert sent.query == {"fieldManager": "fsdp-eks", "force": "true"}
-    assert sent.body == body and stored["spec"]["runPolicy"]["suspend"] is True
+    assert sent.body == body and api.suspend_requested(stored) is True
 
 
 def _sources() -> list[Path]:

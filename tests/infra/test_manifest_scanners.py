@@ -56,8 +56,14 @@ from tests.infra.test_stacks import STACKS, stack
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CHECKOV = VENV / "checkov/bin/checkov"
 PYTORCHJOB_KIND = "PyTorchJob"
+TRAINER_V2_KINDS = ("TrainJob", "TrainingRuntime")
+"""Kubeflow Trainer v2's kinds (a `job.api: trainjob` stack's): their CRD schemas are checked
+in tests/infra/test_trainjob_stack.py, their node 0 Pod here (`node_pod`)."""
+CUSTOM_KINDS = (PYTORCHJOB_KIND, *TRAINER_V2_KINDS)
+"""Left out of the checkov tree: their pods are scanned as the pods they make."""
 CRD_GROUPS = {
     "kubeflow.org": "tests/infra/test_stacks.py (the PyTorchJob CRD)",
+    "trainer.kubeflow.org": "tests/infra/test_trainjob_stack.py (Trainer v2.3.0's CRDs)",
     "kueue.x-k8s.io": "tests/infra/test_kueue.py (Kueue v0.19.2's CRDs)",
 }
 """API groups kubernetes-validate has no schema for, and the test that validates them."""
@@ -83,7 +89,7 @@ class Allowed:
 ALLOWED: dict[str, Allowed] = {
     # --- the trainer's worker pods: GPU batch work (infra/job/manifest.py) -----------------
     "CKV_K8S_8": Allowed(
-        r"^(Pod\..*-worker-0|Job\..*-gpu-check)$",
+        r"^(Pod\..*-(worker-0|node-0-0)|Job\..*-gpu-check)$",
         "No liveness probe: a training step can legitimately take minutes (a checkpoint save, "
         "a first compile) and a restart throws the step away; hangs are caught by the "
         "trainer's step heartbeat watchdog and NCCL's collective timeout instead. The NCCL "
@@ -91,25 +97,25 @@ ALLOWED: dict[str, Allowed] = {
         "activeDeadlineSeconds (infra/job/cluster_checks.py).",
     ),
     "CKV_K8S_9": Allowed(
-        r"^(Pod\..*-worker-0|Job\..*-gpu-check)$",
+        r"^(Pod\..*-(worker-0|node-0-0)|Job\..*-gpu-check)$",
         "No readiness probe: workers serve no traffic through a Service a probe would gate; "
         "peers reach worker 0's store by rendezvous, retrying until it listens. The "
         "gpu-check serves nothing at all.",
     ),
     "CKV_K8S_11": Allowed(
-        r"^Pod\..*-worker-0$",
+        r"^Pod\..*-(worker-0|node-0-0)$",
         "No CPU limit: the worker (and the NCCL check's) is sized to its whole node "
         "(infra/job/manifest.py container_resources); a CFS quota would only throttle data "
         "loading and NCCL proxies.",
     ),
     "CKV_K8S_25": Allowed(
-        r"^Pod\..*-worker-0$",
+        r"^Pod\..*-(worker-0|node-0-0)$",
         "The init container that creates and chowns the run's directories on FSx (a fresh "
         "file system is root's) runs as root with CHOWN, DAC_OVERRIDE and FOWNER, nothing "
         "else (infra/job/manifest.py PREPARE_CAPABILITIES).",
     ),
     "CKV_K8S_22": Allowed(
-        r"^Pod\..*-worker-0$",
+        r"^Pod\..*-(worker-0|node-0-0)$",
         "The trainer's root filesystem stays writable for the Triton/Inductor kernel caches "
         "and the HF cache under /tmp (infra/job/manifest.py trainer_security_context).",
     ),
@@ -206,6 +212,38 @@ def worker_pod(job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def node_pods(manifests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Node 0's Pod of each TrainJob among `manifests`, as JobSet 0.12.0 and the Job controller
+    create it from the TrainingRuntime's template: named after its hostname
+    (`<jobset>-node-0-0`; the real name adds a random suffix), JobSet's labels added."""
+    runtimes = {m["metadata"]["name"]: m for m in manifests if m["kind"] == "TrainingRuntime"}
+    pods = []
+    for job in (m for m in manifests if m["kind"] == "TrainJob"):
+        name = job["metadata"]["name"]
+        runtime = runtimes[job["spec"]["runtimeRef"]["name"]]
+        [replicated] = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+        template = replicated["template"]["spec"]["template"]
+        labels = {
+            **template.get("metadata", {}).get("labels", {}),
+            "jobset.sigs.k8s.io/jobset-name": name,
+            "jobset.sigs.k8s.io/replicatedjob-name": replicated["name"],
+            "batch.kubernetes.io/job-completion-index": "0",
+        }
+        pods.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": f"{name}-{replicated['name']}-0-0",
+                    "namespace": job["metadata"]["namespace"],
+                    "labels": labels,
+                },
+                "spec": template["spec"],
+            }
+        )
+    return pods
+
+
 def kubernetes_objects(result: Evaluation) -> list[dict[str, Any]]:
     """Every Kubernetes object the program registers whole (not Helm releases or remote YAML),
     plus each PyTorchJob's worker Pod."""
@@ -218,7 +256,7 @@ def kubernetes_objects(result: Evaluation) -> list[dict[str, Any]]:
         objects.append(manifest)
         if manifest["kind"] == PYTORCHJOB_KIND:
             objects.append(worker_pod(manifest))
-    return objects
+    return [*objects, *node_pods(objects)]
 
 
 def cluster_check_objects(name: str, config: StackConfig) -> list[dict[str, Any]]:
@@ -231,7 +269,11 @@ def cluster_check_objects(name: str, config: StackConfig) -> list[dict[str, Any]
         bench_script=NCCL_BENCH.read_text(),
         claim_name=config.storage.claim_name(name),
     )
-    return [*checks, *(worker_pod(m) for m in checks if m["kind"] == PYTORCHJOB_KIND)]
+    return [
+        *checks,
+        *(worker_pod(m) for m in checks if m["kind"] == PYTORCHJOB_KIND),
+        *node_pods(checks),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -360,9 +402,9 @@ def _write_scan_tree(root: Path, rendered: list[StackObjects]) -> None:
     manifests = root / "manifests"
     manifests.mkdir(parents=True)
     for objects in rendered:
-        documents = [m for m in objects.manifests if m["kind"] != PYTORCHJOB_KIND]
+        documents = [m for m in objects.manifests if m["kind"] not in CUSTOM_KINDS]
         (manifests / f"{objects.name}.yaml").write_text(yaml.safe_dump_all(documents))
-        checks = [m for m in objects.checks if m["kind"] != PYTORCHJOB_KIND]
+        checks = [m for m in objects.checks if m["kind"] not in CUSTOM_KINDS]
         (manifests / f"{objects.name}-checks.yaml").write_text(yaml.safe_dump_all(checks))
     shutil.copytree(REPO_ROOT / ".github/workflows", root / ".github/workflows")
     (root / "docker").mkdir()
@@ -408,11 +450,14 @@ def test_checkov_scanned_every_stack_and_the_trainer_pods(
     scanned = {f.resource for f in checkov_findings}
     for objects in rendered:
         for manifests in (objects.manifests, objects.checks):
-            [job] = [m for m in manifests if m["kind"] == PYTORCHJOB_KIND]
+            [job] = [m for m in manifests if m["kind"] in (PYTORCHJOB_KIND, "TrainJob")]
             namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
-            assert f"Pod.{namespace}.{name}-worker-0" in scanned
+            trainjob = job["kind"] == "TrainJob"
+            pod_name = f"{name}-node-0-0" if trainjob else f"{name}-worker-0"
+            assert f"Pod.{namespace}.{pod_name}" in scanned
             [pod] = [m for m in manifests if m["kind"] == "Pod"]
-            assert [c["name"] for c in pod["spec"]["containers"]] == [CONTAINER_NAME]
+            container = "node" if trainjob else CONTAINER_NAME
+            assert [c["name"] for c in pod["spec"]["containers"]] == [container]
         [gpu_check] = [m for m in objects.checks if m["kind"] == "Job"]
         namespace, name = gpu_check["metadata"]["namespace"], gpu_check["metadata"]["name"]
         assert f"Job.{namespace}.{name}" in scanned
@@ -429,6 +474,24 @@ def test_a_root_container_outside_the_allow_list_is_reported(tmp_path: Path) -> 
 # --- Helm values against the pinned charts -----------------------------------------------
 
 CHART_VALUE_KEYS: dict[tuple[str, str], frozenset[str]] = {
+    # Top-level keys of charts/kubeflow-trainer/values.yaml at kubeflow/trainer tag v2.3.0
+    # (commit 658725bdae5c7e3a0854d93ac6ff492e109a22ab); `jobset` is the values of its JobSet
+    # 0.12.0 dependency (kubernetes-sigs/jobset v0.12.0 charts/jobset/values.yaml: controller.
+    # nodeSelector), read 2026-11-27.
+    ("oci://ghcr.io/kubeflow/charts/kubeflow-trainer", "2.3.0"): frozenset(
+        {
+            "nameOverride",
+            "fullnameOverride",
+            "crds",
+            "jobset",
+            "commonLabels",
+            "image",
+            "manager",
+            "webhook",
+            "dataCache",
+            "runtimes",
+        }
+    ),
     # Top-level keys of deployments/helm/nvidia-device-plugin/values.yaml at NVIDIA/
     # k8s-device-plugin tag v0.18.2 (commit fb1242add205d8563f9c604b8ba239607b4083e6),
     # read 2026-11-23.

@@ -22,10 +22,12 @@ from scripts.cli.support.pulumi import stack_outputs
 from scripts.cli.support.stacks import name_of
 
 if TYPE_CHECKING:
+    from infra.job.job_api import JobApi
     from infra.job.kube_client import KubeClient
 
 # Output names, first match wins (the program exports the first of each).
 JOB_NAME_KEYS = ("jobName", "job_name")
+JOB_API_KEYS = ("jobApi",)
 NAMESPACE_KEYS = ("namespace", "jobNamespace")
 CHECKPOINT_URI_KEYS = ("checkpointS3Uri", "checkpointUri")
 USD_PER_HOUR_KEYS = ("estimatedUsdPerHour", "usdPerHour")
@@ -44,6 +46,16 @@ class RunTarget:
     stack_file: str | None = None
     """The stack as the user named it (a name, or a stack file's path): what its settings are
     read from; `stack` is its name, as Pulumi knows it."""
+    job_api_name: str = "pytorchjob"
+    """`job.api` of the deployed stack (its `jobApi` output; stacks deployed before TrainJobs
+    existed have none and run a PyTorchJob), or `--job-api`."""
+
+    @property
+    def api(self) -> JobApi:
+        """The job API every verb reads and changes the job through."""
+        from infra.job.job_api import job_api
+
+        return job_api(self.job_api_name)
 
     def require_job(self) -> str:
         if not self.job_name:
@@ -132,6 +144,7 @@ def resolve_target(
     namespace: str | None = None,
     s3_uri: str | None = None,
     context: str | None = None,
+    job_api: str | None = None,
 ) -> RunTarget:
     """Flags first, then the stack's outputs, then defaults."""
     name = name_of(stack) if stack else None
@@ -149,6 +162,7 @@ def resolve_target(
         outputs=outputs,
         context=context,
         stack_file=stack,
+        job_api_name=job_api or first(outputs, JOB_API_KEYS) or "pytorchjob",
     )
 
 
@@ -162,19 +176,27 @@ def run_options(function: Callable[..., Any]) -> Callable[..., Any]:
         namespace: str | None,
         s3_uri: str | None,
         context: str | None,
+        job_api: str | None,
         stack: str | None,
         **kwargs: Any,
     ) -> Any:
-        target = resolve_target(stack, job=job, namespace=namespace, s3_uri=s3_uri, context=context)
+        target = resolve_target(
+            stack, job=job, namespace=namespace, s3_uri=s3_uri, context=context, job_api=job_api
+        )
         return function(*args, target=target, **kwargs)
 
     for option in (
+        click.option(
+            "--job-api",
+            type=click.Choice(["pytorchjob", "trainjob"]),
+            help="The job's API (default: the stack's jobApi output, else pytorchjob).",
+        ),
         click.option(
             "--context", help="A kubectl context of yours instead of the stack's cluster."
         ),
         click.option("--s3-uri", help="The run's files in S3 (s3://BUCKET/PREFIX)."),
         click.option("-n", "--namespace", help="The job's namespace (default: the stack's)."),
-        click.option("--job", help="The PyTorchJob (default: the stack's jobName output)."),
+        click.option("--job", help="The job (default: the stack's jobName output)."),
     ):
         command = option(command)
     return command
