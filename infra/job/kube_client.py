@@ -32,6 +32,7 @@ from kubernetes import watch as k8s_watch
 from kubernetes.config.config_exception import ConfigException
 
 from infra.job.job_api import CustomKind, JobApi
+from infra.job.queueing import KUEUE_GROUP, WORKLOAD_VERSION
 
 APPLY_PATCH_TYPE = "application/apply-patch+yaml"
 """Server-side apply (apimachinery `pkg/types/patch.go` `ApplyYAMLPatchType`). Passed as
@@ -308,10 +309,10 @@ class KubeClient:
     # -- Kueue's Workloads (a queued job's admission) -----------------------------------------
 
     def list_workloads(self, namespace: str) -> list[dict[str, Any]]:
-        """Kueue's Workloads in `namespace` (kueue.x-k8s.io/v1beta2, its storage version)."""
+        """Kueue's Workloads in `namespace` (in `WORKLOAD_VERSION`, served by Kueue v0.9+)."""
         with self._asking(ResourceRef("list", "workloads.kueue.x-k8s.io", namespace)):
             answer = self.custom.list_namespaced_custom_object(
-                "kueue.x-k8s.io", "v1beta2", namespace, "workloads",
+                KUEUE_GROUP, WORKLOAD_VERSION, namespace, "workloads",
                 _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S,
             )  # fmt: skip
             return list(_document(answer).get("items") or [])
@@ -323,7 +324,7 @@ class KubeClient:
         manager may own the field); the Workload as stored."""
         with self._asking(ResourceRef("patch", "workloads.kueue.x-k8s.io", namespace, name)):
             answer = self.custom.patch_namespaced_custom_object(
-                "kueue.x-k8s.io", "v1beta2", namespace, "workloads", name, dict(body),
+                KUEUE_GROUP, WORKLOAD_VERSION, namespace, "workloads", name, dict(body),
                 field_manager=field_manager, force=True, _content_type=APPLY_PATCH_TYPE,
                 _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S,
             )  # fmt: skip

@@ -20,7 +20,7 @@ from typing import Any
 
 from infra.job.job_api import PYTORCHJOB, JobApi
 from infra.job.kube_client import KubeClient
-from infra.job.queueing import KUEUE_GROUP, KUEUE_VERSION, is_deactivated, owned_workloads
+from infra.job.queueing import KUEUE_GROUP, WORKLOAD_VERSION, is_deactivated, owned_workloads
 from infra.job.suspension import FIELD_MANAGER
 
 __all__ = ["active_patch", "is_deactivated", "set_active", "workload_of"]
@@ -41,7 +41,7 @@ def workload_of(
 def active_patch(namespace: str, name: str, active: bool) -> dict[str, Any]:
     """The apply configuration: the Workload's identity and `spec.active` only."""
     return {
-        "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}",
+        "apiVersion": f"{KUEUE_GROUP}/{WORKLOAD_VERSION}",
         "kind": "Workload",
         "metadata": {"name": name, "namespace": namespace},
         "spec": {"active": active},

@@ -33,6 +33,11 @@ PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
 KUEUE_GROUP = "kueue.x-k8s.io"
 KUEUE_VERSION = "v1beta2"
 """The storage version of every Kueue v0.19.2 CRD (v1beta1 is served, deprecated)."""
+WORKLOAD_VERSION = "v1beta1"
+"""The version the verbs read and apply Workloads in: v1beta2 came with Kueue v0.15.0, and an
+existing cluster (HyperPod task governance) may run an older Kueue; v0.19.2 still serves
+v1beta1 (`charts/kueue/templates/crd/`), and `spec.active` and the conditions read here are
+the same in both."""
 WORKLOAD_PLURAL = "workloads"
 
 KUEUE_FRAMEWORKS = {
@@ -96,7 +101,8 @@ def plan_lines(scheduling: SchedulingConfig, *, cluster_mode: str, job_api: str)
             f"queued: Kueue (installed by this stack), {where}; the job waits for admission: "
             "quota in the stack's ClusterQueue and a ProvisioningRequest for all its nodes at "
             "once (class best-effort-atomic-scale-up), which the cluster autoscaler accepts "
-            f"before any pod is created; {wait}"
+            "before any pod is created (on AWS not atomic: EC2 may still grant fewer nodes, "
+            f"so the worst partial start stays priced); {wait}"
         )
     else:
         lines.append(
@@ -159,10 +165,13 @@ def admission_state(workload: Mapping[str, Any]) -> str:
     checks_text = f" (checks: {checks})" if checks else ""
     if (done := _is_true(workload, "Finished")) is not None:
         return f"finished: {done.get('reason') or ''}".rstrip(": ")
-    if (evicted := _is_true(workload, "Evicted")) is not None:
-        return f"evicted ({evicted.get('reason')}): {evicted.get('message') or ''}".rstrip(": ")
     if is_deactivated(workload):
         return "deactivated (spec.active false): not queued until it is set true"
+    evicted = _is_true(workload, "Evicted")
+    # Kueue keeps Evicted/Deactivated after `spec.active` is true again, until the Workload
+    # gets quota (v0.19.2 `pkg/workload/workload.go` `SetQuotaReservation`): it is pending.
+    if evicted is not None and evicted.get("reason") != "Deactivated":
+        return f"evicted ({evicted.get('reason')}): {evicted.get('message') or ''}".rstrip(": ")
     if _is_true(workload, "Admitted") is not None:
         return f"admitted{checks_text}"
     if (reserved := _is_true(workload, "QuotaReserved")) is not None:

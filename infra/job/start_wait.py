@@ -189,7 +189,12 @@ def wait_for_start(
                 raise JobStartError(f"watching {kind} {job.name}: {err}") from None
             transient += 1
         else:
-            admitted = not (is_queued(document) and is_suspended(document))
+            admitted_now = not (is_queued(document) and is_suspended(document, job.api))
+            if admitted_now and not admitted:
+                # Admitted after a wait in the queue: the start budget counts from admission,
+                # or a long wait would leave the nodes no time to come up before the release.
+                deadline = clock() + limit_s
+            admitted = admitted_now
             now = datetime.now(UTC)
             history.observe(pods, now)
             verdict = assess(

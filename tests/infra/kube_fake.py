@@ -334,7 +334,7 @@ class Kueue:
         meta = job["metadata"]
         if self.workload is None:
             self.workload = {
-                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "apiVersion": "kueue.x-k8s.io/v1beta1",
                 "kind": "Workload",
                 "metadata": {
                     "name": f"{job['kind'].lower()}-{meta['name']}-3f9a1",
@@ -475,7 +475,7 @@ class ClusterApiServer(LoopbackApiServer):
 
     @property
     def workloads_path(self) -> str:
-        return f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{self.namespace}/workloads"
+        return f"/apis/kueue.x-k8s.io/v1beta1/namespaces/{self.namespace}/workloads"
 
     def put_job(self, job: dict[str, Any]) -> None:
         """`job` as deployed (created by Pulumi, its status written by the operator); with

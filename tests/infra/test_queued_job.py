@@ -16,7 +16,7 @@ from infra.job.start_rule import JobStartError
 from infra.job.start_wait import WatchedJob, wait_for_start
 from infra.job.stop_start import NoWorkloadError, start_job, stop_job
 from infra.job.suspension import FIELD_MANAGER, set_suspended
-from tests.infra.kube_fake import ClusterApiServer, Kueue, kubeconfig, serving
+from tests.infra.kube_fake import ClusterApiServer, Kueue, kubeconfig, serving, stamp
 from tests.infra.ssa_model import job_inputs
 
 
@@ -81,6 +81,42 @@ def test_the_start_watch_waits_for_admission_and_leaves_the_job_queued(
     assert "insufficient unused quota" in lines[0]
     assert "not admitted by Kueue" in str(raised.value)
     assert "stays queued" in str(raised.value)
+    assert cluster.kueue is not None and cluster.kueue.workload is not None
+    assert cluster.kueue.workload["spec"]["active"] is True
+
+
+def test_a_job_admitted_late_gets_the_whole_start_budget_from_admission(
+    cluster: ClusterApiServer, api: KubeClient
+) -> None:
+    """Queued for most of the budget, then admitted: its nodes get the whole start budget from
+    admission. Before, the budget ran from the watch's start, and the watch deactivated the
+    Workload a minute after admission, dropping the job from its queue (review finding)."""
+    deploy_queued(cluster, admits=False)
+    cluster.operator.pod_age_s = 0.0  # a trainer that just started: not yet stable
+    limit_s = 300.0
+    sleeps = 0
+
+    def sleep(_s: float) -> None:
+        nonlocal sleeps
+        sleeps += 1
+        assert cluster.kueue is not None
+        if sleeps == 8:  # 8 polls of 30 s: admitted with one minute of the budget left
+            cluster.kueue.admits = True
+        if sleeps == 12:  # two minutes after admission its workers are stable
+            with cluster.lock:
+                for pod in cluster.pods.values():
+                    state = pod["status"]["containerStatuses"][0]["state"]
+                    state["running"]["startedAt"] = stamp(120.0)
+
+    progress = wait_for_start(
+        api,
+        WatchedJob("training", "exp", workers=2),
+        poll_s=0,
+        limit_s=limit_s,
+        clock=Ticks(30),
+        sleep=sleep,
+    )
+    assert progress.startswith("2/2 workers running")
     assert cluster.kueue is not None and cluster.kueue.workload is not None
     assert cluster.kueue.workload["spec"]["active"] is True
 
@@ -169,7 +205,7 @@ def test_a_queued_job_without_a_workload_is_refused_with_the_reason(
 def test_the_workload_apply_names_only_the_active_field() -> None:
     body = active_patch("training", "w", False)
     assert body == {
-        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "apiVersion": "kueue.x-k8s.io/v1beta1",
         "kind": "Workload",
         "metadata": {"name": "w", "namespace": "training"},
         "spec": {"active": False},
@@ -195,4 +231,12 @@ def test_admission_state_lines() -> None:
     admitted = {"status": {"conditions": [{"type": "Admitted", "status": "True"}]}}
     assert admission_state(admitted) == "admitted"
     assert admission_state({"spec": {"active": False}}).startswith("deactivated")
+    # Started again after a stop: Kueue still says Evicted (Deactivated) until it has quota.
+    evicted = {"type": "Evicted", "status": "True", "reason": "Deactivated"}
+    waiting = {"type": "QuotaReserved", "status": "False", "message": "insufficient quota"}
+    restarted = {"spec": {"active": True}, "status": {"conditions": [evicted, waiting]}}
+    assert admission_state(restarted) == "pending: insufficient quota"
+    preempt = {"type": "Evicted", "status": "True", "reason": "Preempted", "message": "by x"}
+    preempted = {"status": {"conditions": [preempt]}}
+    assert admission_state(preempted) == "evicted (Preempted): by x"
     assert admission_state({}) == "pending: not yet seen by Kueue"
