@@ -180,3 +180,18 @@ def test_doctor_reports_each_tool_and_what_it_is_for(
     assert lines[".venv-dev"].startswith("ok") and "dev" in lines[".venv-dev"]
     assert lines["AWS"].startswith("--") and "no AWS credentials" in lines["AWS"]
     assert result.code == 1  # something is missing (credentials), and the line says what for
+
+
+def test_down_of_a_queued_trainjob_stack_destroys_it_as_any_other(fake_cli: Path) -> None:
+    """`down` is the job API's business only through `pulumi destroy`: the TrainJob goes
+    before the Trainer and Kueue releases it depends on (reverse dependency order)."""
+    stack = "llama32-1b-g5-trainjob"
+    set_answers(
+        fake_cli,
+        state=STATE,
+        outputs={"bucketName": "storage-bucket-e2033bd", "jobName": stack, "jobApi": "trainjob"},
+    )
+    done = run_cli("down", stack, "--yes")
+    assert done.code == 0, done
+    assert f"The job {stack} is deleted with its pods" in done.out
+    assert calls(fake_cli)[-1] == ["pulumi", "destroy", "--yes", "--stack", stack]
