@@ -203,7 +203,10 @@ def placement_line(config: StackConfig, evaluation: Evaluation | None = None) ->
             if chosen
             else f"the first AZ that offers {nodes.instance_type} (looked up at preview)"
         )
-    return f"Where:  {where}; cluster mode {config.cluster.mode}"
+    submitted = (
+        "; submitted as a TrainJob (Kubeflow Trainer v2)" if config.job.api == "trainjob" else ""
+    )
+    return f"Where:  {where}; cluster mode {config.cluster.mode}{submitted}"
 
 
 def saves_line(plan: RunPlan) -> str:
@@ -310,6 +313,7 @@ def labelled(label: str, lines: list[str]) -> list[str]:
 def render(plan: Plan, *, verbose: bool = False) -> str:
     """The summary and the guardrails; with `verbose`, the resources, outputs and the job."""
     from infra.config.files import display_path
+    from infra.job.job_api import job_api
 
     evaluation = plan.evaluation
     warnings = [*plan.stack.warnings, *plan.run.warnings, *evaluation.warnings]
@@ -325,7 +329,7 @@ def render(plan: Plan, *, verbose: bool = False) -> str:
         lines += [
             "",
             f"({len(evaluation.resources)} resources; `--verbose` lists them, the outputs and "
-            "the PyTorchJob)",
+            f"the {job_api(plan.run.config.job.api).kind})",
         ]
         return "\n".join(label_placeholders(line) for line in lines)
     lines += [

@@ -75,6 +75,17 @@ def test_the_default_plan_is_the_short_summary_a_reviewer_reads() -> None:
     assert max(len(line) for line in result.lines if "Warning:" not in line) < 220
 
 
+def test_the_plan_of_a_trainjob_stack_says_how_the_job_is_submitted() -> None:
+    result = run_cli("plan", "llama32-1b-g5-trainjob")
+    assert result.code == 0, result
+    [where] = [line for line in result.lines if line.startswith("  Where:")]
+    assert where.endswith("cluster mode create; submitted as a TrainJob (Kubeflow Trainer v2)")
+    assert result.out.rstrip().endswith("`--verbose` lists them, the outputs and the TrainJob)")
+    assert "  Queue:  queued: Kueue (installed by this stack)" in result.out
+    assert "deprecated" not in result.out  # Kueue keeps its TrainJob integration
+    assert len(result.lines) < 48  # the short plan plus the queue's lines
+
+
 def test_plan_shows_tree_cost_and_the_job_as_applied() -> None:
     out = run_cli("plan", "--verbose", "llama31-8b-p5").out
     assert "Cost:   4 x p5.48xlarge (on-demand): $220.16/hour; On-Demand list price" in out
