@@ -46,6 +46,12 @@ def job_api_problems(job: JobConfig, cluster: ClusterConfig, addons: AddonsConfi
             "deletes a finished run's running pods and keeps the rest; allowed with job.api "
             "'trainjob': Running (or leave it out)"
         )
+    if trainjob and "ttl_hours_after_finished" in job.model_fields_set:
+        problems.append(
+            "job.ttlHoursAfterFinished is not used with job.api 'trainjob': Kubeflow Trainer "
+            "v2.3.0 would start a failed run again once its JobSet is deleted (kubeflow/trainer"
+            "#3779), so the finished JobSet stays until `pulumi destroy`: remove it"
+        )
     if trainjob and addons.training_operator.model_fields_set:
         problems.append(
             "addons.trainingOperator is not used with job.api 'trainjob' (a TrainJob runs on "

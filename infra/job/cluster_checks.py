@@ -371,7 +371,7 @@ def validation_manifests(
                 runtime_name=f"{run_id}-nccl",
                 restart_policy="Never",
                 backoff_limit=0,
-                ttl_seconds=TTL_SECONDS_AFTER_FINISHED,
+                ttl_seconds=None,  # a TTL would relaunch a failed check (render_trainjob)
             )
         )
     return [

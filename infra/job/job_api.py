@@ -101,7 +101,8 @@ class JobApi(CustomKind):
         ref = _at(job, "spec", "runtimeRef")
         if (
             not isinstance(ref, Mapping)
-            or ref.get("kind", TRAININGRUNTIME.kind) != "TrainingRuntime"
+            # The CRD defaults a missing kind to ClusterTrainingRuntime (v2.3.0 trainjob_types.go).
+            or ref.get("kind", "ClusterTrainingRuntime") != TRAININGRUNTIME.kind
         ):
             return None
         name = ref.get("name")

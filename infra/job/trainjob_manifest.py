@@ -247,12 +247,15 @@ def render_trainjob(
         bucket=bucket,
     )
     job = plan.config.job
-    ttl = job.ttl_hours_after_finished
     runtime, trainjob = as_trainjob(
         pytorchjob.as_dict(),
         runtime_name=runtime_name(pytorchjob.name),
         restart_policy=job.restart_policy,
         backoff_limit=job.backoff_limit,
-        ttl_seconds=None if ttl is None else int(ttl * 3600),
+        # No JobSet TTL: Trainer v2.3.0 drops a TrainJob's Failed condition on every reconcile
+        # and builds a missing JobSet again (`pkg/controller/trainjob_controller.go`
+        # `removeFailedCondition`; kubeflow/trainer#3779, fixed by #3891 after v2.3.0), so a
+        # failed run whose JobSet a TTL removed would start again on GPUs.
+        ttl_seconds=None,
     )
     return TrainJobManifests(job=pytorchjob, runtime=runtime, trainjob=trainjob)

@@ -67,8 +67,8 @@ def content_name(prefix: str, spec: Any) -> str:
     """`prefix` plus a digest of `spec` (resolved): a TrainingRuntime whose content changes gets
     a new name, so the TrainJob naming it changes too and is replaced, as a PyTorchJob whose
     spec changes is. Trainer v2.3.0 never updates a running JobSet from a changed runtime
-    (`plugins/jobset/jobset.go` `Build`), and holds a runtime in use by a finalizer, so the old
-    one goes only after the new TrainJob replaced the old."""
+    (`plugins/jobset/jobset.go` `Build`); a TrainJob keeps its own snapshot of the runtime it
+    started from (`core/snapshot.go`), and the old runtime goes after the TrainJob using it."""
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
     return f"{prefix}-{digest}"
 

@@ -68,6 +68,11 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
         "job.cleanPodPolicy 'All' has no TrainJob counterpart",
     ),
     (
+        "a JobSet TTL, which Trainer v2.3.0 answers by starting a failed run again",
+        _with(G5, "job", api="trainjob", ttlHoursAfterFinished=2),
+        "job.ttlHoursAfterFinished is not used with job.api 'trainjob'",
+    ),
+    (
         "training operator settings with a TrainJob",
         {**_with(G5, "job", api="trainjob"), "addons": {"trainingOperator": {"namespace": "kf"}}},
         "addons.trainingOperator is not used with job.api 'trainjob'",

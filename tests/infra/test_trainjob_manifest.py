@@ -159,10 +159,13 @@ def test_restarts_by_exit_code_fail_at_once_on_a_permanent_code() -> None:
     assert restart_rules("Never", 5) == ("Never", {"backoffLimit": 0})
 
 
-def test_a_finished_jobset_goes_after_the_ttl_and_never_restarts_itself() -> None:
+def test_a_finished_jobset_stays_and_never_restarts_itself() -> None:
+    """No TTL: on Trainer v2.3.0 a failed TrainJob whose JobSet is deleted gets a new one
+    (`trainjob_controller.go` `removeFailedCondition`, kubeflow/trainer#3779): the run would
+    start again on GPUs after the TTL."""
     rendered = render_trainjob(plan(api="trainjob"), image=IMAGE, pvc_name="fsx-claim")
     jobset = rendered.runtime["spec"]["template"]["spec"]
-    assert jobset["ttlSecondsAfterFinished"] == 24 * 3600
+    assert "ttlSecondsAfterFinished" not in jobset
     assert jobset["failurePolicy"] == {"maxRestarts": 0}
 
 
