@@ -17,10 +17,26 @@ TRAINER_V2_CHECK = "kubectl get crd trainjobs.trainer.kubeflow.org"
 """How a person checks that a cluster serves TrainJobs (the CRD Trainer v2's chart installs)."""
 
 
-def job_api_problems(job: JobConfig, cluster: ClusterConfig, addons: AddonsConfig) -> list[str]:
+POD_NAME_MAX_LENGTH = 63
+JOBSET_POD_SUFFIX = len("-node-0-") + len("-abcde")
+"""What JobSet adds to the job's name in a pod's name, beside the node index: jobset v0.12.0
+`pkg/webhooks/jobset_webhook.go` refuses a JobSet whose longest pod name would pass 63."""
+
+
+def job_api_problems(
+    job: JobConfig, cluster: ClusterConfig, addons: AddonsConfig, *, nodes: int = 1
+) -> list[str]:
     """One line per key that cannot work with `job.api`, each naming the key."""
     problems: list[str] = []
     trainjob = job.api == "trainjob"
+    name = job.name or ""
+    longest = POD_NAME_MAX_LENGTH - JOBSET_POD_SUFFIX - len(str(max(nodes - 1, 0)))
+    if trainjob and len(name) > longest:
+        problems.append(
+            f"job.name {name!r} ({len(name)} characters) is too long for a TrainJob of "
+            f"{nodes} nodes: JobSet's pod names `<name>-node-0-<index>-<5>` must stay within "
+            f"{POD_NAME_MAX_LENGTH} characters, so at most {longest}; set a shorter job.name"
+        )
     if trainjob and cluster.mode == "existing" and cluster.trainer_v2 is not True:
         problems.append(
             "job.api 'trainjob' on an existing cluster needs Kubeflow Trainer v2 there (the "

@@ -347,5 +347,7 @@ def cross_section_problems(config: StackConfig) -> list[str]:
             creates_namespace=bool(config.job.create_namespace),
         )
     )
-    problems.extend(job_api_problems(config.job, cluster, config.addons))
+    problems.extend(
+        job_api_problems(config.job, cluster, config.addons, nodes=config.gpu_nodes.count)
+    )
     return problems

@@ -73,6 +73,11 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
         "job.ttlHoursAfterFinished is not used with job.api 'trainjob'",
     ),
     (
+        "a job name JobSet's pod names cannot hold at 11 nodes",
+        _with(_with(G5, "job", api="trainjob", name="a" * 48), "gpuNodes", count=11),
+        "job.name '" + "a" * 48 + "' (48 characters) is too long for a TrainJob of 11 nodes",
+    ),
+    (
         "training operator settings with a TrainJob",
         {**_with(G5, "job", api="trainjob"), "addons": {"trainingOperator": {"namespace": "kf"}}},
         "addons.trainingOperator is not used with job.api 'trainjob'",
