@@ -7,9 +7,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from scripts.tooling.crd_schema import machine_facts
+from tests.crd_schemas import openapi_schema
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOL = ROOT / "scripts" / "tooling" / "crd_schema.py"
@@ -115,3 +117,9 @@ def test_every_stored_schema_is_reduced_and_has_its_source_listed() -> None:
         crd = yaml.safe_load(path.read_text())
         assert machine_facts(crd) == crd, f"{path.name} is not the tool's output"
         assert f"| {path.name} |" in sources
+
+
+def test_a_missing_schema_fails_the_test_that_needs_it() -> None:
+    """The schemas ship with the repository: a missing one is a failure, never a skip."""
+    with pytest.raises(AssertionError, match=r"nothing\.v0\.yaml is in none of"):
+        openapi_schema("nothing.v0.yaml", "v1")
