@@ -112,17 +112,16 @@ def _apply_suspend(
     answers the apply with 200 all the same, so on an older operator the stop would wait for a
     suspension nothing asked for and time out with the pods still running."""
     stored = set_suspended(api, namespace, name, suspended, job_api)
-    if suspend_requested(stored, job_api) is not suspended and job_api is not PYTORCHJOB:
+    if suspend_requested(stored, job_api) is not suspended:
+        upgrade = (
+            " (it keeps the field from training-operator v1.7.0; this project installs "
+            "v1.9.0): nothing was changed, the operator needs an upgrade first"
+            if job_api is PYTORCHJOB
+            else ": nothing was changed"
+        )
         raise SuspendUnsupportedError(
             f"{job_api.kind} {namespace}/{name}: the cluster's {job_api.kind} CRD dropped "
-            f"{'.'.join(job_api.suspend_path)}={str(suspended).lower()}: nothing was changed"
-        )
-    if suspend_requested(stored, job_api) is not suspended:
-        raise SuspendUnsupportedError(
-            f"PyTorchJob {namespace}/{name}: the cluster's PyTorchJob CRD dropped "
-            f"spec.runPolicy.suspend={str(suspended).lower()} (it keeps the field from "
-            "training-operator v1.7.0; this project installs v1.9.0): nothing was changed, the "
-            "operator needs an upgrade first"
+            f"{'.'.join(job_api.suspend_path)}={str(suspended).lower()}{upgrade}"
         )
 
 
