@@ -33,7 +33,8 @@ from infra.job.grafana import (
     query_policy,
 )
 from infra.platform.iam import pod_identity_role
-from infra.platform.observability import RELEASE_TIMEOUT_SECONDS, _typed
+from infra.platform.kube_args import typed_args
+from infra.platform.observability import RELEASE_TIMEOUT_SECONDS
 
 DASHBOARD_CONFIG_MAP = "fsdp-eks-dashboard"
 
@@ -64,7 +65,7 @@ class Grafana(pulumi.ComponentResource):
         in_cluster = pulumi.ResourceOptions(parent=self, provider=args.k8s_provider)
         dashboard = k8s.core.v1.ConfigMap(
             f"{name}-dashboard",
-            **_typed(
+            **typed_args(
                 dashboard_config_map(
                     DASHBOARD_CONFIG_MAP,
                     args.namespace,
@@ -76,7 +77,7 @@ class Grafana(pulumi.ComponentResource):
         )
         k8s.networking.v1.NetworkPolicy(
             f"{name}-network-policy",
-            **_typed(grafana_network_policy(args.namespace)),
+            **typed_args(grafana_network_policy(args.namespace)),
             opts=in_cluster,
         )
         identity = pod_identity_role(

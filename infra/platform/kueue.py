@@ -32,6 +32,7 @@ import pulumi_kubernetes as k8s
 
 from infra.config.stack import StackConfig
 from infra.job.queueing import kueue_integrations
+from infra.platform.kube_args import custom_args
 from infra.platform.kueue_manifests import kueue_objects, manager_config_yaml
 
 CHART = "oci://registry.k8s.io/kueue/charts/kueue"
@@ -115,10 +116,7 @@ class Kueue(pulumi.ComponentResource):
             objects.append(
                 k8s.apiextensions.CustomResource(
                     f"{name}-{slug}",
-                    api_version=manifest["apiVersion"],
-                    kind=kind,
-                    metadata=metadata,
-                    spec=manifest["spec"],
+                    **custom_args({**manifest, "metadata": metadata}),
                     opts=child(self.release, *objects),
                 )
             )

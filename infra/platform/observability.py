@@ -23,7 +23,6 @@ dashboards read (None when the metrics go elsewhere or nowhere).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +40,7 @@ from infra.facts.exporter_metrics import (
 )
 from infra.job.job_api import job_api
 from infra.job.placement import gpu_placement
+from infra.platform.kube_args import custom_args, typed_args
 from infra.platform.observability_manifests import (
     DCGM_APP,
     EFA_APP,
@@ -57,21 +57,6 @@ from infra.platform.observability_manifests import (
 )
 
 DCGM_CHART = "dcgm-exporter"
-
-
-def _typed(manifest: Mapping[str, Any]) -> dict[str, Any]:
-    """A rendered object as a typed resource's arguments: its top-level fields in snake_case,
-    apiVersion and kind left to the resource type."""
-    return {
-        re.sub(r"(?<!^)([A-Z])", r"_\1", key).lower(): value
-        for key, value in manifest.items()
-        if key not in ("apiVersion", "kind")
-    }
-
-
-def _custom(manifest: Mapping[str, Any]) -> dict[str, Any]:
-    """A rendered custom object as `CustomResource` arguments."""
-    return {"api_version": manifest["apiVersion"], **_typed(manifest), "kind": manifest["kind"]}
 
 
 RELEASE_TIMEOUT_SECONDS = 600
@@ -164,7 +149,7 @@ class Observability(pulumi.ComponentResource):
             self.ready.append(
                 k8s.apps.v1.DaemonSet(
                     f"{name}-efa-exporter",
-                    **_typed(
+                    **typed_args(
                         efa_exporter_daemonset(
                             name=EFA_APP,
                             namespace=self.namespace,
@@ -190,7 +175,7 @@ class Observability(pulumi.ComponentResource):
         # The exporters' namespace admits scrapes of `metrics` and nothing else.
         k8s.networking.v1.NetworkPolicy(
             f"{name}-exporters-policy",
-            **_typed(
+            **typed_args(
                 scrape_network_policy(
                     name="metrics-scrapes-only",
                     namespace=self.namespace,
@@ -203,7 +188,7 @@ class Observability(pulumi.ComponentResource):
         # Beside the job's same-job rule (policies add up): its `metrics` port, for scrapes.
         k8s.networking.v1.NetworkPolicy(
             f"{name}-trainer-policy",
-            **_typed(
+            **typed_args(
                 scrape_network_policy(
                     name=f"{job_name}-metrics-scrapes",
                     namespace=args.job_namespace,
@@ -251,7 +236,7 @@ class Observability(pulumi.ComponentResource):
                 continue
             k8s.apiextensions.CustomResource(
                 f"{name}-{role}-monitor",
-                **_custom(
+                **custom_args(
                     pod_monitor(
                         name=f"{job_name}-{role}"[:63],
                         namespace=namespace,
@@ -295,9 +280,9 @@ class Observability(pulumi.ComponentResource):
             self.workspace_endpoint = found.prometheus_endpoint
         role, binding = collector_rbac()
         rbac = [
-            k8s.rbac.v1.ClusterRole(f"{name}-collector-role", **_typed(role), opts=k8s_opts),
+            k8s.rbac.v1.ClusterRole(f"{name}-collector-role", **typed_args(role), opts=k8s_opts),
             k8s.rbac.v1.ClusterRoleBinding(
-                f"{name}-collector-binding", **_typed(binding), opts=k8s_opts
+                f"{name}-collector-binding", **typed_args(binding), opts=k8s_opts
             ),
         ]
         cluster = aws.eks.get_cluster_output(
