@@ -8,9 +8,11 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from infra.image import source
 from infra.image.source import (
     SOURCE_FILES,
     build_fingerprint,
@@ -229,3 +231,23 @@ def test_real_lock_closure_is_what_uv_exports_for_the_image() -> None:
     assert ours == from_uv
     assert {"torch", "transformers", "datasets"} <= ours
     assert not ours & {"pulumi", "pulumi-aws", "boto3", "moto", "ruff"}
+
+
+def test_the_lock_is_parsed_once_per_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each plan hashes the image's sources; parsing uv.lock again each time cost 40% of an
+    evaluation. A changed lock is a new text, so it is parsed afresh."""
+    parses: list[int] = []
+    real_loads = source.tomllib.loads
+
+    def counting_loads(text: str) -> dict[str, Any]:
+        parses.append(len(text))
+        return real_loads(text)
+
+    monkeypatch.setattr(source.tomllib, "loads", counting_loads)
+    lock = MINI_LOCK + "\n# parsed-once probe\n"
+    first = locked_group_closure(lock)
+    first[0]["name"] = "changed by a caller"
+    assert locked_group_closure(lock)[0]["name"] == "ipywidgets"
+    assert len(parses) == 1
+    locked_group_closure(lock + "\n")
+    assert len(parses) == 2
