@@ -7,7 +7,10 @@ from typing import Any
 
 import pytest
 
+from tests import evaluation_memo
 from tests.tiers import TIER_ENV, require_slow_tier
+
+evaluation_memo.install()  # before any test module imports `infra.offline.evaluate`
 
 
 @pytest.fixture(autouse=True)
