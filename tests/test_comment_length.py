@@ -17,7 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-CLEANED = ("trainer", "infra", "scripts")
+CLEANED = ("trainer", "infra", "scripts", "tests")
 """Where the essays were moved out; add a directory here once its essays are in docs/design/."""
 HELP_TEXT = {"scripts/dev.py:module", "scripts/cli/plan.py:plan"}
 """Docstrings that are a command's `--help` (argparse `description=__doc__`, a click command's
