@@ -1,6 +1,7 @@
 """The floor plan, held against the code: which wing a module belongs to and what it may import.
 
-`infra/` is in wings, lowest first (infra/__init__.py says what each holds). A wing imports
+`infra/` is in wings, lowest first (infra/__init__.py lists them, and
+docs/design/program.md#infra-package says what each holds). A wing imports
 only wings below it or itself; the pure wings (facts, config, estimates, job) never import
 pulumi or an ML framework, because the local run and the offline plan import them on a
 machine that has neither; the trainer never imports the program or the tools. Imports are

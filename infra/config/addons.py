@@ -54,11 +54,9 @@ TRAINING_OPERATOR_RELEASES: dict[str, TrainingOperatorRelease] = {
         commit="6f74c7f6b2ed6c27aabd82d0a316b23f0646059c",
         crd_sha256="eb80e57a984cdc7ceefaaf3fc561e21b673c30cbb58589f2389528d2b2760d22",
     ),
-    # v1.9.4 (kubeflow/trainer release-1.9): respects cleanPodPolicy when a job exceeds its
-    # backoffLimit (8e41c03c, #3420; the job's pods were deleted, logs and all), and moves the
-    # image to GHCR (`manifests/overlays/standalone/kustomization.yaml`: ghcr.io/kubeflow/
-    # training-v1/training-operator, newTag v1-93c5489). Its CRD gains the Kubernetes 1.36
-    # pod fields (k8s deps bump, #3924), hence a new digest; the RBAC markers are unchanged.
+    # v1.9.4 (kubeflow/trainer release-1.9): respects cleanPodPolicy past backoffLimit (#3420),
+    # image on GHCR, CRD with the Kubernetes 1.36 pod fields (#3924), same RBAC.
+    # What changed, with sources: docs/design/config.md#training-operator-v194
     "v1.9.4": TrainingOperatorRelease(
         image="ghcr.io/kubeflow/training-v1/training-operator:v1-93c5489",
         commit="4445c12aa62e4345b0c2c6ac9b215a70eca46ed7",
@@ -70,12 +68,9 @@ means adding its image, its tag's commit and its CRD's digest here."""
 
 TRAINING_OPERATOR_VERSION = "v1.9.4"
 
-# The operator image is pinned by tag, not digest: neither the v1.9.x releases, their notes,
-# nor any manifest or issue found (checked 2026-11) publish the digest of `v1-93c5489`, and no
-# registry could be read from where this was written. A tag can be re-pushed; to pin the bytes,
-# resolve the digest once (`crane digest ghcr.io/kubeflow/training-v1/training-operator:
-# v1-93c5489`), mirror it to ECR if you like, and set `addons.trainingOperator.image` to
-# `<repository>@sha256:<digest>` (docs/operations.md, "Pin the training operator's image").
+# The operator image is pinned by tag (no published digest of `v1-93c5489` was found); set
+# `addons.trainingOperator.image` to `<repository>@sha256:<digest>` to pin the bytes.
+# Why, and how: docs/design/config.md#operator-image-pinned-by-tag
 _IMAGE_REFERENCE = re.compile(
     r"^(?P<repository>[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]+)?(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*)"
     r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?"

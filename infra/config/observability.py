@@ -1,25 +1,9 @@
 """The `observability` section: where the run's metrics go while it runs.
 
-The trainer, NVIDIA's DCGM exporter (GPUs) and an EFA exporter (network devices) serve
-Prometheus metrics on every GPU node. They are collected one of two ways, chosen by which key
-the stack sets:
-
-* Amazon Managed Service for Prometheus (the default): AMP's managed scraper reads the targets
-  and writes to a workspace that outlives the cluster; a workspace is created, or an existing
-  one is named by `workspaceArn` (required on an existing cluster, whose workspace is its
-  operators').
-* `clusterPrometheus`: on an existing cluster that runs the Prometheus operator, PodMonitor
-  objects for its Prometheus; nothing else is installed for collection.
-
-`enabled: auto` turns collection on where it costs under 1% of the run's GPU cost (the run
-plan decides: `infra.estimates.metrics_cost`), and off on an existing cluster that names no
-destination.
-
-`grafana` says where `fsdp-eks dashboard --open` shows the run's dashboard. `auto` is a Grafana
-of the stack's own inside a cluster it creates, reached by `kubectl port-forward`, because
-Amazon Managed Grafana signs users in only through IAM Identity Center or SAML (AMG user
-guide, "Authenticate users in Amazon Managed Grafana workspaces"), single sign-on this project
-must not require; `managed` names an AMG workspace the user already has (`grafanaWorkspaceUrl`).
+Trainer, DCGM and EFA exporter metrics go to Amazon Managed Service for Prometheus (default)
+or an existing cluster's Prometheus (`clusterPrometheus`); `enabled: auto` by cost (run plan).
+`grafana` says where `fsdp-eks dashboard --open` shows the dashboard.
+Why each choice, with sources: docs/design/config.md#observability
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """The `scheduling` section: whether the run waits in a Kueue queue, and which.
 
-Two ways, one per cluster mode:
-
-* `kueue: true` (cluster.mode create): the stack installs Kueue with a queue of its own whose
-  quota is the GPU node group, and an admission check that asks the cluster autoscaler for all
-  of the job's nodes in one ProvisioningRequest before the job is admitted.
-* `queue` (cluster.mode existing): the cluster's operators run Kueue (e.g. SageMaker HyperPod
-  task governance, which sets up Kueue queues per team and priority classes for task ranking:
-  Amazon SageMaker developer guide, "SageMaker HyperPod task governance" and its "Policies"
-  page); the job is labelled for their LocalQueue and, optionally, a WorkloadPriorityClass.
-  Nothing is installed.
-
-Kueue reads both as labels on the job (kubernetes-sigs/kueue v0.19.2
-`pkg/controller/constants/constants.go` `QueueLabel`, `WorkloadPriorityClassLabel`), so both
-names must be valid label values as well as object names: a DNS-1123 label.
+`kueue: true` (create mode: the stack installs Kueue with a ProvisioningRequest admission
+check) or `queue` (existing mode: the operators' LocalQueue). Both names are Kueue label
+values (kueue v0.19.2 `pkg/controller/constants/constants.go`), so DNS-1123 labels.
+Both ways, with sources: docs/design/config.md#scheduling
 """
 
 from __future__ import annotations

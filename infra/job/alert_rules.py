@@ -1,17 +1,9 @@
 """The run's alert rules: Prometheus rule groups rendered from the run plan.
 
-Every threshold that the plan can give comes from it: the expected step time and tokens/s
-(`infra.estimates.duration`, the trainer's MFU arithmetic run backwards), the checkpoint's
-write time, the GPU nodes' $/hour and the cost ceiling. The rendering is pure (a dict, or
-its YAML): Amazon Managed Service for Prometheus takes it as a rule groups namespace, an
-existing cluster's prometheus-operator as a PrometheusRule, and `promtool` tests it
-(tests/infra/test_alert_rules.py).
-
-A run that ends says so once. The end alerts (finished, failed, stopped, lost, and the spend
-warning) look back over a window (`max_over_time(...[15m])`), so each fires for at most that
-window after the trainer's last sample and then resolves by itself; they carry
-`notify="once"`, which the alert manager (`alertmanager_config`) routes to a receiver that
-sends no "resolved" message and repeats only after five days, AMP's longest repeat.
+Thresholds come from the plan (step time, tokens/s, checkpoint write time, $/hour, cost ceiling);
+the rendering is pure, taken by AMP, a PrometheusRule or `promtool`. The end alerts look back
+over a window and carry `notify="once"`, so a run that ends says so once.
+Why and sources: docs/design/job.md#alert_rules
 """
 
 from __future__ import annotations

@@ -1,27 +1,9 @@
 """Cluster-validation manifests, rendered from the same stack config as the training job.
 
-Run by `scripts/cli/validate.py` after `pulumi up`, before paying for a long run:
-
-* `gpu-check` (a `batch/v1` Job): one pod per GPU node, each asking for every GPU and EFA
-  device of its node, so each lands on a different node and proves the device plugins hand
-  out what the node advertises; it prints `nvidia-smi` and the EFA devices it was given, and
-  writes a file on the job's FSx claim (when the stack has one), which proves the CSI driver
-  mounts Lustre on the GPU nodes.
-* `nccl` (a `kubeflow.org/v1` PyTorchJob): an all-reduce across every GPU of every node,
-  launched by torchrun exactly like the trainer (same placement, same NCCL/EFA environment,
-  same operator), with `NCCL_DEBUG=INFO` so the log tells whether NCCL ran over EFA (OFI) or
-  fell back to sockets. The benchmark script travels in a ConfigMap, so any image with torch
-  works (by default the trainer image itself); no MPI is needed.
-
-What the nodes must advertise comes from `infra/facts/instances.py` (`expected_node_resources`), the
-same table the node group and the job's requests are built from.
-
-The checks run on the same nodes, in the same namespace, as the training job, and are held to
-the same hardening: non-root where the check allows it, every capability dropped, no privilege
-escalation, RuntimeDefault seccomp, no service-account token (nothing in them calls the
-Kubernetes API), requests and limits on every container (a namespace with a ResourceQuota
-rejects a pod without them), and NetworkPolicies that admit only the NCCL check's own pods to
-its rendezvous store and NCCL sockets (`validation_network_policies`).
+Run by `scripts/cli/validate.py`: `gpu-check` (a Job, one pod per GPU node: devices and the FSx
+mount) and `nccl` (a PyTorchJob all-reduce over every GPU, launched like the trainer). Same
+nodes, namespace and hardening as the job; expected resources from `infra/facts/instances.py`.
+Each check and its hardening: docs/design/job.md#cluster_checks
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """Where the run's dashboard is shown, and the in-cluster Grafana that shows it (pure).
 
-`observability.grafana` resolves here against the run plan: `in-cluster` is a Grafana of the
-stack's own, installed from the Grafana Helm chart into the metrics namespace, reached only by
-`kubectl port-forward` (`fsdp-eks dashboard --open`), reading the AMP workspace with SigV4
-through EKS Pod Identity, with the run's dashboard provisioned from a ConfigMap; `managed` is an
-Amazon Managed Grafana workspace the user already has; `none` leaves the dashboard file.
-
-The default is in-cluster because Amazon Managed Grafana signs users in only through IAM
-Identity Center or SAML (AMG user guide, "Authenticate users in Amazon Managed Grafana
-workspaces"; AMG API `AuthenticationDescription.providers`: AWS_SSO | SAML): single sign-on
-this project must not require. The in-cluster one signs in with the chart's generated admin
-password, which stays in a Kubernetes Secret (never in Pulumi's inputs or the plan).
-
-Everything `infra.platform.grafana` registers and `fsdp-eks dashboard` reaches is named here.
+`observability.grafana`: `in-cluster` (the stack's own Grafana chart, reached by port-forward,
+the default because Amazon Managed Grafana needs IAM Identity Center or SAML), `managed` (an
+AMG workspace) or `none`. Everything `infra.platform.grafana` registers is named here.
+Why and sources: docs/design/job.md#grafana
 """
 
 from __future__ import annotations

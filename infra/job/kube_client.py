@@ -1,16 +1,9 @@
 """The one client of a cluster's Kubernetes API, over the Kubernetes project's Python client.
 
-`pulumi up`'s start watch and every `fsdp-eks` verb that reaches a cluster (stop, start,
-status, logs, validate) talk through `KubeClient`: from the kubeconfig the program builds
-(`infra.job.kubeconfig`: `aws eks get-token` exec credentials, refreshed by the library when
-their `expirationTimestamp` passes) or from a context of the user's kubeconfig, merged across
-`KUBECONFIG` as kubectl does (kubernetes-client/python v37.0.1 `config/kube_config.py`
-`KubeConfigMerger`, paths relative to each file).
-
-Objects come back as the API server's JSON (`_preload_content=False`), not as the library's
-models, so the rules that read them see exactly the documented shapes. Every failure is a
-`KubernetesApiError`: one line with what was asked, the HTTP status, the server's message and,
-for 401/403, the permission it needs.
+Every verb that reaches a cluster talks through `KubeClient`, from the program's kubeconfig or a
+context of the user's (kubernetes-client/python v37.0.1 `config/kube_config.py`). Objects come
+back as the API server's JSON; every failure is one-line `KubernetesApiError`.
+Why and sources: docs/design/job.md#kube_client
 """
 
 from __future__ import annotations

@@ -1,26 +1,9 @@
 """Who reaches a stack's cluster, and how: the kubeconfig the Kubernetes provider uses.
 
-EKS admits an IAM principal to the Kubernetes API through an access entry; the one principal
-admitted without an entry is the cluster's creator. The kubeconfig authenticates by running
-`aws eks get-token` (an exec credential plugin), so the identity it presents is whatever
-credentials that command finds, which need not be the ones Pulumi's AWS provider uses:
-
-* `aws:profile` configures the AWS provider only. pulumi-eks's `kubeconfigJson` is built
-  without the profile (pulumi/pulumi-eks `nodejs/eks/cluster/cluster.ts`: `genKubeconfig(false)`
-  is the one exported as `kubeconfig`; only its own internal provider gets `--profile`), so
-  with `aws:profile` set and other credentials in the environment (`AWS_ACCESS_KEY_ID`, an
-  SSO session, an instance role) every Kubernetes call is signed by someone else and answered
-  Unauthorized. The kubeconfig built here passes `--profile` as an argument: pulumi-eks's
-  `generateKubeconfig` does the same, because the `AWS_PROFILE` variable loses to ambient
-  credentials while a command-line option wins over them.
-* A stack created by one person and later run by CI (or a colleague) is locked out, since
-  only the creator is admin. `cluster.adminRoleArn` is the shared path: the cluster gives that
-  role an admin access entry, and the kubeconfig assumes it (`get-token --role-arn`,
-  aws/aws-cli `awscli/customizations/eks/get_token.py`) whenever the principal running Pulumi
-  is not that role already, so people and CI all reach the cluster as the same identity.
-
-Pure (no pulumi): the Pulumi program (`infra.platform.kube_access`) and the command-line
-tool build the same kubeconfig from here, so `fsdp-eks stop` signs as `pulumi up` does.
+`aws eks get-token` with `--profile` as an argument (pulumi-eks's exported kubeconfig omits it,
+and ambient credentials would win), and `--role-arn cluster.adminRoleArn` so people and CI reach
+the cluster as one identity. Pure: the program and the CLI build the same kubeconfig here.
+Why and sources: docs/design/job.md#kubeconfig
 """
 
 from __future__ import annotations

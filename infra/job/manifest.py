@@ -424,23 +424,16 @@ def render_job(
         # SIGTERM (spot interruption, drain, deadline) to SIGKILL: the trainer saves a
         # checkpoint at the next step boundary (trainer.preemption) and torchrun waits for it.
         "terminationGracePeriodSeconds": plan.timeouts.shutdown_grace_seconds + AGENT_EXIT_S,
-        # Nothing in the pod calls the Kubernetes API: torchrun finds its peers through the
-        # c10d store on worker 0 and the operator passes everything else in environment
-        # variables. A pod given its own service account for S3 needs no API token either:
-        # EKS Pod Identity's webhook mounts its own projected token (audience
-        # pods.eks.amazonaws.com) and sets AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE, whatever
-        # this field says (aws/amazon-eks-pod-identity-webhook v0.6.17 `pkg/handler/
-        # handler.go` `buildPodPatchConfig`, container-credentials branch).
+        # No pod calls the API, and Pod Identity mounts its own token whatever this says
+        # (amazon-eks-pod-identity-webhook v0.6.17 `pkg/handler/handler.go`).
+        # Why: docs/design/job.md#no-service-account-token
         "automountServiceAccountToken": False,
     }
     if service_account_name is not None:
         pod_spec["serviceAccountName"] = service_account_name
-    # Never `suspend`: `fsdp-eks stop` / `start` own that field (infra.job.suspension), and
-    # leaving it out keeps Pulumi blind to it, since pulumi-kubernetes diffs the inputs against
-    # the live object pruned to the inputs' shape (provider.go `Diff`, `pruneLiveState`). An
-    # explicit `false` would turn a refreshed `up` of a stopped run into a spec diff, so a
-    # replacement that starts it (replace_on_changes=["spec"]), and an in-place `up` into a
-    # field-manager conflict with `fsdp-eks`. tests/infra/test_stop_start_ssa.py plays both.
+    # Never `suspend`: stop/start own it, and leaving it out keeps Pulumi blind to it
+    # (pulumi-kubernetes `provider.go` `Diff`, `pruneLiveState`).
+    # Why: docs/design/job.md#suspend-never-rendered
     run_policy: dict[str, Any] = {
         "cleanPodPolicy": job.clean_pod_policy,
         "backoffLimit": job.backoff_limit,
@@ -522,30 +515,9 @@ def rendezvous_conf(start_timeout_s: int) -> dict[str, str]:
     (`job.startTimeoutMinutes`), so workers wait for each other as long as the job may take to
     start, and give up (in the cluster, without `pulumi up` watching) once it is spent.
 
-    `read_timeout` is how long a non-zero worker tries to reach worker 0's c10d store (torch's
-    default: 60 s): torch `elastic/rendezvous/c10d_rendezvous_backend.py` `_create_tcp_store`
-    builds the store client with `TCPStore(..., timeout=read_timeout)` before the rendezvous
-    handler exists, so when worker 0's pod starts a minute after the others (its node scaled up
-    later, its image still pulling) every other worker would exit with
-    `RendezvousConnectionError`. `join_timeout` is how long torchrun waits, once connected, for
-    every node to join (default 600 s). Each early worker's timeout is a container restart that
-    uses up runPolicy.backoffLimit.
-
-    `read_timeout` also times every later store call of the agent, which suggested a shorter one
-    so that a worker 0 that hangs mid-run releases the others sooner. It does not: once a
-    call's timed wait ends, TCPStore's client sends CANCEL_WAIT and waits for the answer with
-    no timeout (torch `csrc/distributed/c10d/TCPStore.cpp` `TCPStore::doWait`), so a frozen
-    worker 0 (its kernel holding the connection) holds the others whatever `read_timeout`
-    says, and a vanished node releases them when the kernel gives up retransmitting (Linux
-    `tcp_retries2`, about 15 minutes), whatever it says too
-    (tests/infra/test_rendezvous.py `test_a_hung_worker_0_holds_the_others_past_any_read_timeout`).
-    A shorter one would only make a worker 0 that starts or restarts late cost the others a
-    restart. What ends a run whose worker 0 froze is the job's deadline (`job.maxRunHours`).
-
-    The job carries them as `elasticPolicy.rdzvConf`; training operator v1.9 joins them into
-    `PET_RDZV_CONF=key=value,...` (`pkg/controller.v1/pytorch/elastic.go`
-    `generateEnvRDZVConf`), which torchrun reads as `--rdzv-conf` (`torch/distributed/run.py`,
-    `argparse_util.env`); a local rehearsal sets the same variable from the same policy.
+    A shorter `read_timeout` would not release workers from a hung worker 0 (torch
+    `csrc/distributed/c10d/TCPStore.cpp` `TCPStore::doWait`).
+    Why and sources: docs/design/job.md#rendezvous_conf
     """
     return {"join_timeout": str(start_timeout_s), "read_timeout": str(start_timeout_s)}
 

@@ -1,16 +1,9 @@
 """Stopping and starting a queued job through its Kueue Workload, not its `suspend` field.
 
-Kueue owns a queued job's `suspend`: its job reconciler unsuspends a suspended job whose
-Workload is admitted and suspends an unsuspended one that is not (kubernetes-sigs/kueue v0.19.2
-`pkg/controller/jobframework/reconciler.go`, steps 7 and 8), so `fsdp-eks stop`'s apply of
-`suspend: true` would be undone within a reconcile. What Kueue offers instead is the
-Workload's `spec.active`: false evicts the Workload (reason `Deactivated`) and Kueue suspends
-the job, whose operator then deletes the pods as for any stop (step 6, `stopJob`); true queues
-it again, and admission unsuspends the job (`apis/kueue/v1beta2/workload_types.go` `Active`).
-
-The rule, then: a job carrying Kueue's queue label is held by `spec.active: false` on the
-Workload it owns, applied as `FIELD_MANAGER`, forced (Kueue's controller may own the field);
-every other job by `suspend` (`infra.job.suspension`).
+Kueue owns a queued job's `suspend` (kubernetes-sigs/kueue v0.19.2
+`pkg/controller/jobframework/reconciler.go`), so a job with Kueue's queue label is held by
+`spec.active: false` on its Workload, applied as `FIELD_MANAGER`, forced; others by `suspend`.
+Why and sources: docs/design/job.md#queue_hold
 """
 
 from __future__ import annotations

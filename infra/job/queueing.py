@@ -1,23 +1,9 @@
 """The job in a Kueue queue: its labels, which Kueue integration serves it, what the plan says,
 and its Workload's admission state as `status` shows it.
 
-Facts from kubernetes-sigs/kueue v0.19.2 (the version `infra.platform.kueue` pins):
-
-* A job is Kueue's when it carries `kueue.x-k8s.io/queue-name` (its LocalQueue) and, if any,
-  `kueue.x-k8s.io/priority-class` (a WorkloadPriorityClass): `pkg/controller/constants/
-  constants.go` `QueueLabel`, `WorkloadPriorityClassLabel`.
-* Created suspended: Kueue's mutating webhook sets `runPolicy.suspend: true` on a queued job at
-  creation (`pkg/controller/jobframework/defaults.go` `ApplyDefaultForSuspend`; the PyTorchJob
-  guide, `site/content/en/docs/tasks/run/kubeflow/pytorchjobs.md`, "Optionally set Suspend"),
-  so the program still renders no `suspend` (`infra.job.manifest.render_job` says why).
-* Kueue then owns `suspend`: it unsuspends a job whose Workload is admitted, and suspends one
-  unsuspended without admission (`jobframework/reconciler.go` steps 7 and 8). A queued job is
-  stopped and started through its Workload's `spec.active` instead (`stop_start` refuses
-  `suspend` on it and says so).
-* Each job has a Workload owned by it (ownerReference to the job); its conditions
-  `QuotaReserved`, `Admitted`, `Evicted`, `Finished` and `status.admissionChecks[].state`
-  (Pending, Ready, Retry, Rejected: `apis/kueue/v1beta2/admissioncheck_types.go`) say where
-  the admission stands.
+Kueue v0.19.2 facts: the queue and priority labels, created suspended by its webhook, then
+owning `suspend`; the Workload's conditions and admission checks say where admission stands.
+Each fact with its source: docs/design/job.md#queueing
 """
 
 from __future__ import annotations

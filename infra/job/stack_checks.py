@@ -1,20 +1,9 @@
 """Whole-stack checks that need what the stack renders, not only what it says.
 
-Each finds, before anything is created, a mistake that today surfaces only once the nodes are
-up: a trainer flag in `training.extraArgs` that the trainer refuses on every worker (checked by
-the trainer's own parser on the exact flags the job renders), an extra environment variable
-that silently replaces one the stack sets (the EFA and NCCL settings, the HF token path, the
-shutdown timeout) or that puts a credential in plain text into the stack file and the pod
-spec, a created cluster without an add-on the job cannot run without, a job namespace
-that belongs to the system or to the training operator, a path the trainer reads or writes
-that no volume of the pod holds, and a volume mounted over the image's code, libraries or
-local caches.
-
-They run on a config the model has accepted (they need what it renders, and the renderers
-depend on the model, not the other way round): the program, the offline plan and the local
-run call `check_run` right after parsing, before any resource is registered: it lists these
-problems together with the run plan's (memory, deadline, cost), all at once, in the same
-one-line-per-problem "stack is invalid" error.
+Each finds before anything is created a mistake that would surface only once nodes are up
+(refused trainer flags, clobbering or secret env vars, missing add-ons, reserved namespaces,
+unmounted paths, shadowing volumes). `check_run` lists them with the run plan's problems.
+The full list and why: docs/design/job.md#stack_checks
 """
 
 from __future__ import annotations

@@ -1,51 +1,10 @@
 """When has a PyTorchJob started, and when has it failed to? A pure rule over status documents.
 
-`pulumi up` should return once every worker of the job trains, and fail fast, with the reason,
-when the job fails or its pods cannot start. Nothing in pulumi-kubernetes can do the second
-part: `pulumi.com/waitFor` only waits for expressions to become true (a JSON array of them is
-ANDed: `provider/pkg/metadata/overrides.go` `ReadyCondition`, `await/condition/all.go`), and
-its awaiter ignores a condition's error until the timeout (`provider/pkg/await/internal/
-awaiter.go` `Await`: `if done, _ := aw.condition.Satisfied(); done`), so a Failed job held
-`up` for the whole create timeout. It could not tell a crash-looping worker from a training
-one either: the operator counts a pod as active while its phase is Running (training-operator
-v1.9.0 `pkg/core/status.go` `UpdateJobReplicaStatuses`), restarts included.
-
-So `infra.launch.start_watch` polls the job and its pods and asks `assess` what they mean:
-
-* the job's `Failed` condition (backoff limit, deadline, failed replicas: v1.9.0
-  `pkg/controller.v1/common/job.go`, `pytorch/pytorchjob_controller.go`) fails at once, with
-  the operator's reason and message and the last worker termination seen;
-* `Succeeded` is done (a short job may finish before it is seen running);
-* a suspended job (`spec.runPolicy.suspend` true: stopped by `fsdp-eks stop`, or by an
-  earlier all-or-nothing release) cannot start until someone resumes it, so it is reported at
-  once instead of after the whole start budget: an unchanged `pulumi up` after a failed start
-  recreates the watch over the same, still suspended, job;
-* a queued job (Kueue's label) that is suspended waits for Kueue's admission, which holds it
-  suspended until then (`infra.job.queueing`): progress, not a failure, unless its Workload
-  is deactivated (stopped by `fsdp-eks stop`, or an all-or-nothing release);
-* done once every worker pod's trainer container has run `STABLE_RUNNING_S` without a
-  restart: a crash-looping container never gets that far, and the operator fails the job once
-  the restarts reach `runPolicy.backoffLimit` (`pkg/core/job.go` `PastBackoffLimit` sums the
-  restart counts of every running pod), which the first rule then reports;
-* a pod that cannot start fails after a bounded time, with the kubelet's or scheduler's
-  reason: unschedulable for longer than the pod-start budget (the cluster autoscaler may need
-  most of it to bring GPU nodes up), an image/config error for `STUCK_CONTAINER_S` (timed from
-  when the watch first saw it, when it has a `StartHistory`), or a volume that will not mount /
-  a pod sandbox that cannot be created (FSx `FailedMount`, VPC CNI out of IPs: only visible as
-  the pod's Warning events) for `STUCK_CONTAINER_S` since the first such event;
-* restarts the operator does not count fail once they reach the job's `backoffLimit`:
-  `PastBackoffLimit` (v1.9.0 `pkg/core/job.go`) only sums restart counts of pods in phase
-  Running, so an init container (`prepare-run-dirs`) crash-looping in a Pending pod is never
-  counted; and under `restartPolicy: ExitCode` the pod's own policy is `Never`
-  (`pkg/core/pod.go` `SetRestartPolicy`) and a retryable exit makes the operator delete and
-  recreate the pod (`pkg/controller.v1/common/pod.go` `ReconcilePods`), whose restart count
-  starts at 0 again: a worker OOM-killed (137) on every start is recreated forever. The watch
-  counts recreations by the pod's uid changing under the same name (`StartHistory`);
-* a job the operator has not picked up within `OPERATOR_PICKUP_S` (no conditions at all)
-  fails: no training operator watches PyTorchJobs on the cluster.
-
-Status shapes are those of the v1.9.0 CRD (`status.conditions[]` with type/status/reason/
-message, `status.replicaStatuses.Worker`) and of core/v1 Pods.
+`pulumi.com/waitFor` cannot fail early nor tell a crash loop from training, so
+`infra.launch.start_watch` polls and asks `assess`: failed, succeeded, suspended, queued,
+stably running (`STABLE_RUNNING_S`), stuck pods, uncounted restarts, no operator pickup.
+Shapes: training-operator v1.9.0 CRD and core/v1 Pods.
+Each rule with its source: docs/design/job.md#start_rule
 """
 
 from __future__ import annotations

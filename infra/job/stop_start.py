@@ -1,25 +1,9 @@
 """`fsdp-eks stop` and `fsdp-eks start`: the run suspended with the platform and checkpoints
 kept, and resumed from its latest checkpoint, consistently with Pulumi's state.
 
-Both read the job first and act on what they find; the change itself is
-`infra.job.suspension.set_suspended` (why exactly that way is said there). Stopping waits
-until the operator reports the job `Suspended` and its pods are gone (each pod gets SIGTERM
-and its grace period, in which the trainer saves a checkpoint), bounded by that grace period
-plus a margin. Starting waits for pods still terminating from a stop (the resumed pods take
-the same names, `<job>-worker-N`), resumes, then waits for every worker exactly as
-`pulumi up` does (`infra.job.start_wait.wait_for_start`, with its all-or-nothing release).
-
-What the next `pulumi up` does to a stopped run (`STOPPED_AND_PULUMI`): the program never
-renders `suspend` and pulumi-kubernetes diffs its inputs against the live object pruned to
-the inputs' shape (`provider/pkg/provider/provider.go` `Diff`, `pruneLiveState`), so an
-unchanged job is a no-op with or without `--refresh`; any change of the job's spec replaces it
-(`replace_on_changes=["spec"]` in `infra.launch.training_job`), and the new job runs.
-
-A job in a Kueue queue (label `kueue.x-k8s.io/queue-name`) is stopped and started through its
-Workload's `spec.active` instead, because Kueue owns its `suspend` (`infra.job.queue_hold`);
-the waits are the same: Kueue suspends the job, the operator deletes its pods.
-
-Nothing here prints: results and errors carry the sentences, the command-line tool shows them.
+The change is `infra.job.suspension.set_suspended` (a queued job's: `infra.job.queue_hold`);
+the waits bound the pods' graceful stop and the resumed start. Nothing here prints.
+The waits, and what the next `pulumi up` does: docs/design/job.md#stop_start
 """
 
 from __future__ import annotations

@@ -1,39 +1,9 @@
 """Suspending and resuming the PyTorchJob without disturbing Pulumi's hold on it.
 
-A run is stopped by setting the job's `spec.runPolicy.suspend` to true: the training operator
-then deletes every pod and service of the unfinished job, gracefully (SIGTERM, the pod's grace
-period: the trainer saves a checkpoint), marks it `Suspended=True` and `Running=False`, and
-the autoscaler removes the idle GPU nodes; false brings it back with new pods that resume
-from the latest checkpoint (training-operator v1.9.0 `pkg/controller.v1/common/job.go`
-`ReconcileJobs`; `pkg/controller.v1/control/pod_control.go` `DeletePod`).
-
-How it is set decides what the next `pulumi up` does, so there is exactly one way: a
-server-side apply of only that field, as field manager `FIELD_MANAGER`, forced.
-
-* Apply, not a merge patch: an apply makes its manager own every field it sends, changed or
-  not, while an update claims only what it changed (kubernetes-sigs/structured-merge-diff
-  v6.4.0 `merge/update.go` `Updater.Apply` / `Updater.Update`). So stopping a job that
-  someone already suspended with `kubectl patch` still makes `fsdp-eks` an owner of
-  `suspend: true`, and Pulumi's takeover of kubectl's fields (below) cannot prune it.
-* Forced: the job's creator owns `suspend: false`. pulumi-kubernetes creates a job with a
-  plain POST as manager `pulumi-kubernetes` (v4.32.0 `provider/pkg/await/await.go`
-  `Creation`), the CRD defaults `suspend` to false while decoding (`+kubebuilder:default`
-  in v1.9.0 `pkg/apis/kubeflow.org/v1/common_types.go`; kubernetes/apiextensions-apiserver
-  `customresource_handler.go` `unstructuredDefaulter`), and the create's field manager owns
-  what it stored. An unforced apply of `true` conflicts with that owner (409).
-* The manager's name starts with none of `kubectl`, `before-first-apply`,
-  `pulumi-kubernetes`, `pulumi-resource-kubernetes`: on every in-place update
-  pulumi-kubernetes moves the fields of managers with those prefixes into its own manager
-  (v4.32.0 `await.go` `fixCSAFieldManagers`, fluxcd/pkg `ssa/patch.go` `matchFieldManager`
-  prefix match) and then applies its manifest, which omits `suspend`, so the field would be
-  pruned and defaulted back to false: the job would silently start.
-* Resuming applies `suspend: false` explicitly rather than dropping the field: another owner
-  of `true` (an older all-or-nothing release, recorded as `Python-urllib`) would otherwise keep
-  the job stopped.
-
-The program never renders `suspend` (`infra.job.manifest.render_job` says why), so Pulumi has
-no opinion on it: its diff compares inputs with the live object pruned to the inputs' shape
-(pulumi-kubernetes `provider/pkg/provider/provider.go` `Diff`, `pruneLiveState`).
+`spec.runPolicy.suspend` (training-operator v1.9.0 `pkg/controller.v1/common/job.go`), set in
+exactly one way: a server-side apply of only that field, as field manager `FIELD_MANAGER`,
+forced, with `false` applied explicitly to resume.
+Why apply, why forced, why this manager name, with sources: docs/design/job.md#suspension
 """
 
 from __future__ import annotations

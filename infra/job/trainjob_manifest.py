@@ -2,22 +2,8 @@
 TrainJob that uses it, rendered from the PyTorchJob's own pod (`infra.job.manifest`), so the
 two APIs run the same container on the same nodes with the same volumes.
 
-What Trainer v2.3.0 does with them (kubeflow/trainer v2.3.0):
-* the JobSet plugin copies the runtime's JobSet template into a JobSet named after the
-  TrainJob (`pkg/runtime/framework/plugins/jobset/jobset.go` `Build`), its `spec.suspend`
-  from the TrainJob's, and stops updating it once it runs unsuspended;
-* the torch plugin finds the trainer container by the replicated job's ancestor label
-  `trainer.kubeflow.org/trainjob-ancestor-step: trainer` and the container name `node`, and
-  injects `PET_NNODES`, `PET_NPROC_PER_NODE`, `PET_NODE_RANK` (the Job's completion index),
-  `PET_MASTER_ADDR=<job>-node-0-0.<job>`, `PET_MASTER_PORT=29500` and a container port 29500
-  (`pkg/runtime/framework/plugins/torch/torch.go` `EnforceMLPolicy`; `pkg/constants`).
-
-The trainer keeps the PyTorchJob's c10d rendezvous: the runtime's container sets the `PET_RDZV_*`
-variables training operator v1.9 derives from `elasticPolicy` (same backend, id, timeouts and
-restarts), with node 0's JobSet hostname as the endpoint. torchrun then ignores the plugin's
-static-rendezvous variables (`PET_NODE_RANK`, `PET_MASTER_*`: `torch/distributed/run.py`
-reads them only for the static backend), and `--nnodes` on the command line wins over
-`PET_NNODES`. The differences from the PyTorchJob's pod are listed in `POD_DIFFERENCES`.
+The trainer keeps the c10d rendezvous (`PET_RDZV_*`); differences are in `POD_DIFFERENCES`.
+What Trainer v2.3.0 does with them, with sources: docs/design/job.md#trainjob_manifest
 """
 
 from __future__ import annotations

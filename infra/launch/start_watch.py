@@ -1,20 +1,9 @@
 """`pulumi up` waits for the job's workers to start, and fails fast with the reason when they don't.
 
-pulumi-kubernetes cannot do this itself (see `infra.job.start_rule`: `waitFor` never fails early),
-so this is a small Pulumi dynamic resource, like `infra.image.build`'s, that is created after
-the PyTorchJob and runs `infra.job.start_wait.wait_for_start` against it: polling the job and
-its pods through the Kubernetes API until `start_rule.assess` says started (the resource is
-created), failed (`up` fails with the operator's or kubelet's reason) or the start budget is
-spent.
-
-It reaches the API server exactly as the stack's Kubernetes provider does: from the same
-kubeconfig (`Cluster.kubeconfig`), through `infra.job.kube_client.KubeClient` (the Kubernetes
-project's Python client, in the infra dependency group and so in Pulumi's `.venv`). The deployer
-therefore needs nothing beyond what the Kubernetes provider already needs (what the wait
-reads and patches: `infra.job.start_wait`).
-
-The resource waits again whenever the job is recreated (its `metadata.uid` changes); an `up`
-that leaves the job alone does not wait. Deleting it does nothing.
+A small Pulumi dynamic resource, created after the PyTorchJob, that runs
+`infra.job.start_wait.wait_for_start` through `KubeClient` from the cluster's kubeconfig (the
+rule: `infra.job.start_rule`). It waits again only when the job's `metadata.uid` changes.
+Why, and what it needs: docs/design/program.md#start_watch
 """
 
 from __future__ import annotations

@@ -1,29 +1,8 @@
 """The training run itself: a Kubeflow PyTorchJob (plus its HF-token Secret) on the cluster.
 
-The manifest comes from `infra.job.manifest` (pure, also printed by the offline plan); this
-component only registers it. Two choices matter for `pulumi up` on a changed experiment:
-
-* The PyTorchJob keeps its name (`job.name`) and any change to its `spec` replaces it, old one
-  deleted first (`replace_on_changes=["spec"]`, `delete_before_replace=True`). The operator
-  does not restart running pods when a spec is edited in place, and Kubernetes refuses a second
-  job of the same name, so delete-then-create is the only clean relaunch. A config hash in the
-  name would allow create-before-delete, but the new job's pods would then wait for GPUs the
-  old job still holds while `up` waits for the new job to run: a deadlock on a full node group.
-* `up` returns once every worker runs, not when training ends, and fails fast with the reason
-  when the job fails or its workers cannot start: a `JobStartWatch` (`infra.launch.start_watch`,
-  rule in `infra.job.start_rule`) created after the PyTorchJob. The job itself carries no
-  `pulumi.com/waitFor`, which can only wait (for a failed job, until its timeout) and counts
-  crash-looping pods as running.
-
-Construction (`infra/program.py`):
-
-    namespace = JobNamespace("job-namespace", JobNamespaceArgs(config=stack.job,
-        k8s_provider=cluster.k8s_provider, depends_on=cluster.ready))
-    job = TrainingJob("job", TrainingJobArgs(
-        plan=plan, image_uri=image.image_uri, k8s_provider=cluster.k8s_provider,
-        kubeconfig=cluster.kubeconfig, namespace=namespace.name,
-        pvc_name=storage.pvc_name, mount_path=storage.mount_path,
-        depends_on=[*cluster.ready, *addons.ready, *storage.ready]))
+The manifest comes from `infra.job.manifest`; this component registers it, replaced
+delete-first on any spec change, and `up` returns once every worker runs (`JobStartWatch`).
+Why those two choices, and construction: docs/design/program.md#training_job
 """
 
 from __future__ import annotations
@@ -219,9 +198,8 @@ class TrainingJob(pulumi.ComponentResource):
         )
         # `up` waits here for every worker to run, and fails with the reason when they can't.
         # A new uid is a new job (a replaced spec): only then is there a start to wait for.
-        # The SDK sets an Output for each registered property on the resource (pulumi
-        # `sdk/python/lib/pulumi/runtime/rpc.py` `transfer_properties`); CustomResource
-        # declares none of them for type checkers.
+        # `metadata` is set by the SDK, untyped (pulumi `rpc.py` `transfer_properties`).
+        # Why: docs/design/program.md#the-start-watch
         job_metadata: pulumi.Output[Any] = job.metadata  # type: ignore[attr-defined]
         start_budget_s = args.plan.timeouts.start_budget_seconds
         wait_for = create_timeout(start_budget_s)

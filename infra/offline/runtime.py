@@ -1,15 +1,8 @@
 """Evaluate the real Pulumi program with no engine, no CLI and no cloud credentials.
 
-The Pulumi SDK's mock runtime answers every resource registration and invoke in-process. Two
-things make it fit for whole-stack evaluation rather than one-resource unit tests:
-
-* Resource references are switched off in the monitor's feature set. With them on, a resource
-  passed as an input (pulumi-eks's `ManagedNodeGroup(cluster=...)`, a provider, a parent) is
-  rehydrated inside the monitor, which can await a future that belongs to another event loop and
-  hang or fail intermittently. With them off, the SDK sends the reference as its URN or ID, which
-  is all a plan needs.
-* Every registration is recorded with its parent, options and dependencies, so tests and the
-  offline plan can assert wiring (`depends_on`, providers, `retain_on_delete`) and not only inputs.
+The Pulumi SDK's mock runtime, with resource references switched off (they can hang across
+event loops) and every registration recorded with its parent, options and dependencies.
+Why: docs/design/program.md#offline-runtime
 """
 
 from __future__ import annotations

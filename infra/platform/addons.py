@@ -1,26 +1,9 @@
 """Cluster add-ons a GPU training job needs: the device plugins and the job API's operator.
 
-The AL2023 NVIDIA AMI brings the driver and the EFA host stack, but a node advertises
-`nvidia.com/gpu` and `vpc.amazonaws.com/efa` only once the device plugins run on it. Both
-plugins are pinned Helm releases (`helm.v3.Release`: one custom resource, visible in offline
-tests) scheduled only on the GPU nodes: the node selector and tolerations come from
-`infra.job.placement`, as the node group's labels and taints do, so plugins and node group
-can never disagree about which nodes are GPU nodes. The EFA plugin is installed only for
-instance types with EFA.
-
-On an existing cluster each add-on has an `install` switch; what is switched off is not
-created, changed or deleted by the stack. The job's operator follows `job.api`: the training
-operator v1 for a PyTorchJob; Kubeflow Trainer v2 with JobSet for a TrainJob, installed only
-on a cluster the stack creates (an existing one declares it: `cluster.trainerV2`).
-
-Construction (STACK's `__main__`), after `Cluster`:
-
-    addons = Addons("addons", AddonsArgs(
-        config=stack.addons, k8s_provider=cluster.k8s_provider,
-        gpu_placement=gpu_placement(stack.gpu_nodes),
-        efa_enabled=stack.gpu_nodes.efa_enabled, cluster_ready=cluster.ready))
-
-and the PyTorchJob depends on `addons.ready`.
+The NVIDIA and EFA device plugins (pinned Helm releases, GPU nodes only, placement from
+`infra.job.placement`) make nodes advertise `nvidia.com/gpu` and `vpc.amazonaws.com/efa`; the
+operator follows `job.api`. On an existing cluster each has an `install` switch.
+Why, and construction: docs/design/platform.md#addons
 """
 
 from __future__ import annotations

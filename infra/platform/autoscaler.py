@@ -1,49 +1,11 @@
 """The run leases its GPUs: the Kubernetes Cluster Autoscaler scales the GPU nodes 0 -> N -> 0.
 
-The GPU node group starts at zero nodes (`infra.platform.gpu_nodes`: min 0, max `count`, its desired
-size left to the autoscaler after creation). The PyTorchJob's pending pods make the autoscaler
-raise the node group's Auto Scaling group to `count`; once the job has ended and its pods
-are cleaned up, the nodes are unneeded and go after `scaleDownUnneededMinutes`.
-
-Why Cluster Autoscaler over a managed node group, not Karpenter (which since 1.11 can also
-express one EFA interface per card, a placement group and a reservation target):
-
-* The GPU nodes are an EKS managed node group on the launch template EKS documents for EFA and
-  for Capacity Blocks (EKS user guide `capacity-blocks-mng`: a custom launch template, desired
-  size 0 to upgrade), so EKS rolls their AMI and Kubernetes version, and managed node group
-  auto-repair replaces a node whose GPU fails (EKS user guide `ml-node-groups`: node repair and
-  lifecycle termination hooks come with managed groups, not with self-provisioned nodes).
-  Karpenter's nodes belong to no node group; Cluster Autoscaler scales one.
-* All-or-nothing starts for multi-node jobs (the queue the design plans: Kueue admits a job
-  only once all its nodes can come up) go through ProvisioningRequest
-  (`cluster-autoscaler/proposals/provisioning-request.md`, the atomic scale-up class), which
-  Cluster Autoscaler implements and Karpenter does not (kubernetes-sigs/karpenter#742 and
-  kubernetes-sigs/kueue#5133, both open).
-
-Facts the lease rests on, from kubernetes/autoscaler `cluster-autoscaler/cloudprovider/aws/
-README.md`:
-
-* A group with no node is known only from its ASG's tags: labels, taints and extended
-  resources (`k8s.io/cluster-autoscaler/node-template/{label,taint,resources}/...`). The
-  autoscaler reads a managed group's labels, taints and resource tags from `DescribeNodegroup`
-  only while the group has never had a node, and EKS does not copy node-group labels or taints
-  to the ASG; without these tags the autoscaler never scales up for a pod that selects our
-  pool and asks for `vpc.amazonaws.com/efa`, or it brings up nodes it believes lack EFA. The
-  ASG tags exist only once the stack has added them, and the autoscaler rescans the ASGs'
-  tags once a minute (`aws_manager.go` `refreshInterval`) and caches DescribeNodegroup for 6
-  minutes (`managed_nodegroup_cache.go`): so the node group carries the resource tags itself
-  from its creation (`infra.platform.gpu_nodes`), and the release and the job wait for the
-  ASG tags (`ClusterAutoscaler.ready`).
-* Auto-discovery finds the ASGs that carry every tag of `--node-group-auto-discovery`
-  (`aws_manager.go` `parseASGAutoDiscoverySpec`, `aws_wrapper.go`
-  `getAutoscalingGroupsByTags`). EKS tags every managed group's ASG for discovery (EKS user
-  guide, "Managed node groups"), the system group's too, so the chart's default tags would
-  let the autoscaler resize the system nodes the stack sizes; the GPU pool's template label
-  tag narrows discovery to the GPU group (`discovery_tags`).
-* Its write actions are granted on the GPU group's ASG by ARN (the README's "Minimal IAM
-  Permissions Policy"), not on a tag whose presence no source confirms.
-
-The autoscaler runs on the system nodes, bound by EKS Pod Identity to its role.
+Cluster Autoscaler over a managed node group, not Karpenter: EKS rolls and auto-repairs the
+managed group (EKS user guide `capacity-blocks-mng`, `ml-node-groups`), and all-or-nothing
+starts need ProvisioningRequest (`cluster-autoscaler/proposals/provisioning-request.md`),
+which Karpenter does not implement (kubernetes-sigs/karpenter#742). The ASG tag, discovery and
+IAM facts the lease rests on (kubernetes/autoscaler `cluster-autoscaler/cloudprovider/aws/`):
+docs/design/platform.md#autoscaler
 """
 
 from __future__ import annotations

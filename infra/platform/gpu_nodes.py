@@ -1,28 +1,9 @@
 """The GPU node group: an EKS managed node group on our own launch template.
 
-One path serves every capacity type, because the launch template carries what EFA and reserved
-capacity need and pulumi-eks's `ManagedNodeGroup(enable_efa_support=True)` cannot express:
-
-* one EFA interface per network card (card 0 `efa`, the rest `efa-only`, which take no IP
-  address), each with the EFA security group (all traffic to and from itself) *and* the cluster
-  security group: a launch template that names security groups stops EKS from attaching the
-  cluster SG, and without it nodes cannot reach the control plane or FSx;
-* the capacity reservation target (ODCR) or capacity-block market type, which pulumi-eks does
-  not expose; a cluster placement group only when no reservation fixes the placement already;
-* IMDSv2 required with hop limit 1 (pods cannot reach the node role's credentials), a gp3
-  root volume large enough for the trainer image and caches;
-* user data that lifts the containers' locked-memory limit (`NODE_CONFIG`), without which EFA
-  cannot register NCCL's buffers.
-
-Instances without EFA get the same node group without EFA interfaces (EKS then attaches the
-cluster SG itself). The node group's AMI type is `AL2023_x86_64_NVIDIA` (driver, EFA host
-software); the device plugins come from the add-ons component.
-
-With a capacity block, run `pulumi up` once the block is active: EKS waits for the nodes to
-join, and a block that has not started has no instances to give.
-
-At deploy time `aws.ec2.get_instance_type` confirms the EFA count of `infra/facts/instances.py`; the
-interfaces are built from the confirmed count, so a wrong table fails `pulumi up` by name.
+The template carries what pulumi-eks's `ManagedNodeGroup(enable_efa_support=True)` cannot: one
+EFA interface per network card with both security groups, the reservation target or
+capacity-block market, IMDSv2 hop limit 1, and the locked-memory limit EFA needs.
+Why each, and the deploy-time EFA check: docs/design/platform.md#gpu_nodes
 """
 
 from __future__ import annotations

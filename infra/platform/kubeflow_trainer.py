@@ -1,17 +1,9 @@
 """Kubeflow Trainer v2 (2.3.0), as its release ships it: the `kubeflow-trainer` Helm chart.
 
-The chart (kubeflow/trainer v2.3.0 `charts/kubeflow-trainer`) carries the TrainJob,
-TrainingRuntime and ClusterTrainingRuntime CRDs as templates (`crds.enabled`, default true),
-the controller manager with its webhooks, and JobSet 0.12.0 as a dependency chart
-(`jobset.install`, default true; JobSet's own CRD in its `crds/`). It is published to GHCR as
-an OCI chart (`README.md`: `helm install kubeflow-trainer oci://ghcr.io/kubeflow/charts/
-kubeflow-trainer --namespace kubeflow-system --create-namespace --version 2.3.0`). None of the
-release's ClusterTrainingRuntimes is installed (`runtimes.defaultEnabled: false`): the stack
-renders its own TrainingRuntime in the job's namespace (`infra.job.trainjob_manifest`).
-
-A `helm.v3.Release` waits for the manager's Deployment (whose readiness needs its webhook
-certificates), so a TrainJob that depends on `ready` neither races the CRDs nor hits a
-webhook without a server.
+The chart (kubeflow/trainer v2.3.0 `charts/kubeflow-trainer`) brings the CRDs, the controller
+and JobSet; none of its ClusterTrainingRuntimes (the stack renders its own). The Release waits
+for the manager, so a TrainJob that depends on `ready` races neither CRDs nor webhooks.
+Why and sources: docs/design/platform.md#kubeflow_trainer
 """
 
 from __future__ import annotations

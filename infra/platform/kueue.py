@@ -2,22 +2,8 @@
 whose quota is the GPU group, and is admitted only once the cluster autoscaler has accepted
 one ProvisioningRequest for all of its nodes.
 
-Order matters, each step from the pinned sources:
-
-1. The ProvisioningRequest CRD (kubernetes/autoscaler cluster-autoscaler-1.35.2
-   `cluster-autoscaler/apis/config/crd/autoscaling.x-k8s.io_provisioningrequests.yaml`; the
-   autoscaler's chart ships RBAC for it, not the CRD: FAQ "Enabling ProvisioningRequest
-   Support" step 5). Kueue looks for it once at start and skips its provisioning controllers
-   when it is missing (kueue v0.19.2 `cmd/kueue/main.go`, `ServerSupportsProvisioningRequest`),
-   so it comes first.
-2. Kueue's Helm chart, with only the job API's integration on
-   (`infra.job.queueing.kueue_integrations`). Its webhooks fail closed (`failurePolicy: Fail`,
-   `charts/kueue/templates/webhook/manifests.yaml`), so a queued job is never created without
-   Kueue's `suspend: true` default.
-3. The objects of `infra.platform.kueue_manifests`, validated by Kueue's webhooks, so after the
-   release is ready.
-
-The autoscaler's own switch (`--enable-provisioning-requests`) is `infra.platform.autoscaler`'s.
+Order: the ProvisioningRequest CRD, Kueue's chart (kueue v0.19.2), then its objects.
+Why this order, with sources: docs/design/platform.md#kueue
 """
 
 from __future__ import annotations

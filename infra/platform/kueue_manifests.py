@@ -1,25 +1,9 @@
 """Kueue's objects for a cluster the stack creates, rendered as plain dicts (no pulumi), so the
 tests validate exactly what `infra.platform.kueue` registers against the pinned CRD schemas.
 
-kubernetes-sigs/kueue v0.19.2, `apis/kueue/v1beta2/` (the storage version):
-
-* ResourceFlavor `gpu`: the GPU node group, by the labels its nodes carry (`nodeLabels`, at
-  most 8: `resourceflavor_types.go`); Kueue adds them to the admitted pods' node selectors.
-* ClusterQueue: one resource group covering every resource the job's pods request, each with a
-  nominal quota of the GPU group at its maximum size. Kueue's default quota check
-  (`BlockUndeclared`, `apis/config/v1beta2/configuration_types.go`) refuses a workload that
-  requests a resource the queue does not cover (`pkg/scheduler/flavorassigner/
-  flavorassigner.go`: "resource %s unavailable in ClusterQueue").
-* `admissionChecksStrategy.admissionChecks`: the ProvisioningRequest check on every workload
-  (`clusterqueue_types.go`).
-* AdmissionCheck: `controllerName: kueue.x-k8s.io/provisioning-request`, parameters naming a
-  ProvisioningRequestConfig (`provisioningrequestconfig_types.go`
-  `ProvisioningRequestControllerName`, `pkg/controller/admissionchecks/provisioning/`).
-* ProvisioningRequestConfig: class `best-effort-atomic-scale-up.autoscaling.x-k8s.io`, the one
-  that makes the cluster autoscaler scale up for all of the request's pods or none
-  (kubernetes/autoscaler cluster-autoscaler-1.35.2 `apis/provisioningrequest/
-  autoscaling.x-k8s.io/v1/types.go`, FAQ "Supported ProvisioningClasses"); `check-capacity`
-  would only check room on nodes that exist, and the GPU group starts at zero.
+ResourceFlavor `gpu`, a ClusterQueue covering every requested resource, and a
+ProvisioningRequest AdmissionCheck of class `best-effort-atomic-scale-up` (kueue v0.19.2
+`apis/kueue/v1beta2/`). Each object's why, with sources: docs/design/platform.md#kueue_manifests
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
 """The VPC the platform runs in: new (private subnets in >= 2 AZs, one GPU subnet, NAT, S3
 endpoint) or an existing one passed through by ID.
 
-The GPU subnet is separate from the system subnets and pinned to one AZ because EFA traffic and
-capacity reservations/blocks are zonal: every GPU node (and the FSx file system they read) must
-sit in the capacity's AZ, while the control plane needs subnets in two AZs. It gets the largest
-CIDR block since every pod on a GPU node takes a VPC IP.
-
-Construct (create-cluster mode only; an existing cluster brings its own network):
-
-    network = Network("net", NetworkArgs(config=cluster.network,
-                                         gpu_availability_zone=gpu_nodes.availability_zone,
-                                         gpu_instance_type=gpu_nodes.instance_type))
-
-Not every AZ offers every instance type (p4d/p5 are in a few AZs of a region), and the AZ of a
-new GPU subnet is fixed before anything is registered, so the AZ is checked against EC2's
-offerings (`DescribeInstanceTypeOfferings` through `aws.ec2.get_instance_type_offerings`, the
-call pulumi-eks makes in `nodejs/eks/nodes/instances.ts` `getSupportedAZs` before it filters EFA
-subnets). Without that check the subnet, FSx and the node group land in an AZ where EKS can
-never launch the nodes, which only shows after the cluster has been created.
+The GPU subnet sits alone in the capacity's AZ (EFA and reservations are zonal), checked
+against EC2's offerings before anything is registered.
+Why, and construction: docs/design/platform.md#network
 """
 
 from __future__ import annotations

@@ -1,24 +1,9 @@
 """The run's metrics: GPU and EFA exporters on the GPU nodes, and what collects them.
 
-Collection is AMP's managed scraper, not an in-cluster agent: it is agentless (nothing to
-patch or place on the system nodes, no remote-write credentials in the cluster), scrapes
-through network interfaces in the cluster's own subnets and security group, and writes to a
-workspace that outlives the cluster (AMP user guide, "Ingest metrics with AWS managed
-collectors"; pulumi-aws 7.x `amp.Scraper`). Its needs are met here: two or more subnets in two
-AZs (the cluster's), a private API endpoint (the project's default), and a Kubernetes user
-for its access entry (`collector_rbac`), which AMP creates itself on clusters whose
-authentication mode includes the API (this project's clusters use API).
-
-On an existing cluster with `observability.clusterPrometheus`, PodMonitors replace the scraper
-and nothing else is installed for collection. Every metrics port is reachable only from the
-collector (`scrape_network_policy`).
-
-Construction (after `Cluster` and the job's namespace):
-
-    observability = Observability("observability", ObservabilityArgs(plan=plan, ...))
-
-Its `workspace_id`, `workspace_arn` and `workspace_endpoint` are where alert rules and
-dashboards read (None when the metrics go elsewhere or nowhere).
+AMP's managed scraper (agentless, a workspace that outlives the cluster), or PodMonitors for
+an existing cluster's Prometheus; metrics ports open only to the collector.
+`workspace_id`/`workspace_arn`/`workspace_endpoint` are None when metrics go elsewhere.
+Why, with sources, and construction: docs/design/platform.md#observability
 """
 
 from __future__ import annotations

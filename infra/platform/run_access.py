@@ -1,21 +1,9 @@
 """The job's own access to its run's prefix of the bucket: checkpoints in S3 when there is no FSx.
 
-A stack without FSx keeps the run's checkpoints, metrics, TensorBoard events and export under
-`s3://<bucket>/checkpoints/<run id>/` (trainer.checkpoint_store, trainer.output_mirror). The
-job's pods get a service account of their own, bound by EKS Pod Identity to a role that may
-read, write and delete objects under that prefix and nothing else. Pod Identity injects the
-credentials through the agent's container-credentials endpoint, which the CRT-based client of
-`s3torchconnector` reads from the default chain like any AWS SDK.
-
-One grant is wider than the prefix, on purpose: `s3:ListBucket` on the bucket without an
-`s3:prefix` condition. DCP's writer asks whether `.metadata` exists before and after every save
-(torch `distributed/checkpoint/filesystem.py`, `_metadata_exists` and `finish`), and
-s3torchconnector answers with HeadObject, expecting a 404 for a missing key. S3 returns 404 for
-a missing key only to a caller with `s3:ListBucket` on the bucket, and 403 to everyone else
-(Amazon S3 API Reference, HeadObject, "Permissions"). A HeadObject request carries no
-`s3:prefix` key, so a condition on it would deny ListBucket there and every save would fail
-with a 403 at its first step. Listing reveals key names only; objects outside the prefix stay
-unreadable.
+A Pod Identity role limited to `s3://<bucket>/checkpoints/<run id>/`, plus `s3:ListBucket`
+without a prefix condition, which DCP's HeadObject of `.metadata` needs to get a 404
+(Amazon S3 API Reference, HeadObject, "Permissions").
+Why, with sources: docs/design/platform.md#run_access
 """
 
 from __future__ import annotations

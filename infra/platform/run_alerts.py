@@ -1,18 +1,8 @@
 """Alerts that reach a person: the run's rules where its metrics are, routed to SNS.
 
-In create mode the stack's Amazon Managed Service for Prometheus workspace (made by the
-observability component) evaluates the rules (`aws.amp.RuleGroupNamespace`) and its alert
-manager (`aws.amp.AlertManagerDefinition`, SNS receivers only) publishes to the topic. On an
-existing cluster whose Prometheus is run by prometheus-operator, the same rule groups go in
-as a PrometheusRule, and that cluster's Alertmanager routes them. The rules are rendered
-once, purely (`infra.job.alert_rules`), for either path.
-
-The topic is the stack's (with `alerts.email` subscribers) or one that exists
-(`alerts.snsTopicArn`). AMP may publish only with the topic's leave: the policy below, with
-the confused-deputy conditions AWS gives (AMP user guide,
-"AMP-alertmanager-receiver-AMPpermission": principal aps.amazonaws.com, sns:Publish and
-sns:GetTopicAttributes, aws:SourceArn the workspace, aws:SourceAccount the account). A topic
-that exists keeps its own policy: the statement is an output to add by hand.
+AMP's rules and alert manager in create mode, a PrometheusRule on an existing cluster; the
+rules from `infra.job.alert_rules`. The topic policy carries AWS's confused-deputy conditions.
+Why, with sources: docs/design/platform.md#run_alerts
 """
 
 from __future__ import annotations

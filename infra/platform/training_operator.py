@@ -1,23 +1,9 @@
 """The Kubeflow training operator (v1.9.4), rendered in code with only the PyTorchJob scheme on.
 
-How the manifests ship, and why:
-
-* The PyTorchJob CRD (~600 KB of OpenAPI schema) is applied from the release's own file at the
-  commit its tag names (`yaml.v2.ConfigFile` on a raw GitHub URL of kubeflow/trainer, the
-  renamed kubeflow/training-operator). It is too large to copy into this repository and is
-  not ours to copy; the commit makes it as fixed as a vendored file (its digest is recorded
-  in `infra.config.addons.TRAINING_OPERATOR_RELEASES`). The
-  Kubernetes provider applies it server-side (pulumi-kubernetes 4 default), so it never hits
-  the 256 KB `last-applied-configuration` annotation limit of client-side apply.
-* Everything else (about 200 lines upstream) is rendered here from the release's standalone
-  overlay: that is what lets the Deployment pass `--enable-scheme=pytorchjob` and leaves out
-  the other job CRDs, so the MPIJob CRD of an MPI operator on the same cluster is untouched.
-  `kustomize.v2.Directory` on the upstream overlay could do neither, and as a remote component
-  it would hide its children from the offline tests.
-
-Ordering: CRD and webhook plumbing first, then the Deployment, whose readiness probe passes
-only once the webhook certificates are in place; a PyTorchJob that depends on `ready` can
-therefore neither race the CRD nor hit a webhook with no server behind it.
+The PyTorchJob CRD is applied server-side from the release's own file at its commit; the rest
+is rendered here from the standalone overlay with `--enable-scheme=pytorchjob`. The
+Deployment's readiness waits for the webhook certificates.
+Why, and the ordering: docs/design/platform.md#training_operator
 """
 
 from __future__ import annotations
@@ -78,19 +64,15 @@ def _rule(groups: list[str], resources: list[str], verbs: list[str]) -> k8s.rbac
 
 ALL = ["create", "delete", "get", "list", "patch", "update", "watch"]
 CLUSTER_RULES = [
-    # What the v1.9.4 PyTorchJob controller declares, as v1.9.0's (`pkg/controller.v1/pytorch/
-    # pytorchjob_controller.go`, the `+kubebuilder:rbac` markers). Upstream's ClusterRole also
-    # carries configmaps, serviceaccounts, roles/rolebindings and pods/exec: only the MPIJob
-    # controller declares those (`pkg/controller.v1/mpi/mpijob_controller.go`), and with
-    # `--enable-scheme=pytorchjob` it never starts, so this install leaves them out.
+    # What the PyTorchJob controller declares (v1.9.0 `pytorchjob_controller.go` rbac markers);
+    # the MPIJob controller's extra grants are left out.
+    # Why: docs/design/platform.md#operator-cluster-role
     _rule([""], ["events"], ALL),
     _rule([""], ["pods"], ALL),
     _rule([""], ["services"], ["create", "delete", "get", "list", "watch"]),
-    # The certificate rotator (open-policy-agent/cert-controller v0.16.0 in v1.9.4,
-    # `pkg/rotator`) keeps an informer on ValidatingWebhookConfigurations (get/list/watch
-    # cannot be narrowed by name: an informer lists them all) and `Update`s only the one it
-    # injects the CA into (`ReconcileWH.ensureCerts`, on every reconcile): so `update` is
-    # bound to that one by name, and cannot go (the operator has no flag to stop rotating).
+    # The cert rotator (cert-controller v0.16.0 `pkg/rotator`) updates only its own webhook
+    # configuration, so `update` is bound to it by name.
+    # Why: docs/design/platform.md#webhook-configuration-update
     _rule(
         ["admissionregistration.k8s.io"],
         ["validatingwebhookconfigurations"],
@@ -111,11 +93,9 @@ CLUSTER_RULES = [
 """Cluster-wide: the controller watches PyTorchJobs and their pods in every namespace."""
 
 SECRET_RULES = [
-    # Upstream grants secrets get/list/watch/update cluster-wide (`pkg/cert/cert.go` marker),
-    # i.e. every Secret of every namespace. The rotator reads Secrets through a cache scoped
-    # to the operator's own namespace (cert-controller v0.16.0 `addNamespacedCache`, keyed by
-    # `SecretKey.Namespace`) and writes only its certificate Secret: a namespaced Role is
-    # enough, and `update` is bound to that one Secret by name.
+    # Upstream grants Secrets cluster-wide; the rotator reads only its own namespace
+    # (cert-controller v0.16.0 `addNamespacedCache`): a namespaced Role, `update` by name.
+    # Why: docs/design/platform.md#operator-secrets-role
     _rule([""], ["secrets"], ["get", "list", "watch"]),
     k8s.rbac.v1.PolicyRuleArgs(
         api_groups=[""], resources=["secrets"], resource_names=[WEBHOOK_SECRET], verbs=["update"]
@@ -149,11 +129,9 @@ class TrainingOperator(pulumi.ComponentResource):
         def child(
             depends_on: Sequence[pulumi.Resource] = (), **kwargs: Any
         ) -> pulumi.ResourceOptions:
-            # `args.depends_on` on every child: a parent's `depends_on` orders nothing inside
-            # it (pulumi `sdk/python/lib/pulumi/runtime/resource.py` `prepare_resource` sends
-            # only the resource's own `depends_on` and input dependencies; `Resource.__init__`
-            # inherits protect and providers from the parent, not dependencies). Without it
-            # the Deployment and the Service (both awaited) race the node groups.
+            # `args.depends_on` on every child: a parent's `depends_on` orders nothing inside it
+            # (pulumi `sdk/python/lib/pulumi/runtime/resource.py` `prepare_resource`).
+            # Why: docs/design/platform.md#depends_on-on-every-child
             return pulumi.ResourceOptions(
                 parent=self,
                 provider=args.k8s_provider,

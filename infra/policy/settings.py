@@ -1,18 +1,9 @@
 """The policy pack's configuration, derived from a stack's config.
 
-Only the cost ceiling needs any: the ceiling and price override of `fsdp-eks:cost`, and the
-GPU facts of `fsdp-eks:gpuNodes` as a fallback for a stack that creates no node group (an
-existing cluster). The pack finds them without help: for a local pack such as
-`pulumi preview --policy-pack infra/policy`, the engine starts the pack process with the
-stack's decrypted config in `PULUMI_CONFIG` (a JSON object of `namespace:key` -> string, object
-values JSON-encoded) and its name in `PULUMI_STACK` (pulumi/pulumi `pkg/engine/update.go`
-`newUpdateSource` builds `PolicyAnalyzerOptions{Stack, Config}`; `sdk/go/common/resource/
-plugin/analyzer_plugin.go` `constructEnv`/`constructConfig` set the variables), so
-`policy_config_from_engine` reads the same stack config the program reads.
-
-`--policy-pack-config FILE` still works and wins key by key (`{"<policy name>": {...}}`);
-`scripts/tooling/ci_stacks.py policy-config STACK` writes one. The offline plan passes the same dict
-to `run_policies`.
+Only the cost ceiling needs any. The engine hands the pack the stack's config in
+`PULUMI_CONFIG` (pulumi/pulumi `pkg/engine/update.go`), so `policy_config_from_engine` reads
+what the program reads; `--policy-pack-config FILE` still wins key by key.
+Why, with sources: docs/design/program.md#policy-settings
 """
 
 from __future__ import annotations

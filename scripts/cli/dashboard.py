@@ -1,16 +1,9 @@
 """`fsdp-eks dashboard`: the run's Grafana dashboard as a file, and opened where it is served.
 
-The dashboard is rendered from the stack file through the run plan (`infra.job.dashboard`,
-the same JSON the program exports as the `dashboard` output and mounts into the in-cluster
-Grafana), so writing it needs no cluster. `--open` shows it where the stack's
-`observability.grafana` says (`infra.job.grafana`):
-
-* in-cluster: `kubectl port-forward` to the stack's Grafana Service on a free local port,
-  the dashboard's URL opened in the browser, the forward held until Ctrl-C. Sign-in is the
-  chart's admin user; the password stays in its Secret (the command says how to read it).
-* managed: the Amazon Managed Grafana workspace's URL of the dashboard (its users sign in
-  through their IAM Identity Center or SAML; the file is imported there once).
-* none: the file itself, with how to import it into a Grafana that reads the metrics.
+Rendered from the stack file through the run plan (`infra.job.dashboard`), so the file needs no
+cluster; `--open` follows `observability.grafana` (`infra.job.grafana`): a port-forward to the
+in-cluster Grafana, the managed workspace's URL, or the file itself.
+Each way: docs/design/cli.md#dashboard
 """
 
 from __future__ import annotations

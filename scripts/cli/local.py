@@ -1,20 +1,9 @@
 """`fsdp-eks local`: a stack's training run on this machine, for free, before it costs money.
 
-It reads the stack file with the same config model (and so the same checks) the Pulumi program
-and the offline plan use, renders the exact `torchrun ... -m trainer <args>` the PyTorchJob
-would run, and rehearses the job's topology in miniature: one torchrun agent per node (at most
-two), joined through the c10d rendezvous settings the job renders, all of them with one
-directory playing where the job keeps the run (FSx, or its prefix in S3). The trainer is
-scaled to this machine: the `tiny` model preset, a small corpus and tokenizer generated here
-(no network), a short context, CPU processes with gloo (or this machine's GPUs), a few hundred
-steps. The run is interrupted on purpose half way (`--fail_at_step`, announced, its torchrun
-report collapsed to one line) and started again with the *same* commands, which resume from
-the latest checkpoint, as restarted pods do on the cluster. Each agent serves the trainer's
-Prometheus metrics as a pod does, on a port of its own (one line says where). At the end it
-prints loss and throughput and writes a loss plot (PNG).
-
-Needs only the `local` dependency group (torch, transformers, datasets, matplotlib, pydantic,
-pyyaml): no pulumi, no AWS credentials.
+The same config model and the exact rendered `torchrun ... -m trainer` command, scaled to this
+machine (`tiny` preset, generated corpus, at most two agents), interrupted half way on purpose
+and resumed from the checkpoint. Needs only the `local` dependency group: no pulumi, no AWS.
+What it rehearses, step by step: docs/design/cli.md#local
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
 """`fsdp-eks`: one command for a training run's whole life, before `pulumi up` and after it.
 
-    fsdp-eks plan dev                 # offline: what it creates, fits, takes and costs
-    fsdp-eks local dev                # the run on this machine (CPU or its GPUs)
-    fsdp-eks ls                       # every stack: deployed, job state, step, ETA, $
-    fsdp-eks status llama31-8b-p5     # the job, its pods, the GPU lease, restarts, spend
-    fsdp-eks dashboard llama31-8b-p5  # the run's Grafana dashboard, as a file to import
-    fsdp-eks logs llama31-8b-p5       # follow rank 0
-    fsdp-eks stop llama31-8b-p5       # checkpoint and release the GPUs; keep the platform
-    fsdp-eks start llama31-8b-p5      # resume from the latest checkpoint
-    fsdp-eks down llama31-8b-p5       # what is kept and what bills, then pulumi destroy
-
-Every command takes the stack the same way: `[STACK]` or `-s STACK`, and without one the
-stack `pulumi stack select` chose. An error is one line on stderr: exit status 2 for a mistake
-(a bad flag, stack or stack file, a missing tool or credentials), 1 for a failure (a tool, the
-cluster or AWS failed); `--debug` (before the command) shows the traceback instead. Commands
-are imported when they run, so `fsdp-eks plan` does not pay for TensorBoard or boto3.
+Every command takes the stack as `[STACK]` or `-s STACK`; an error is one line on stderr (exit
+2 a mistake, 1 a failure; `--debug` shows the traceback); commands are imported when they run.
+The commands at a glance, and the conventions: docs/design/cli.md#fsdp-eks
 """
 
 from __future__ import annotations

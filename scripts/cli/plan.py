@@ -1,18 +1,9 @@
 """`fsdp-eks plan`: what `pulumi up` would create, fit, take and cost, without AWS or Pulumi.
 
-    fsdp-eks plan dev                      # a stack under stacks/ (or a stack file)
-    fsdp-eks plan dev llama31-8b-p5        # several
-    fsdp-eks plan --all                    # every stack (CI)
-    fsdp-eks plan -v dev                   # + every resource, the outputs and the job
-    fsdp-eks plan --time dev               # how long evaluating it takes
-
-Evaluates the real program (`infra.program.main`) under Pulumi's mock runtime with AWS-shaped
-answers in the stack's region (`infra.offline`) and prints what a reviewer needs: what runs and
-where, whether it fits the GPUs' memory, how long it takes, what it costs, the warnings the
-program gives, and the guardrails' verdict (the policy pack's checks, `infra/policy/`).
-Secrets in the stack file (`secure:`) are replaced by a placeholder and never printed.
-Exit status: 0 planned; 1 a guardrail refuses it; 2 the stack is invalid (what `pulumi up`
-would refuse, found first).
+Evaluates the real program (`infra.program.main`) under Pulumi's mock runtime (`infra.offline`)
+and prints placement, memory fit, duration, cost, warnings and the guardrails' verdict; secrets
+never printed. Exit status: 0 planned; 1 a guardrail refuses it; 2 the stack is invalid.
+Usage and detail: docs/design/cli.md#plan
 """
 
 from __future__ import annotations

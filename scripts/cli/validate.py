@@ -1,25 +1,10 @@
 """`fsdp-eks validate`: check a stack's GPU cluster before paying for a run: GPUs, EFA devices,
 NCCL over EFA.
 
-Run it after `pulumi up`: it reaches the stack's own cluster (`scripts.cli.support.kube`),
-never the current kubectl context unless `--context` names one. Everything is derived from
-the stack file (`stacks/Pulumi.<stack>.yaml`), through the same config model as the
-Pulumi program:
-
-1. nodes: `gpuNodes.count` nodes of `gpuNodes.instanceType` are Ready, and each advertises
-   allocatable `nvidia.com/gpu` and `vpc.amazonaws.com/efa` equal to `infra/facts/instances.py`;
-2. nvidia-smi: a Job runs one pod per GPU node, each taking the whole node, and every pod
-   sees all its GPUs (and EFA devices) — the device plugins work end to end — and can write
-   to the job's FSx claim, i.e. the CSI driver mounts Lustre on the GPU nodes; each reports
-   the locked-memory limit a container gets on its node, which with EFA must reach the node's
-   memory (the trainer's preflight rule);
-3. nccl: a PyTorchJob runs an all-reduce over every GPU (`infra/job/payloads/nccl_allreduce.py`,
-launched by torchrun like the trainer) and reports bus bandwidth and the transport NCCL chose:
-   `NET/OFI` with the `efa` provider (EFA) or `NET/Socket` (the silent TCP fallback).
-
-Exit status 0 when every check passes, 1 when one fails. Checks that need a cluster use the
-one cluster client (`infra.job.kube_client`); the parsers of what it reads are plain functions
-(unit-tested on captured-format text).
+Three checks from the stack file: nodes Ready with the expected allocatable devices, an
+nvidia-smi Job on every GPU node (devices, FSx mount, locked-memory limit), and an NCCL
+all-reduce PyTorchJob (`NET/OFI` or the TCP fallback). Exit 0 when all pass, 1 otherwise.
+Each check: docs/design/cli.md#validate
 """
 
 from __future__ import annotations

@@ -7,10 +7,7 @@ marked for deployment on merge, and the policy-pack config of a stack.
     python scripts/tooling/ci_stacks.py policy-config STACK  # JSON for --policy-pack-config
     python scripts/tooling/ci_stacks.py guardrails STACK...  # the policy pack offline; 1 fails
 
-Kept in Python (not in workflow shell) so that the logic is tested like the rest of the repo.
-Only PyYAML is needed for the stack lists (the workflows run them before any install);
-`policy-config` and `guardrails` need the repository's environment.
-Each matrix entry is {"stack": name, "file": path, "region": aws:region of the stack}.
+Why Python, what each needs, the matrix entry: docs/design/cli.md#ci_stacks
 """
 
 from __future__ import annotations

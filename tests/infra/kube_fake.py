@@ -1,34 +1,9 @@
 """Kubernetes API servers on loopback: the one fake every cluster test talks to.
 
-Both serve the project's one cluster client (`infra.job.kube_client.KubeClient`, the
-Kubernetes project's Python client) over HTTP, through a kubeconfig whose user is an `exec`
-credential plugin (`kubeconfig()`), so every token a test sees came from the library running
-that plugin (ExecCredential JSON on stdout, `status.token`). Nothing is faked inside the code
-under test.
-
-* `ScriptedApiServer` serves PyTorchJob / Pod documents in turn, one state per poll: the
-  start watch's cases, where each poll must show a chosen state.
-* `ClusterApiServer` keeps the PyTorchJob in the field-management model
-  (`tests.infra.ssa_model.ApiServer`), so `pulumi up` (modelled) and `fsdp-eks stop` /
-  `start` (real, over HTTP) act on one object. It answers as the API server does:
-  `metadata.managedFields` in the FieldsV1 shape, 409 apply conflicts and 404s as `Status`
-  documents, 422 for an apply without `fieldManager` or a `force` on another patch type
-  (apimachinery v0.36.1 `validation.go` `ValidatePatchOptions`), the User-Agent prefix as the
-  manager of a patch that names none (apiserver `handlers/create.go` `managerOrUserAgent`),
-  403 in RBAC's words (apiserver `responsewriters/errors.go` `forbiddenMessage`). A small
-  operator plays training-operator v1.9.0 on every read of the job (`common/job.go`
-  `ReconcileJobs`): suspended, it deletes the pods gracefully (a `deletionTimestamp`, gone a
-  few reads later as the kubelet finishes) and sets `Running=False`, `Suspended=True`;
-  resumed, it sets `Suspended=False` and a new `startTime` and creates new pods (new uids).
-  It also serves what status, logs and validate read: nodes (label selectors), container logs
-  (`pods/NAME/log`, streamed line by line when followed), and any other object applied,
-  read or deleted at its path (validate's check workloads), a batch Job getting the pods its
-  controller would label `job-name` (`outcomes` says how each kind of workload ends).
-  With `api=TRAINJOB` the job is a TrainJob and the operator plays Kubeflow Trainer v2.3.0 with
-  JobSet (`trainjob_controller.go` `setSuspendedCondition`: `Suspended` True/False with reasons
-  `Suspended`/`Resumed`, no `Running` condition, `jobsStatus` from the JobSet; pods of the
-  Indexed Job `<job>-node-0`, named with a random suffix and labelled by JobSet and the Job
-  controller); its TrainingRuntime is one of the `objects`.
+Both serve the real `KubeClient` over HTTP through an `exec`-credential kubeconfig; nothing is
+faked inside the code under test. `ScriptedApiServer` serves chosen states poll by poll;
+`ClusterApiServer` keeps the job in `tests.infra.ssa_model` and plays the operator.
+What each answers as the API server does, with sources: docs/design/tests.md#kube_fake
 """
 
 from __future__ import annotations

@@ -1,27 +1,9 @@
 """What Kubernetes NetworkPolicy lets through, as the API defines it and EKS enforces it.
 
-A pure model, for tests that ask of the policies the program renders "may this pod reach that
-port?" rather than "does the object have this shape?". It follows the `networking.k8s.io/v1`
-semantics (Kubernetes docs, "Network Policies"; the API reference `NetworkPolicySpec`):
-
-* A pod is isolated for ingress (egress) once any policy in its namespace selects it and
-  lists `Ingress` (`Egress`) in its policy types; `policyTypes` left out means `Ingress`, plus
-  `Egress` when the policy has egress rules. An isolated pod admits only what some rule of
-  one of those policies allows (the union); a policy without rules admits nothing.
-* A rule allows a connection when its ports match (none listed: every port; a port with
-  `endPort`: the range) and one of its peers matches (none listed: every source). A peer with
-  only `podSelector` selects pods of the policy's own namespace; with only
-  `namespaceSelector`, pods of the selected namespaces; with both in one peer, both must hold;
-  `ipBlock` matches addresses (and the API server and nodes have no labels to select).
-* A connection needs egress from its source and ingress to its destination; replies of an
-  allowed connection pass (policies are stateful).
-
-And what the VPC CNI's network policy agent adds (aws/aws-network-policy-agent v1.4.1):
-hostNetwork pods are never isolated (`controllers/policyendpoints_controller.go`, "Skipping
-hostNetwork pod"), and traffic from the local node's IP is always allowed
-(`pkg/fwruleprocessor/fw_rule_processor.go` `ComputeMapEntriesFromEndpointRules`), which is
-how kubelet's probes get through. A cluster that does not enforce NetworkPolicy allows
-everything (`enforced=False`).
+A pure model for "may this pod reach that port?": `networking.k8s.io/v1` semantics
+(Kubernetes docs, "Network Policies") plus the VPC CNI agent's exceptions
+(aws/aws-network-policy-agent v1.4.1); `enforced=False` allows everything.
+The rules, with sources: docs/design/tests.md#network_policy_model
 """
 
 from __future__ import annotations

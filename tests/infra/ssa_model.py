@@ -1,62 +1,9 @@
 """A model of Kubernetes field management and of pulumi-kubernetes over it, for one object.
 
-What `fsdp-eks stop` / `start` do to a PyTorchJob, and what the next `pulumi up` then does,
-is decided by rules in three code bases; this module restates them in Python so that tests can
-play whole scenarios (create, stop, up, refresh, replace, start) without a cluster or an
-engine. Each rule names the source it is read from; `test_ssa_model.py` holds the model to the
-structured-merge-diff test tables, so the model is checked against the real rule, not only
-against our reading of it.
-
-Kubernetes (kubernetes-sigs/structured-merge-diff v6.4.0, the version pulumi-kubernetes'
-go.mod pins; kubernetes/apimachinery, apiserver and apiextensions-apiserver v0.36.1):
-
-* `ApiServer.update` (create, PUT, merge patch): `merge/update.go` `Updater.Update` calls
-  `update(..., force=true)`: it never conflicts; the fields it changed (added or modified)
-  leave every other manager and join the caller's; removed fields leave everyone.
-* `ApiServer.apply`: `Updater.Apply`: merge the configuration into the live object; the
-  applier's set becomes exactly the configuration's fields, changed or not; `prune` removes
-  what the applier applied last time and not now, unless another manager (applier or updater)
-  owns it (`addBackOwnedItems`); then `update(..., force)`: a field another manager owns and
-  the apply adds or modifies is a conflict (409) unless forced, when it leaves that manager.
-* Manager identity: (name, operation, subresource), plus the API version for updaters
-  (`pkg/util/managedfields/internal/managedfields.go` `BuildManagerIdentifier`; one version
-  here). A request without a `fieldManager` is recorded under its User-Agent up to the first
-  `/` (`apiserver` `pkg/endpoints/handlers/create.go` `managerOrUserAgent`).
-* Fields never owned: `apiVersion`, `kind`, `metadata.name`, `namespace`, ...
-  (`internal/stripmeta.go`); `status` on the main resource and `spec`/`metadata` on the
-  status subresource are reset, so each is owned only through its own endpoint (the CRD's
-  reset fields, the `IgnoreFilter` of `internal/structuredmerge.go`
-  `NewCRDStructuredMergeManager`).
-* CRD defaults: applied when a request body is decoded (create, update, patch), so the
-  writer owns them (`apiextensions-apiserver` `pkg/apiserver/customresource_handler.go`
-  `unstructuredDefaulter`), and again after an apply has computed ownership
-  (`internal/structuredmerge.go` `structuredMergeManager.Apply`: `objectDefaulter.Default`),
-  so a field an apply pruned comes back defaulted and owned by nobody.
-
-pulumi-kubernetes (v4.32.0; the installed SDK is 4.34.2, whose tag is not in the source
-store: the files cited are unchanged from v4.32.0 to the newest stored commit):
-
-* Create: a plain POST as manager `pulumi-kubernetes` (Update), not an apply, unless
-  `upsertExistingObjects` (`provider/pkg/await/await.go` `Creation`).
-* Diff: the new inputs against the last live object pruned to the old inputs' shape, no read
-  of the cluster (`provider/pkg/provider/provider.go` `Diff`, `pruneLiveState`;
-  `provider/util.go` `pruneMap`/`pruneSlice`); an empty difference is no step at all (pulumi
-  `pkg/resource/deploy/step_generator.go`: a Same step). `replace_on_changes` turns a
-  difference under a listed path into a replacement (`applyReplaceOnChanges`), delete first.
-* Update: GET the live object (NotFound fails the update), move the fields of managers whose
-  names start with `kubectl` (Apply or Update), `before-first-apply`, `pulumi-kubernetes`,
-  `pulumi-kubernetes.exe`, `pulumi-resource-kubernetes` (Update) into its own SSA manager
-  (`await.go` `fixCSAFieldManagers`; fluxcd/pkg `ssa/patch.go` `PatchReplaceFieldsManagers`
-  at the commit pulumi-kubernetes pins, prefix match, main resource only), then apply the
-  whole manifest, forced only with `pulumi.com/patchForce`, `enablePatchForce` or a live
-  object without managed fields (`await.go` `ssaUpdate`, `patchForce`).
-* Refresh: GET; a 404 drops the resource from the state; otherwise the new inputs are the
-  live object pruned to the old inputs (`provider.go` `Read`).
-
-Leaf-level: maps are granular, every other value (scalars, lists) is one leaf. That is exact
-for `spec.runPolicy.suspend` and for the scalar test cases; an associative list's items are
-written as a map keyed by the item's key, which is how structured-merge-diff tracks them.
-Ownership of a map node itself (SMD records one for a map an update added) is not modelled.
+Restates the rules of structured-merge-diff v6.4.0, the API server (v0.36.1) and
+pulumi-kubernetes v4.32.0 so that tests play create, stop, up, refresh, replace and start
+without a cluster; `test_ssa_model.py` holds it to structured-merge-diff's test tables.
+Each rule with its source, and what is not modelled: docs/design/tests.md#ssa_model
 """
 
 from __future__ import annotations

@@ -1,34 +1,9 @@
 """The project layout a real `pulumi up` needs, by the engine's own rules (no Pulumi CLI here).
 
-The mock runtime never starts a resource plugin, so it cannot show that the image build's
-dynamic provider fails to start. These tests port the rules that decide it, as read in
-pulumi/pulumi at commit 1b5949891b3c (Aug 2026), and apply them to this repository:
-
-1. Where plugins run. `pkg/engine/deployment.go` ProjectInfoContext (line 57) takes `pwd`
-   from `getPwdMain(root, Pulumi.yaml main)` (`pkg/engine/project.go`, lines 45-72) and makes
-   it the plugin context's Pwd; `sdk/go/common/resource/plugin/provider_plugin.go` NewProvider
-   starts the provider with `newPlugin(ctx, ctx.Pwd, ...)` (line 287) and `plugin.go`
-   ExecPlugin sets `cmd.Dir = pwd` (line 599).
-2. Which environment the dynamic provider uses. NewProvider passes the project's runtime
-   options as `PULUMI_RUNTIME_<OPTION>` variables (provider_plugin.go line 248); the launcher
-   `sdk/python/dist/pulumi-resource-pulumi-python` sets `PULUMI_RUNTIME_VIRTUALENV=.venv` for
-   `toolchain: uv` (line 7), makes it absolute against `$PWD` (line 20) and runs
-   `$venv/bin/python -u -m pulumi.dynamic` (line 33), or stops with "... doesn't exist".
-3. Where that environment really is. `sdk/python/toolchain/toolchain.go` ResolveToolchain
-   (lines 140-170) builds the uv toolchain from the program directory; `uv.go` newUv (lines
-   57-100) puts `.venv` beside the nearest uv.lock (else pyproject.toml), which is where
-   `uv sync` (run by `pulumi install` and before every program run, uv.go Command) creates it.
-4. What the provider process imports. `python -m` puts the working directory first on sys.path
-   (https://docs.python.org/3/using/cmdline.html#cmdoption-m); `pulumi/dynamic/__main__.py`
-   get_provider unpickles the provider with `dill.loads(base64.b64decode(...))`, and
-   `pulumi/dynamic/dynamic.py` serialize_provider pickled it with `dill.dumps(recurse=True)`:
-   a class from an importable module is stored by reference (module + name), so the module
-   `infra.image.build` must import in that process.
-
-With `main: infra/` (the layout before this file) rule 1 gives `infra/`, rule 2 `infra/.venv`,
-which uv never creates: every preview failed there (pulumi/pulumi#7061, #7907 show the same
-message). The uv toolchain for dynamic providers exists since Pulumi CLI 3.145.0 (pulumi
-CHANGELOG 3.145.0, "Fix dynamic providers when using Poetry or uv", #18126).
+The mock runtime never starts a plugin, so these tests port the rules (pulumi/pulumi at
+1b5949891b3c) that decide where the dynamic provider runs, which `.venv` it uses and what it
+imports, and apply them to this repository (the `main: infra/` failure: pulumi/pulumi#7061).
+The four rules, line by line: docs/design/tests.md#test_engine_layout
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """The image-build provider's AWS logic, against moto running as a server on loopback.
 
-Every call goes over HTTP from boto3 to a real `moto.server.ThreadedMotoServer`, and the
-resources it touches (ECR repository and images, CodeBuild project and builds, CloudWatch log
-groups and events) are created through the same APIs.
-
-One gap in moto 5 is bridged here, and only this one: its CodeBuild `batch_get_builds` reports
-every build SUCCEEDED on the first poll, with no log location and no exported variables, and it
-has no API to make a build fail. `scripted_builds` therefore walks moto's own stored build
-records through a scripted sequence of (phase, status) states inside the running server (the
-response still goes through moto's serialisation and boto3's parsing), and on success pushes
-the image into moto's ECR as the buildspec's `docker push` would. Tests that need none of that
-(existing image, unpatched moto success, log tail by build id) run on moto as it ships.
+Every call goes over HTTP from boto3 to a real `moto.server.ThreadedMotoServer`. One gap of
+moto 5 (CodeBuild builds that always succeed at once) is bridged by `scripted_builds`.
+The gap and the bridge: docs/design/tests.md#test_image_build
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
 """The scanners operators run on clusters and repositories, run on what this project ships.
 
-Every stack's Kubernetes objects are rendered by the real program under the mock runtime (the
-evaluations `tests/infra/test_stacks.py` already makes, shared through its cache), then:
-
-* validated in strict mode (unknown fields are errors) against the Kubernetes OpenAPI schemas
-  of the stack's cluster version with `kubernetes-validate`, including the worker Pod the
-  training operator creates from the PyTorchJob's template (the PyTorchJob itself is checked
-  against the operator's CRD by test_stacks.py);
-* the same for the cluster checks `fsdp-eks validate` submits for each stack (their
-  NetworkPolicies, the gpu-check Job, the NCCL PyTorchJob's worker Pod: `infra.job.cluster_checks`),
-  which run on the same nodes, in the same namespace, and are held to the same bar;
-* scanned with `checkov` (frameworks kubernetes, dockerfile and github_actions) together with
-  docker/Dockerfile and .github/workflows, in one process. A failed check is accepted only
-  through ALLOWED below, each entry with the objects it may fail on and why; an entry that no
-  longer fires fails too, so the list cannot outlive its reason;
-* the Helm values the program sets are checked against the keys each pinned chart accepts.
-
-checkov runs from its own environment (.venv-dev/checkov, installed by `scripts/dev.py test`:
-its pins conflict with pulumi's) and offline (`--skip-download`, BC_SKIP_MAPPING).
+Every stack's objects and cluster checks, validated strictly against the cluster version's
+OpenAPI schemas (`kubernetes-validate`), scanned with `checkov` (failures only through
+`ALLOWED`), and the Helm values checked against each pinned chart's keys.
+What runs, and how: docs/design/tests.md#test_manifest_scanners
 """
 
 from __future__ import annotations

@@ -129,11 +129,8 @@ def test_sigterm_to_the_pod_ends_in_a_stop_checkpoint_and_exit_143(
     assert periodic[0]["new_buffers"] > 0
     assert [r["new_buffers"] for r in periodic[1:]] == [0] * (len(periodic) - 1)
     assert len({r["staged_bytes"] for r in periodic}) == 1
-    # A save still uploading when the signal came may have died with its upload process
-    # (torchrun signals the worker's whole process group): then it was never published, and
-    # the stop checkpoint, written by the trainer itself, replaced it. Only one save is in
-    # flight at a time, so at most one is lost; the ranks agree on the stop a step or two
-    # after the signal, so a periodic save may still come (and land) between the two.
+    # A save uploading when the signal came may have died with its upload process; only one is
+    # in flight at a time, so at most one is lost. Why: docs/design/tests.md#at-most-one-save-lost
     lost = [r for r in periodic if r["error"] is not None]
     assert len(lost) <= 1, written
     for save in lost:

@@ -1,31 +1,10 @@
 """The plan's memory estimate (`infra.estimates.memory_fit`) against torch's own FSDP2 memory
 tracer.
 
-Each case builds the REAL trainer model (`trainer.models.build_model`), shards it with the
-trainer's own mesh and `parallelize_model` (checkpoint wrappers, FSDP2 units, bf16/fp32 mixed
-precision), and traces two training steps (forward with the model's own loss, backward,
-AdamW step, `zero_grad(set_to_none=True)`) with
-`torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker`, which counts every tensor storage
-created in the step by category (sharded and unsharded parameters, all-gather and
-reduce-scatter buffers, gradients, activations, temporaries, optimizer states) and keeps the
-peak (torch `distributed/_tools/mem_tracker.py`, `_update_peak_stats`).
-
-No memory is used: the tensors are fake (`torch._subclasses.fake_tensor.FakeTensorMode`) and the
-process group is torch's fake backend (`torch.testing._internal.distributed.fake_pg.FakeStore`
-with `dist.init_process_group("fake")`), whose collectives return without communicating, so a
-70B model's layers at 32-way sharding trace in seconds on the CPU. The tracer runs on CPU
-tensors: it attributes storages by device, and on a CPU-only machine all of them are on `cpu`,
-so its peak is the peak of what a GPU would hold (CPU offload is therefore not traced here:
-offloaded and on-device state are indistinguishable on one device). The device mesh is built
-outside `FakeTensorMode` (`init_device_mesh` reads a real rank tensor).
-
-Presets are traced with 3 decoder layers (so that one layer is neither the first nor the last,
-whose backward overlaps the next layer's prefetched all-gather as in the full model): every
-per-layer term is linear in the layer count and the estimate is evaluated for the same shape;
-one test
-traces 2 and 4 layers of llama3.1-70b and extrapolates to its 80 layers. The optimizer is
-AdamW's foreach implementation (`fused=False`: the GPU run's fused kernel has no temporaries,
-and the step is not where these runs peak).
+The real model, sharded by the trainer, traced for two steps with `FSDPMemTracker` (torch
+`distributed/_tools/fsdp2_mem_tracker.py`) on fake tensors and a fake process group, so large
+presets trace in seconds on the CPU with 3 layers (70B: 2 and 4, extrapolated).
+How, and what is not traced: docs/design/tests.md#test_memory_tracer
 """
 
 from __future__ import annotations

@@ -1,26 +1,9 @@
 """The offline plan's result, kept until anything it reads changes.
 
-Planning a stack means importing the Pulumi SDK and the AWS and Kubernetes providers' Python
-packages (about 1.7 s of imports on a 2-core machine) and evaluating the program under the
-mock runtime; reading the answer back from here takes a few hundredths of a second. The key is
-a hash of everything the plan's output follows from, so a hit is the output an evaluation would
-print now, not an old one:
-
-- the stack file, and the path it is shown under;
-- every file of the program and what it reads, with its permission bits: `infra/` (guardrails
-  included), `trainer/` (flags are parsed by its parser, presets sized by it), `docker/` and
-  the other files of the image's build source (`infra.image.source`; their hash is the image
-  tag the job runs), `scripts/cli/` (how the plan is printed), `Pulumi.yaml`;
-- the Pulumi configuration the environment adds (`PULUMI_CONFIG*`, read by the SDK's runtime
-  and the policy settings) and where Python imports from (`sys.path`: a `PYTHONPATH` or an
-  editable install can put another copy of a module first);
-- the interpreter and the exact set of installed distributions (names and versions, from the
-  `*.dist-info` folders of the running environment), so an upgraded provider evaluates again;
-- the options that change the output (`--verbose`), and the UTC day (a capacity block's end is
-  compared with today).
-
-`FSDP_EKS_CACHE` names the cache folder (default `$XDG_CACHE_HOME/fsdp-eks`, else
-`~/.cache/fsdp-eks`); `off` turns it off, as `fsdp-eks plan --no-cache` does once.
+An evaluation costs seconds of imports; a hit, hundredths. The key hashes everything the output
+follows from (stack file, program sources, environment config, `sys.path`, installed
+distributions, options, the UTC day). `FSDP_EKS_CACHE` names the folder; `off` turns it off.
+What the key holds, and why: docs/design/cli.md#plan_cache
 """
 
 from __future__ import annotations
