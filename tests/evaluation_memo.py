@@ -18,6 +18,7 @@ import sys
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -63,15 +64,25 @@ def patched() -> bool:
     return False
 
 
+def _mock_answers() -> tuple[tuple[str, int], ...]:
+    """Which rule answers each mocked call: a test that swaps one without MonkeyPatch still
+    changes the key."""
+    from infra.offline.outputs import INVOKE_RESULTS, RESOURCE_OUTPUTS
+
+    rules = {**INVOKE_RESULTS, **RESOURCE_OUTPUTS}
+    return tuple(sorted((token, id(rule)) for token, rule in rules.items()))
+
+
 def _key(kwargs: dict[str, Any]) -> Hashable:
     environment = {k: v for k, v in os.environ.items() if k not in VOLATILE_ENV}
     return (
+        _mock_answers(),
         json.dumps(kwargs.get("config"), sort_keys=True, default=repr),
         tuple(kwargs.get("secret_keys", ())),
         kwargs.get("project", "fsdp-eks"),
         kwargs.get("stack", "dev"),
         tuple(sorted(environment.items())),
-        os.getcwd(),
+        str(Path.cwd()),
         tuple(sys.path),
     )
 
@@ -120,7 +131,7 @@ def install() -> None:
     import infra.offline.runtime
 
     memo = Memo(infra.offline.runtime.evaluate)
-    evaluate = functools.wraps(memo.evaluate)(memo)
+    evaluate: Any = functools.wraps(memo.evaluate)(memo)
     infra.offline.evaluate = infra.offline.runtime.evaluate = evaluate
     original_init = pytest.MonkeyPatch.__init__
 

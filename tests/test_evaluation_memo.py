@@ -14,9 +14,12 @@ import infra.job.flags
 import scripts.cli.plan
 from infra.config import read_stack_file
 from infra.offline import Evaluation, FakeCloud
+from infra.offline.outputs import INVOKE_RESULTS
 from infra.offline.runtime import evaluate as real_evaluate
 from infra.program import main as program
 from tests.evaluation_memo import MEMO_ENV, Memo
+
+CALLER = "aws:index/getCallerIdentity:getCallerIdentity"
 
 
 class Recorder:
@@ -75,6 +78,20 @@ def test_the_environment_and_directory_are_part_of_the_key(
     assert recorder.calls == 3
 
 
+def test_a_mocked_answer_swapped_without_monkeypatch_changes_the_key() -> None:
+    recorder = Recorder()
+    memo = Memo(recorder)
+    memo(program, config={})
+    real = INVOKE_RESULTS[CALLER]
+    INVOKE_RESULTS[CALLER] = lambda args: {**real(args), "arn": "arn:aws:sts::1:assumed-role/x/y"}
+    try:
+        memo(program, config={})
+    finally:
+        INVOKE_RESULTS[CALLER] = real
+    memo(program, config={})
+    assert recorder.calls == 2
+
+
 def test_other_programs_fake_clouds_refusals_and_off_always_run(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -99,7 +116,11 @@ def test_other_programs_fake_clouds_refusals_and_off_always_run(
 def test_a_kept_evaluation_is_what_a_fresh_one_registers() -> None:
     stack = read_stack_file("dev")
     memo = Memo(real_evaluate)
-    arguments = {"config": stack.config, "secret_keys": stack.secret_keys, "stack": "dev"}
+    arguments: dict[str, Any] = {
+        "config": stack.config,
+        "secret_keys": stack.secret_keys,
+        "stack": "dev",
+    }
     memo(program, **arguments)
     kept = memo(program, **arguments)
     fresh = real_evaluate(program, **arguments)

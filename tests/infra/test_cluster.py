@@ -83,7 +83,7 @@ def test_api_authentication_with_an_admin_access_entry(created: Evaluation) -> N
     assert policy["accessScope"] == {"type": "cluster"}
 
 
-def test_deployer_is_not_given_a_second_entry() -> None:
+def test_deployer_is_not_given_a_second_entry(monkeypatch: pytest.MonkeyPatch) -> None:
     # The deployer (caller identity → session issuer) is admitted as cluster creator; an
     # explicit entry for the same principal would collide.
     deployer = f"arn:aws:iam::{ACCOUNT_ID}:role/ci-deployer"
@@ -92,17 +92,18 @@ def test_deployer_is_not_given_a_second_entry() -> None:
     def assumed_role(args: dict[str, Any]) -> dict[str, Any]:
         return {**real(args), "arn": f"arn:aws:sts::{ACCOUNT_ID}:assumed-role/ci-deployer/run-7"}
 
-    INVOKE_RESULTS["aws:index/getCallerIdentity:getCallerIdentity"] = assumed_role
-    try:
-        result = build({"name": "train", "adminRoleArn": deployer})
-    finally:
-        INVOKE_RESULTS["aws:index/getCallerIdentity:getCallerIdentity"] = real
+    monkeypatch.setitem(
+        INVOKE_RESULTS, "aws:index/getCallerIdentity:getCallerIdentity", assumed_role
+    )
+    result = build({"name": "train", "adminRoleArn": deployer})
     assert result.one(EKS).inputs.get("accessEntries", {}) == {}
     tokens = [token for token, _ in result.invokes]
     assert "aws:iam/getSessionContext:getSessionContext" in tokens
 
 
-def test_deployer_role_with_a_path_is_recognised_without_it() -> None:
+def test_deployer_role_with_a_path_is_recognised_without_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # SSO roles: the session issuer carries the path, users write the ARN without it.
     sso = "AWSReservedSSO_Admin_0123456789abcdef"
     real_caller = INVOKE_RESULTS["aws:index/getCallerIdentity:getCallerIdentity"]
@@ -115,14 +116,10 @@ def test_deployer_role_with_a_path_is_recognised_without_it() -> None:
         issuer = f"arn:aws:iam::{ACCOUNT_ID}:role/aws-reserved/sso.amazonaws.com/{sso}"
         return {**real_session(args), "issuerArn": issuer}
 
-    INVOKE_RESULTS["aws:index/getCallerIdentity:getCallerIdentity"] = caller
-    INVOKE_RESULTS["aws:iam/getSessionContext:getSessionContext"] = session
-    try:
-        same = build({"name": "train", "adminRoleArn": f"arn:aws:iam::{ACCOUNT_ID}:role/{sso}"})
-        other = build({"name": "train", "adminRoleArn": ADMIN_ROLE})
-    finally:
-        INVOKE_RESULTS["aws:index/getCallerIdentity:getCallerIdentity"] = real_caller
-        INVOKE_RESULTS["aws:iam/getSessionContext:getSessionContext"] = real_session
+    monkeypatch.setitem(INVOKE_RESULTS, "aws:index/getCallerIdentity:getCallerIdentity", caller)
+    monkeypatch.setitem(INVOKE_RESULTS, "aws:iam/getSessionContext:getSessionContext", session)
+    same = build({"name": "train", "adminRoleArn": f"arn:aws:iam::{ACCOUNT_ID}:role/{sso}"})
+    other = build({"name": "train", "adminRoleArn": ADMIN_ROLE})
     assert same.one(EKS).inputs.get("accessEntries", {}) == {}
     assert list(other.one(EKS).inputs["accessEntries"]) == ["admin"]
 
@@ -491,7 +488,7 @@ def test_existing_cluster_reads_the_platform_stack() -> None:
     assert [r.type for r in result.resources if r.custom] == ["pulumi:providers:kubernetes"]
 
 
-def test_a_platform_stack_without_a_gpu_subnet_is_reported() -> None:
+def test_a_platform_stack_without_a_gpu_subnet_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     real = RESOURCE_OUTPUTS["pulumi:pulumi:StackReference"]
 
     def without_subnet(name: str, inputs: dict[str, Any]) -> dict[str, Any]:
@@ -499,13 +496,8 @@ def test_a_platform_stack_without_a_gpu_subnet_is_reported() -> None:
         outputs = {k: v for k, v in answer["outputs"].items() if k != "gpuSubnetId"}
         return {**answer, "outputs": outputs}
 
-    RESOURCE_OUTPUTS["pulumi:pulumi:StackReference"] = without_subnet
-    try:
-        result = build(
-            {"mode": "existing", "name": "team-gpu", "platformStack": "org/fsdp-eks/old"}
-        )
-    finally:
-        RESOURCE_OUTPUTS["pulumi:pulumi:StackReference"] = real
+    monkeypatch.setitem(RESOURCE_OUTPUTS, "pulumi:pulumi:StackReference", without_subnet)
+    result = build({"mode": "existing", "name": "team-gpu", "platformStack": "org/fsdp-eks/old"})
     assert result.stack_outputs["gpuSubnet"] == f"subnet-{short_hash('team-gpu' + 'us-west-2a')}"
     assert any(
         "cluster.platformStack 'org/fsdp-eks/old' exports no gpuSubnetId" in w
@@ -566,20 +558,21 @@ def test_created_clusters_provider_keeps_the_cluster_pulumi_eks_reported() -> No
     assert ours["clusters"][0]["cluster"] == theirs["clusters"][0]["cluster"]
 
 
-def test_no_profile_no_profile_flag_and_the_admin_role_is_not_assumed_by_itself() -> None:
+def test_no_profile_no_profile_flag_and_the_admin_role_is_not_assumed_by_itself(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     real = INVOKE_RESULTS["aws:index/getCallerIdentity:getCallerIdentity"]
 
     def as_admin_role(args: dict[str, Any]) -> dict[str, Any]:
         session = f"arn:aws:sts::{ACCOUNT_ID}:assumed-role/platform-admins/ci-run-7"
         return {**real(args), "arn": session}
 
-    INVOKE_RESULTS["aws:index/getCallerIdentity:getCallerIdentity"] = as_admin_role
-    try:
-        # CI running as the admin role itself: a role may not assume itself unless its trust
-        # policy names it, so the token is signed directly.
-        command = token_command(run_stack("dev", cluster={"adminRoleArn": ADMIN_ROLE}))
-    finally:
-        INVOKE_RESULTS["aws:index/getCallerIdentity:getCallerIdentity"] = real
+    monkeypatch.setitem(
+        INVOKE_RESULTS, "aws:index/getCallerIdentity:getCallerIdentity", as_admin_role
+    )
+    # CI running as the admin role itself: a role may not assume itself unless its trust
+    # policy names it, so the token is signed directly.
+    command = token_command(run_stack("dev", cluster={"adminRoleArn": ADMIN_ROLE}))
     assert "--role-arn" not in command
     assert "--profile" not in command
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from infra.image import source
+from infra.image import source as image_source
 from infra.image.source import (
     SOURCE_FILES,
     build_fingerprint,
@@ -237,13 +237,13 @@ def test_the_lock_is_parsed_once_per_text(monkeypatch: pytest.MonkeyPatch) -> No
     """Each plan hashes the image's sources; parsing uv.lock again each time cost 40% of an
     evaluation. A changed lock is a new text, so it is parsed afresh."""
     parses: list[int] = []
-    real_loads = source.tomllib.loads
+    real_loads = image_source.tomllib.loads
 
     def counting_loads(text: str) -> dict[str, Any]:
         parses.append(len(text))
         return real_loads(text)
 
-    monkeypatch.setattr(source.tomllib, "loads", counting_loads)
+    monkeypatch.setattr(image_source.tomllib, "loads", counting_loads)
     lock = MINI_LOCK + "\n# parsed-once probe\n"
     first = locked_group_closure(lock)
     first[0]["name"] = "changed by a caller"

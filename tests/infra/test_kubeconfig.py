@@ -45,14 +45,15 @@ ADMIN_SESSION = f"arn:aws:sts::{ACCOUNT_ID}:assumed-role/platform-admins/ci-run-
     ],
 )
 def test_the_tool_builds_the_programs_kubeconfig(
-    name: str, cluster: dict[str, Any], config: dict[str, Any], caller: str
+    name: str,
+    cluster: dict[str, Any],
+    config: dict[str, Any],
+    caller: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     real = INVOKE_RESULTS[CALLER]
-    INVOKE_RESULTS[CALLER] = lambda args: {**real(args), "arn": caller}
-    try:
-        result = run_stack(name, cluster=cluster, **config)
-    finally:
-        INVOKE_RESULTS[CALLER] = real
+    monkeypatch.setitem(INVOKE_RESULTS, CALLER, lambda args: {**real(args), "arn": caller})
+    result = run_stack(name, cluster=cluster, **config)
     programs = json.loads(unsecret(result.one(K8S_PROVIDER).inputs["kubeconfig"]))
 
     # What the tool has: the stack file, DescribeCluster of the cluster the stack names, and
