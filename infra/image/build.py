@@ -348,10 +348,11 @@ class ImageBuildProvider(ResourceProvider):
 
     def builder(self, props: Mapping[str, Any]) -> CodeBuildImageBuilder:
         session = boto3.Session(profile_name=props.get("aws_profile"), region_name=props["region"])
+        poll = props.get("poll_seconds")  # 0 is a setting, not an absence
         return CodeBuildImageBuilder(
             session=session,
             endpoint_url=props.get("endpoint_url"),
-            poll_seconds=float(props.get("poll_seconds") or DEFAULT_POLL_SECONDS),
+            poll_seconds=DEFAULT_POLL_SECONDS if poll is None else float(poll),
         )
 
     def _build(self, props: Mapping[str, Any]) -> dict[str, Any]:

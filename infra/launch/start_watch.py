@@ -58,10 +58,9 @@ class JobStartWatchProvider(ResourceProvider):
             client = KubeClient.from_kubeconfig(props["kubeconfig"])
         except KubernetesCredentialError as err:  # the plugin runs as the client is built
             raise JobStartError(str(err)) from None
+        poll = props.get("poll_seconds")  # 0 is a setting (the tests'), not an absence
         progress = wait_for_start(
-            client,
-            job,
-            poll_s=float(props.get("poll_seconds") or DEFAULT_POLL_SECONDS),
+            client, job, poll_s=DEFAULT_POLL_SECONDS if poll is None else float(poll)
         )
         # The kubeconfig stays an input only: outputs need not carry credentials around.
         return {**{key: props.get(key) for key in TRIGGER_KEYS}, "started": progress}

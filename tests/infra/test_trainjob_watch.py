@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 
 from infra.job.start_rule import JobStartError
+from infra.job.start_wait import DEFAULT_POLL_SECONDS
+from infra.launch import start_watch
 from infra.launch.start_watch import JobStartWatchProvider
 from tests.infra.kube_fake import APPLY_PATCH, ScriptedApiServer, kubeconfig, serving
 
@@ -145,3 +147,24 @@ def test_a_trainjob_nobody_reconciles_is_named_as_such(serve: Any) -> None:
     server = serve([(200, trainjob(jobs=False), [])])
     with pytest.raises(JobStartError, match="Kubeflow Trainer v2 is not reconciling TrainJobs"):
         create(server)
+
+
+@pytest.mark.parametrize(("given", "polls_every"), [(0, 0.0), (None, DEFAULT_POLL_SECONDS)])
+def test_the_watch_polls_at_the_interval_it_was_given(
+    serve: Any, monkeypatch: pytest.MonkeyPatch, given: float | None, polls_every: float
+) -> None:
+    """A poll interval of 0 is a setting (the tests give it), not an absent one: read as absent
+    it made every watch test that polls twice wait 15 s."""
+    intervals: list[float] = []
+
+    def recording_wait(client: Any, job: Any, *, poll_s: float) -> str:
+        intervals.append(poll_s)
+        return "2/2 workers running"
+
+    monkeypatch.setattr(start_watch, "wait_for_start", recording_wait)
+    props = {"kubeconfig": kubeconfig(serve([]).url), "namespace": "training", "job_name": "exp"}
+    props |= {"workers": 2, "job_api": "trainjob"}
+    if given is not None:
+        props["poll_seconds"] = given
+    JobStartWatchProvider().create(props)
+    assert intervals == [polls_every]
