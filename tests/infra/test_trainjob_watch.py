@@ -162,7 +162,8 @@ def test_the_watch_polls_at_the_interval_it_was_given(
         return "2/2 workers running"
 
     monkeypatch.setattr(start_watch, "wait_for_start", recording_wait)
-    props = {"kubeconfig": kubeconfig(serve([]).url), "namespace": "training", "job_name": "exp"}
+    props: dict[str, Any] = {"kubeconfig": kubeconfig(serve([]).url), "namespace": "training"}
+    props["job_name"] = "exp"
     props |= {"workers": 2, "job_api": "trainjob"}
     if given is not None:
         props["poll_seconds"] = given
