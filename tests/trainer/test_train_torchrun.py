@@ -109,7 +109,9 @@ def test_crash_and_restart_resumes_and_reproduces_the_losses(
     checkpoint_dir = tmp_path / "ckpt"
     args = reference_args(tiny_assets, checkpoint_dir, fail_at_step=FAIL_AT_STEP)
 
-    crashed = run_trainer(args, metrics_file=tmp_path / "first.jsonl")
+    # One metrics file across the three starts, as a pod's run directory keeps it.
+    metrics = tmp_path / "metrics.jsonl"
+    crashed = run_trainer(args, metrics_file=metrics, appended_only=True)
     assert crashed.returncode != 0
     assert "--fail_at_step 13: exiting abruptly" in crashed.output
     assert _steps_logged(crashed) == list(range(1, FAIL_AT_STEP + 1))
@@ -118,7 +120,7 @@ def test_crash_and_restart_resumes_and_reproduces_the_losses(
     (checkpoint_dir / "step-12" / "COMPLETE").unlink()
     (checkpoint_dir / ".tmp-step-13").mkdir()
 
-    resumed = run_trainer(args, metrics_file=tmp_path / "second.jsonl")
+    resumed = run_trainer(args, metrics_file=metrics, appended_only=True)
     assert resumed.returncode == 0, resumed.output[-4000:]
     assert f"resumed from {checkpoint_dir / 'step-10'} at step 10" in resumed.output
     assert _steps_logged(resumed) == list(range(11, MAX_STEPS + 1))
@@ -134,7 +136,7 @@ def test_crash_and_restart_resumes_and_reproduces_the_losses(
     # The newest complete checkpoint's shard of rank 1 is cut short: the next start names it,
     # sets it aside and resumes from step 10, with the losses of the run resumed from there.
     _truncate(checkpoint_dir / "step-20" / "__1_0.distcp")
-    fallback = run_trainer(args, metrics_file=tmp_path / "third.jsonl")
+    fallback = run_trainer(args, metrics_file=metrics, appended_only=True)
     assert fallback.returncode == 0, fallback.output[-4000:]
     _assert_set_aside_and_resumed(fallback, str(checkpoint_dir / "step-20"), str(checkpoint_dir))
     [aside] = checkpoint_dir.glob("step-20.unreadable-*")
@@ -142,6 +144,19 @@ def test_crash_and_restart_resumes_and_reproduces_the_losses(
     assert _steps_logged(fallback) == list(range(11, MAX_STEPS + 1))
     assert fallback.losses() == resumed.losses()
     assert (checkpoint_dir / "step-20" / "COMPLETE").exists()  # saved again
+
+    # The configuration is logged at the first start only (issue 28 item 14); each restart
+    # points at the run line, which the metrics file keeps at every start.
+    assert crashed.output.count("] config: {") == 1
+    for restart in (resumed, fallback):
+        assert "] config: {" not in restart.output
+        assert "] config: as at start 1 (the run line of the metrics file holds it)" in (
+            restart.output
+        )
+    starts = (crashed, resumed, fallback)
+    runs = [next(r for r in start.metrics if r["kind"] == "run") for start in starts]
+    assert [r["start"]["attempt"] for r in runs] == [1, 2, 3]
+    assert runs[0]["config"] == runs[1]["config"] == runs[2]["config"]
 
 
 def test_a_failing_preflight_check_exits_before_step_1_with_one_line(

@@ -86,11 +86,14 @@ def run_trainer(
     pass_metrics_file: bool = True,
     env: dict[str, str] | None = None,
     timeout: float = 180,
+    appended_only: bool = False,
 ) -> RunResult:
     """Run `torchrun --nproc_per_node=nproc -m trainer ARGS`; reads back the JSONL metrics.
 
     `pass_metrics_file=False` leaves the metrics where the trainer puts them by default (the
-    caller reads them); `metrics_file`'s directory still holds the datasets cache."""
+    caller reads them); `metrics_file`'s directory still holds the datasets cache.
+    `appended_only`: the records this launch added to a file earlier launches wrote (a restart
+    appends to its run's file, as in a pod)."""
     require_slow_tier(f"torchrun with {nproc} trainer processes")
     command = [
         *torchrun(nproc),
@@ -111,6 +114,7 @@ def run_trainer(
         "PYTHONPATH": str(REPO_ROOT),
         **(env or {}),
     }
+    earlier = metrics_file.stat().st_size if appended_only and metrics_file.exists() else 0
     completed = subprocess.run(
         command,
         cwd=REPO_ROOT,
@@ -122,7 +126,8 @@ def run_trainer(
     )
     metrics: list[dict[str, Any]] = []
     if metrics_file.exists():
-        metrics = [json.loads(line) for line in metrics_file.read_text().splitlines() if line]
+        added = metrics_file.read_bytes()[earlier:].decode()
+        metrics = [json.loads(line) for line in added.splitlines() if line]
     return RunResult(completed.returncode, completed.stdout + completed.stderr, metrics)
 
 
