@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -838,11 +839,18 @@ class FlagRow:
         return self.stack_key is not None or self.rendered_from is not None
 
 
-def flag_table() -> list[FlagRow]:
+def flag_table() -> tuple[FlagRow, ...]:
     """Every trainer flag, in the order of the sections and their fields: the one table from
     which the parser, the program's rendering, its stack keys and their docs are derived."""
+    return _flag_table(tuple(_SECTION_TYPES.items()))
+
+
+@functools.cache
+def _flag_table(sections: tuple[tuple[str, type], ...]) -> tuple[FlagRow, ...]:
+    """Kept per set of section types: every config's checks read the table, and resolving the
+    annotations each time was 20 s of the infra tests (a section swapped in is a new key)."""
     rows = []
-    for section_name, section_type in _SECTION_TYPES.items():
+    for section_name, section_type in sections:
         hints = get_type_hints(section_type)
         for f in dataclasses.fields(section_type):
             rows.append(
@@ -857,7 +865,7 @@ def flag_table() -> list[FlagRow]:
                     shape=f.metadata.get("shape", False),
                 )
             )
-    return rows
+    return tuple(rows)
 
 
 def shape_flag_names() -> tuple[str, ...]:

@@ -190,7 +190,9 @@ class _WarningRecorder(logging.Handler):
     def __init__(self) -> None:
         super().__init__(level=logging.WARNING)
         self.messages: list[str] = []
-        self.logger = logging.getLogger(f"fsdp-eks.offline.{id(self)}")
+        # One logger for every evaluation, this recorder its only handler while one runs: a
+        # logger per evaluation stayed in logging's registry for the life of the process.
+        self.logger = logging.getLogger("fsdp-eks.offline")
         self.logger.propagate = False
         self.logger.handlers = [self]
 
@@ -289,6 +291,7 @@ def evaluate(
             loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
         settings.SETTINGS.outputs.clear()
         settings.ROOT.set(None)
+        logged.logger.removeHandler(logged)
         loop.run_until_complete(loop.shutdown_default_executor())
         loop.close()
         for thread_loop in monitor.thread_loops - {loop}:

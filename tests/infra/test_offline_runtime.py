@@ -6,6 +6,8 @@ process; a single hang or error fails the test.
 """
 
 import json
+import logging
+from typing import Any
 
 import pulumi
 import pulumi_aws as aws
@@ -139,3 +141,22 @@ def test_offerings_invoke_answers_each_location_type_in_the_sdk_result_shape() -
     assert outputs["availability-zone-id"] == ["usw2-az1", "usw2-az2", "usw2-az3"]
     assert outputs["region"] == ["us-west-2"]
     assert outputs["cpu"] == ["us-west-2a", "us-west-2b", "us-west-2c", "us-west-2d"]
+
+
+def test_each_evaluation_keeps_its_own_warnings_and_no_logger_outlives_it() -> None:
+    """A logger per evaluation stayed in logging's registry for good, and pytest attaches its
+    handler to every non-propagating logger there before each test phase."""
+
+    def warning(text: str) -> Any:
+        def program() -> None:
+            pulumi.log.warn(text)
+
+        return program
+
+    registry = logging.Logger.manager.loggerDict
+    first = evaluate(warning("first"), config={})
+    loggers = len(registry)
+    second = evaluate(warning("second"), config={})
+    assert (first.warnings, second.warnings) == (["first"], ["second"])
+    assert len(registry) == loggers
+    assert logging.getLogger("fsdp-eks.offline").handlers == []

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from typing import Any
 
 import pytest
 
+import trainer.config
 from trainer.config import build_parser, flag_names, format_args, parse_args, parse_switch
 
 # Every flag of the seed trainer that the issue lists, with a value of the right kind.
@@ -226,3 +229,31 @@ def test_every_run_gets_the_allocator_settings_unless_the_user_set_them(
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")
     configure_cuda_allocator()
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:512"
+
+
+def test_the_flag_table_is_built_once_per_set_of_sections(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every config's checks read the table; resolving its annotations each time was 20 s of
+    the infra tests. A section swapped in (a new flag, tests/infra/test_flag_table.py) is a
+    new table."""
+    resolved: list[type] = []
+    real_hints = trainer.config.get_type_hints
+
+    def counting_hints(section: type) -> dict[str, Any]:
+        resolved.append(section)
+        return real_hints(section)
+
+    monkeypatch.setattr(trainer.config, "get_type_hints", counting_hints)
+    trainer.config._flag_table.cache_clear()
+    first = trainer.config.flag_table()
+    assert len(resolved) == len(trainer.config._SECTION_TYPES)
+    assert trainer.config.flag_table() == first
+    trainer.config.ModelConfig()  # its checks read the table
+    assert len(resolved) == len(trainer.config._SECTION_TYPES)
+
+    @dataclasses.dataclass
+    class OptimConfig(trainer.config.OptimConfig):
+        ema_decay: float | None = trainer.config._flag(None, "Decay of a weight average.")
+
+    monkeypatch.setitem(trainer.config._SECTION_TYPES, "optim", OptimConfig)
+    assert "ema_decay" in {row.name for row in trainer.config.flag_table()}
+    assert len(resolved) == 2 * len(trainer.config._SECTION_TYPES)
