@@ -7,10 +7,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import yaml
 
 from scripts.tooling.crd_schema import machine_facts
+from tests import crd_schemas
 from tests.crd_schemas import openapi_schema
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -123,3 +125,31 @@ def test_a_missing_schema_fails_the_test_that_needs_it() -> None:
     """The schemas ship with the repository: a missing one is a failure, never a skip."""
     with pytest.raises(AssertionError, match=r"nothing\.v0\.yaml is in none of"):
         openapi_schema("nothing.v0.yaml", "v1")
+
+
+def test_validate_checks_a_schema_once_and_raises_what_jsonschema_raises(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"replicas": {"type": "integer", "minimum": 1}},
+        "additionalProperties": False,
+    }
+    checks: list[object] = []
+    real_check = jsonschema.Draft202012Validator.check_schema
+
+    def counting_check(cls: Any, checked: Any, *args: Any, **kwargs: Any) -> None:
+        checks.append(checked)
+        real_check(checked, *args, **kwargs)
+
+    monkeypatch.setattr(
+        jsonschema.Draft202012Validator, "check_schema", classmethod(counting_check)
+    )
+    for bad in ({"replicas": 0}, {"replicas": 2, "extra": 1}):
+        with pytest.raises(jsonschema.ValidationError) as ours:
+            crd_schemas.validate(bad, schema)
+        with pytest.raises(jsonschema.ValidationError) as theirs:
+            jsonschema.validate(bad, schema)
+        assert ours.value.message == theirs.value.message
+    crd_schemas.validate({"replicas": 2}, schema)
+    assert sum(1 for checked in checks if checked is schema) == 1 + 2  # ours once, theirs twice

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import jsonschema
 import pulumi
 import pulumi_kubernetes as k8s
 import pytest
@@ -24,6 +23,7 @@ from infra.job.manifest import (
 )
 from infra.launch.training_job import JobNamespace, JobNamespaceArgs, TrainingJob, TrainingJobArgs
 from infra.offline import evaluate
+from tests.crd_schemas import validate as validate_against_schema
 from trainer.config import parse_args
 
 IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/fsdp@sha256:" + "a" * 64
@@ -61,7 +61,7 @@ def container(manifest: dict[str, Any]) -> dict[str, Any]:
 
 def test_p5_job_requests_every_gpu_and_efa_interface(crd_schema: dict[str, Any]) -> None:
     manifest = render_job(plan_run(make_config()), image=IMAGE, pvc_name="fsx-claim").as_dict()
-    jsonschema.validate(manifest, crd_schema)
+    validate_against_schema(manifest, crd_schema)
     assert worker(manifest)["replicas"] == 4
     assert manifest["spec"]["nprocPerNode"] == "8"
     limits = container(manifest)["resources"]["limits"]
@@ -85,7 +85,7 @@ def test_job_without_efa_sets_no_efa_provider(crd_schema: dict[str, Any]) -> Non
         model={"preset": "llama3.2-1b", "numLayers": 2},  # fits an A10G's 24 GiB
     )
     manifest = render_job(plan_run(config), image=IMAGE, pvc_name=None).as_dict()
-    jsonschema.validate(manifest, crd_schema)
+    validate_against_schema(manifest, crd_schema)
     limits = container(manifest)["resources"]["limits"]
     assert limits[GPU_RESOURCE] == 4
     assert EFA_RESOURCE not in limits
@@ -113,7 +113,7 @@ def test_run_directories_are_handed_to_the_trainer_uid_before_it_starts(
 ) -> None:
     config = make_config()
     manifest = render_job(plan_run(config), image=IMAGE, pvc_name="fsx-claim").as_dict()
-    jsonschema.validate(manifest, crd_schema)
+    validate_against_schema(manifest, crd_schema)
     pod = worker(manifest)["template"]["spec"]
     [prepare] = pod["initContainers"]
     assert prepare["image"] == IMAGE
@@ -135,7 +135,7 @@ def test_workers_find_each_other_through_c10d_rendezvous(crd_schema: dict[str, A
     elastic policy is what points torchrun at worker 0."""
     config = make_config(job={"maxRunHours": 1, "backoffLimit": 2})
     manifest = render_job(plan_run(config), image=IMAGE, pvc_name=None).as_dict()
-    jsonschema.validate(manifest, crd_schema)
+    validate_against_schema(manifest, crd_schema)
     assert list(manifest["spec"]["pytorchReplicaSpecs"]) == ["Worker"]
     assert manifest["spec"]["elasticPolicy"] == {
         "rdzvBackend": "c10d",

@@ -12,7 +12,6 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import jsonschema
 import pytest
 
 from infra.job.start_rule import (
@@ -24,6 +23,7 @@ from infra.job.start_rule import (
     Verdict,
     assess,
 )
+from tests.crd_schemas import validate as validate_against_schema
 
 NOW = datetime(2026, 11, 23, 12, 0, 0, tzinfo=UTC)
 WORKERS = 2
@@ -147,7 +147,7 @@ def judge(
 ) -> Verdict:
     """`assess`, after checking the job's status against the CRD's status schema (the part
     this rule reads; the whole ~600 KB schema takes seconds per validation)."""
-    jsonschema.validate(job_doc["status"], crd_schema["properties"]["status"])
+    validate_against_schema(job_doc["status"], crd_schema["properties"]["status"])
     return assess(job_doc, pods, workers=WORKERS, now=NOW, start_timeout_s=start_timeout_s)
 
 

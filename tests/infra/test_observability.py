@@ -22,6 +22,7 @@ from infra.job.placement import GPU_TAINT_KEY
 from infra.offline import Evaluation, evaluate
 from infra.program import main as program
 from tests.crd_schemas import openapi_schema
+from tests.crd_schemas import validate as validate_against_schema
 from tests.infra.test_stacks import stack
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -160,7 +161,7 @@ def test_existing_cluster_prometheus_gets_valid_pod_monitors_and_nothing_else() 
             for k, v in monitor.inputs.items()
             if k in ("apiVersion", "kind", "metadata", "spec")
         }
-        jsonschema.validate(body, schema)
+        validate_against_schema(body, schema)
         assert monitor.inputs["metadata"]["labels"]["release"] == "kps"
         [endpoint] = monitor.inputs["spec"]["podMetricsEndpoints"]
         assert endpoint["port"] == "metrics"
@@ -175,4 +176,4 @@ def test_the_crd_schema_catches_a_misspelt_endpoint() -> None:
         "spec": {"selector": {}, "podMetricsEndpoints": [{"port": 9400}]},
     }
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(broken, schema)
+        validate_against_schema(broken, schema)

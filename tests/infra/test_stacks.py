@@ -7,7 +7,6 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import pytest
 import yaml
 
@@ -18,6 +17,7 @@ from infra.job.flags import TRAINER_LAUNCHER, s3_run_prefix
 from infra.job.manifest import EFA_RESOURCE, GPU_RESOURCE
 from infra.offline import Evaluation, FakeCloud, RecordedResource, evaluate
 from infra.program import main as program
+from tests.crd_schemas import validate as validate_against_schema
 from trainer.config import TrainConfig, parse_args
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -146,7 +146,7 @@ def test_stack_job_is_valid_for_the_operator(name: str, crd_schema: dict[str, An
     job = job_of(stack(name)[1])
     manifest = {key: job.inputs[key] for key in ("apiVersion", "kind", "metadata", "spec")}
     # The engine's wire format turns integers into floats; the API server receives integers.
-    jsonschema.validate(_whole(manifest), crd_schema)
+    validate_against_schema(_whole(manifest), crd_schema)
 
 
 def _whole(value: Any) -> Any:

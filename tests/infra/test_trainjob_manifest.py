@@ -26,6 +26,7 @@ from infra.job.trainjob_manifest import (
     render_trainjob,
     restart_rules,
 )
+from tests.crd_schemas import validate as validate_against_schema
 
 IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/fsdp@sha256:" + "a" * 64
 TORCH_PLUGIN_ENV = {"PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR",
@@ -88,8 +89,8 @@ def test_the_objects_validate_against_trainer_v2_3_crds(
     for policy in ("OnFailure", "ExitCode", "Never"):
         rendered = render_trainjob(plan(api="trainjob", restartPolicy=policy), image=IMAGE,
                                    pvc_name="fsx-claim")  # fmt: skip
-        jsonschema.validate(rendered.runtime, trainingruntime_schema)
-        jsonschema.validate(rendered.trainjob, trainjob_schema)
+        validate_against_schema(rendered.runtime, trainingruntime_schema)
+        validate_against_schema(rendered.trainjob, trainjob_schema)
 
 
 def test_a_wrong_field_fails_the_schema(trainingruntime_schema: dict[str, Any]) -> None:
@@ -97,7 +98,7 @@ def test_a_wrong_field_fails_the_schema(trainingruntime_schema: dict[str, Any]) 
     bad = copy.deepcopy(rendered.runtime)
     bad["spec"]["template"]["spec"]["failurePolicy"]["restartStrategy"] = "Sometimes"
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(bad, trainingruntime_schema)
+        validate_against_schema(bad, trainingruntime_schema)
 
 
 def test_the_trainjob_names_its_runtime_and_leaves_suspend_alone() -> None:

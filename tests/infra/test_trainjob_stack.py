@@ -7,13 +7,12 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-import jsonschema
-
 from infra.config import load_stack_file, read_stack_file
 from infra.job.flags import TRAINER_LAUNCHER
 from infra.launch.training_job import content_name
 from infra.offline import Evaluation, RecordedResource, evaluate
 from infra.program import main as program
+from tests.crd_schemas import validate as validate_against_schema
 from trainer.config import parse_args
 
 STACK = "llama32-1b-g5-trainjob"
@@ -59,8 +58,8 @@ def test_its_objects_validate_against_the_pinned_crds(
     trainjob_schema: dict[str, Any], trainingruntime_schema: dict[str, Any]
 ) -> None:
     result = evaluation()
-    jsonschema.validate(manifest(result.one(RUNTIME)), trainingruntime_schema)
-    jsonschema.validate(manifest(result.one(TRAINJOB)), trainjob_schema)
+    validate_against_schema(manifest(result.one(RUNTIME)), trainingruntime_schema)
+    validate_against_schema(manifest(result.one(TRAINJOB)), trainjob_schema)
 
 
 def test_the_trainjob_names_its_runtime_by_content_and_waits_for_the_platform() -> None:

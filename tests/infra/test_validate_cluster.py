@@ -43,6 +43,7 @@ from scripts.cli.validate import (
     wait_until,
 )
 from tests.cli.conftest import run_cli
+from tests.crd_schemas import validate as validate_against_schema
 from tests.infra.kube_fake import ClusterApiServer, kubeconfig, serving
 
 REPO = Path(__file__).resolve().parents[2]
@@ -205,14 +206,14 @@ def test_nccl_job_validates_against_the_pytorchjob_crd_schema(instance_type, cou
     job = nccl_job(plan_run(stack(instance_type, count)), image="img:1", run_id="validate-1")
     # Through YAML, as kubectl sends it.
     document = yaml.safe_load(validate_cluster.to_yaml([job]))
-    jsonschema.validate(document, crd_schema)
+    validate_against_schema(document, crd_schema)
 
 
 def test_the_crd_schema_check_catches_a_broken_job(crd_schema):
     job = nccl_job(plan_run(P5), image="img:1", run_id="validate-1")
     job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] = "two"
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(job, crd_schema)
+        validate_against_schema(job, crd_schema)
 
 
 def _check_pod_shape(pod: dict[str, Any]) -> None:

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import jsonschema
-
 from infra.config import load_stack_file
 from infra.estimates.run_plan import plan_run
 from infra.job.cluster_checks import expected_node_resources, validation_manifests
 from infra.job.kube_client import KubeClient
 from scripts.cli.validate import run_nccl_check
+from tests.crd_schemas import validate as validate_against_schema
 from tests.infra.kube_fake import ClusterApiServer, kubeconfig, serving
 from tests.infra.test_validate_cluster import NCCL_EFA_LOG
 
@@ -30,8 +29,8 @@ def test_the_nccl_check_is_a_trainjob_valid_for_the_pinned_crds(
 ) -> None:
     *_, runtime, trainjob = documents()
     assert [d["kind"] for d in documents()].count("PyTorchJob") == 0
-    jsonschema.validate(runtime, trainingruntime_schema)
-    jsonschema.validate(trainjob, trainjob_schema)
+    validate_against_schema(runtime, trainingruntime_schema)
+    validate_against_schema(trainjob, trainjob_schema)
     assert trainjob["spec"]["runtimeRef"]["name"] == runtime["metadata"]["name"]
     assert trainjob["spec"]["trainer"]["numNodes"] == 4
     [node] = runtime["spec"]["template"]["spec"]["replicatedJobs"]
