@@ -64,20 +64,26 @@ def patched() -> bool:
     return False
 
 
-def _mock_answers() -> tuple[tuple[str, int], ...]:
+def _mock_answers() -> tuple[tuple[str, object], ...]:
     """Which rule answers each mocked call: a test that swaps one without MonkeyPatch still
-    changes the key."""
+    changes the key. The rules themselves, not their ids: a freed rule's id can be reused."""
     from infra.offline.outputs import INVOKE_RESULTS, RESOURCE_OUTPUTS
 
     rules = {**INVOKE_RESULTS, **RESOURCE_OUTPUTS}
-    return tuple(sorted((token, id(rule)) for token, rule in rules.items()))
+    return tuple(sorted(rules.items(), key=lambda item: item[0]))
 
 
-def _key(kwargs: dict[str, Any]) -> Hashable:
+def _key(kwargs: dict[str, Any]) -> Hashable | None:
+    """None where the config has no canonical form (a mapping whose keys mix types, as YAML's
+    `on:` or `1:` make): such an evaluation is not kept."""
+    try:
+        config = json.dumps(kwargs.get("config"), sort_keys=True, default=repr)
+    except TypeError:
+        return None
     environment = {k: v for k, v in os.environ.items() if k not in VOLATILE_ENV}
     return (
         _mock_answers(),
-        json.dumps(kwargs.get("config"), sort_keys=True, default=repr),
+        config,
         tuple(kwargs.get("secret_keys", ())),
         kwargs.get("project", "fsdp-eks"),
         kwargs.get("stack", "dev"),
@@ -110,9 +116,9 @@ class Memo:
             and os.environ.get(MEMO_ENV, "").lower() != "off"
             and not patched()
         )
-        if not reusable:
+        key = _key(kwargs) if reusable else None
+        if key is None:
             return self.evaluate(run, **kwargs)
-        key = _key(kwargs)
         if key in self.kept:
             self.kept.move_to_end(key)
             self.counts["reused"] += 1

@@ -15,11 +15,13 @@ import scripts.cli.plan
 from infra.config import read_stack_file
 from infra.offline import Evaluation, FakeCloud
 from infra.offline.outputs import INVOKE_RESULTS
-from infra.offline.runtime import evaluate as real_evaluate
+from infra.offline.runtime import evaluate as installed_evaluate
 from infra.program import main as program
 from tests.evaluation_memo import MEMO_ENV, Memo
 
 CALLER = "aws:index/getCallerIdentity:getCallerIdentity"
+real_evaluate: Any = getattr(installed_evaluate, "__wrapped__", installed_evaluate)
+"""The evaluate tests/conftest.py put the suite's memo in front of."""
 
 
 class Recorder:
@@ -92,6 +94,15 @@ def test_a_mocked_answer_swapped_without_monkeypatch_changes_the_key() -> None:
     assert recorder.calls == 2
 
 
+def test_a_config_without_a_canonical_form_is_evaluated_not_refused() -> None:
+    recorder = Recorder()
+    memo = Memo(recorder)
+    mixed = {"training": {True: "from YAML `on:`", "steps": 1}}
+    memo(program, config=mixed)
+    memo(program, config=mixed)
+    assert recorder.calls == 2
+
+
 def test_other_programs_fake_clouds_refusals_and_off_always_run(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -125,6 +136,7 @@ def test_a_kept_evaluation_is_what_a_fresh_one_registers() -> None:
     kept = memo(program, **arguments)
     fresh = real_evaluate(program, **arguments)
     assert memo.counts == {"evaluated": 1, "reused": 1}
+    assert real_evaluate is not installed_evaluate  # fresh is a real evaluation
     assert canonical(kept) == canonical(fresh)
 
 
