@@ -790,11 +790,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="FSDP2 trainer for Hugging Face causal LMs (run under torchrun).",
         allow_abbrev=False,
     )
+    annotations = {row.name: row.annotation for row in flag_table()}
     for section_name, section_type in _SECTION_TYPES.items():
         group = parser.add_argument_group(section_name, section_type.__doc__)
-        hints = get_type_hints(section_type)
         for f in dataclasses.fields(section_type):
-            _add_field(group, f, hints[f.name])
+            _add_field(group, f, annotations[f.name])
     return parser
 
 
