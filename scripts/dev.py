@@ -2,7 +2,7 @@
 
     python3 scripts/dev.py local   # the main job: a stack's training run, scaled to this machine
     python3 scripts/dev.py test    # lint, type check and the whole test suite
-    python3 scripts/dev.py test --fast   # the same without the multi-process training runs
+    python3 scripts/dev.py test --fast   # the same without training runs and tests of seconds
 
 Both first make `.venv-dev/` from the project's own files: pip (new enough for PEP 735
 dependency groups) installs the group the command needs, every version pinned by the
@@ -139,9 +139,10 @@ tests spend much of their time starting processes and waiting on each other: on 
 workers took 16 min where one took 22 (per test distribution: 17.5 min, the shared runs twice)."""
 
 
-FAST_TIER = ["-m", "not slow"]
+FAST_TIER = ["-m", "not slow and not long"]
 """`test --fast`: every test but the multi-process training runs (marked `slow`; a test that
-starts one unmarked fails, tests/tiers.py), for the loop a developer runs every few minutes."""
+starts one unmarked fails) and the single-process tests of a second or more (marked `long`;
+every module keeps fast tests), tests/tiers.py: the loop a developer runs every few minutes."""
 
 
 def command_test(python: Path, pytest_args: list[str], *, fast: bool = False) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tests import evaluation_memo
-from tests.tiers import TIER_ENV, require_slow_tier
+from tests.tiers import TIER_ENV, is_long, require_slow_tier
 
 evaluation_memo.install()  # before any test module imports `infra.offline.evaluate`
 
@@ -32,6 +32,14 @@ def local_runs_are_slow(monkeypatch: pytest.MonkeyPatch) -> None:
         return launch(*args, **kwargs)
 
     monkeypatch.setattr(local, "run_agents", guarded)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark LONG_TESTS `long` before `-m` chooses the tier (pytest's own hook runs after)."""
+    for item in items:
+        if is_long(item.nodeid):
+            item.add_marker(pytest.mark.long)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

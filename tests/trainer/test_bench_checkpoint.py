@@ -32,3 +32,14 @@ def test_the_benchmark_reports_blocked_overlap_and_durable_for_each_way_and_stor
         assert row["durable_s"] is not None and row["durable_s"] > 0
         assert row["step_s"] > 0 and "overlap_slowdown_pct" in row
     assert result["watchdog_beat_us"] > 0
+
+
+def test_the_watchdog_beat_the_benchmark_reports_is_timed_on_the_real_watchdog() -> None:
+    assert bench_checkpoint.watchdog_beat_cost_us(beats=1_000) > 0
+
+
+def test_an_unknown_flag_is_refused_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as refused:
+        bench_checkpoint.main(["--state-gbs", "1"])
+    assert refused.value.code == 2
+    assert "--state-gbs" in capsys.readouterr().err

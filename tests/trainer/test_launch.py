@@ -27,8 +27,6 @@ from tests.trainer.torchrun_util import REPO_ROOT, tiny_args
 from trainer.launch import worker_exit_code
 from trainer.tiny_assets import TinyAssets
 
-pytestmark = pytest.mark.slow
-
 
 def rendered_launcher() -> list[str]:
     """Everything of the dev stack's container command up to `-m trainer`."""
@@ -84,6 +82,7 @@ def finish(process: subprocess.Popen[str], timeout: float = 240) -> tuple[int, s
     return process.returncode, output
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_pod_ends_in_a_stop_checkpoint_and_exit_143(
     tiny_assets: TinyAssets, tmp_path: Path
 ) -> None:
@@ -139,6 +138,7 @@ def test_sigterm_to_the_pod_ends_in_a_stop_checkpoint_and_exit_143(
     assert "checkpoint: step 2 durable at " in output
 
 
+@pytest.mark.slow
 def test_a_hang_ends_in_exit_142_after_the_save_in_flight_lands(
     tiny_assets: TinyAssets, tmp_path: Path
 ) -> None:
