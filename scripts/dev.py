@@ -140,9 +140,8 @@ workers took 16 min where one took 22 (per test distribution: 17.5 min, the shar
 
 
 FAST_TIER = ["-m", "not slow and not long"]
-"""`test --fast`: every test but the multi-process training runs (marked `slow`; a test that
-starts one unmarked fails) and the single-process tests of a second or more (marked `long`;
-every module keeps fast tests), tests/tiers.py: the loop a developer runs every few minutes."""
+"""`test --fast`: every test but the multi-process runs (`slow`) and the single-process tests of
+a second or more (`long`; each module a test imports keeps a fast one), tests/tiers.py."""
 
 
 def command_test(python: Path, pytest_args: list[str], *, fast: bool = False) -> None:

@@ -34,9 +34,14 @@ def local_runs_are_slow(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(local, "run_agents", guarded)
 
 
+COLLECTED_IDS = pytest.StashKey[frozenset[str]]()
+"""Every test this session collected, before `-m` deselects (tests/test_tiers.py reads it)."""
+
+
 @pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark LONG_TESTS `long` before `-m` chooses the tier (pytest's own hook runs after)."""
+    config.stash[COLLECTED_IDS] = frozenset(item.nodeid for item in items)
     for item in items:
         if is_long(item.nodeid):
             item.add_marker(pytest.mark.long)

@@ -1,18 +1,20 @@
-"""The fast tier still covers every module once LONG_TESTS leave it (tests/tiers.py).
+"""Every module a test file imports keeps fast tests once LONG_TESTS leave the fast tier.
 
-Read from the sources, not from a run: a test file's imports name the modules it tests, and a
-test is fast unless `slow` (on it, its class or the file's `pytestmark`) or listed as long.
+Read from the sources: an import at a file's top level counts for all its tests, one inside a
+test for that test; a test is fast unless marked `slow` or listed in tests/tiers.py.
 """
 
 from __future__ import annotations
 
 import ast
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
+from tests import tiers
+from tests.conftest import COLLECTED_IDS
 from tests.tiers import LONG_TESTS, is_long
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,10 +39,10 @@ def _parsed(path: Path) -> ast.Module:
     return ast.parse(path.read_text())
 
 
-def _imported(tree: ast.Module) -> set[str]:
-    """Every module and `module.name` an import in the file names."""
+def _imported(nodes: Sequence[ast.AST]) -> set[str]:
+    """Every module and `module.name` that an import under these nodes names."""
     names: set[str] = set()
-    for node in ast.walk(tree):
+    for node in (inner for top in nodes for inner in ast.walk(top)):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -53,16 +55,23 @@ def _marks_slow(expressions: list[ast.expr]) -> bool:
     return any("mark.slow" in ast.unparse(expression) for expression in expressions)
 
 
-def _tests(tree: ast.Module) -> Iterator[tuple[str, bool]]:
-    """(pytest's name for each test function, whether `slow` marks it)."""
-    file_slow = any(
-        isinstance(node, ast.Assign)
-        and any(getattr(target, "id", None) == "pytestmark" for target in node.targets)
-        and _marks_slow([node.value])
-        for node in tree.body
-    )
+def _is_pytestmark(node: ast.stmt) -> bool:
+    targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+    return any(getattr(target, "id", None) == "pytestmark" for target in targets)
 
-    def walk(body: list[ast.stmt], prefix: str, slow: bool) -> Iterator[tuple[str, bool]]:
+
+@functools.cache
+def _tests(path: Path) -> tuple[tuple[str, bool, ast.AST], ...]:
+    """(pytest's id of each test function, whether `slow` marks it, its node)."""
+    tree = _parsed(path)
+    file_id = path.relative_to(ROOT).as_posix()
+
+    def walk(body: list[ast.stmt], prefix: str, slow: bool) -> Iterator[tuple[str, bool, ast.AST]]:
+        slow = slow or any(
+            _is_pytestmark(node) and _marks_slow([node.value])
+            for node in body
+            if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None
+        )
         for node in body:
             if isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
                 class_slow = slow or _marks_slow(node.decorator_list)
@@ -70,50 +79,70 @@ def _tests(tree: ast.Module) -> Iterator[tuple[str, bool]]:
             elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith(
                 "test"
             ):
-                yield f"{prefix}{node.name}", slow or _marks_slow(node.decorator_list)
+                yield f"{prefix}{node.name}", slow or _marks_slow(node.decorator_list), node
 
-    yield from walk(tree.body, "", file_slow)
-
-
-def _has_fast_test(path: Path, tree: ast.Module) -> bool:
-    file_id = path.relative_to(ROOT).as_posix()
-    # A function with only some parameters listed keeps the others fast.
-    return any(not slow and not is_long(f"{file_id}::{name}") for name, slow in _tests(tree))
+    return tuple(
+        (f"{file_id}::{name}", slow, node) for name, slow, node in walk(tree.body, "", False)
+    )
 
 
-def test_every_listed_long_test_exists() -> None:
-    """A renamed or removed test leaves no stale id behind (it would mark nothing)."""
-    defined: set[str] = set()
-    for path in _test_files():
-        file_id = path.relative_to(ROOT).as_posix()
-        defined.update(f"{file_id}::{name}" for name, _ in _tests(_parsed(path)))
-    stale = sorted(i for i in LONG_TESTS if i.split("[", 1)[0] not in defined)
+def _fast_imports(path: Path) -> set[str]:
+    """What the file's fast tests import: the top level's if any test is fast, plus each fast
+    test's own. A function with only some parameters listed keeps the others fast."""
+    tests = _tests(path)
+    fast = [node for test_id, slow, node in tests if not slow and not is_long(test_id)]
+    if not fast:
+        return set()
+    test_nodes = {id(node) for _, _, node in tests}
+    top_level = [node for node in _parsed(path).body if id(node) not in test_nodes]
+    return _imported(top_level) | _imported(fast)
+
+
+def test_every_listed_long_test_exists(request: pytest.FixtureRequest) -> None:
+    """A renamed test or parameter leaves no stale id behind (it would mark nothing): checked
+    against this session's collection for the files it collected, else the test functions."""
+    collected = request.config.stash.get(COLLECTED_IDS, frozenset())
+    defined = {test_id for path in _test_files() for test_id, _, _ in _tests(path)}
+    stale = []
+    for listed in sorted(LONG_TESTS):
+        path = listed.split("::", 1)[0]
+        if any(test_id.startswith(f"{path}::") for test_id in collected):
+            if not any(
+                test_id == listed or test_id.startswith(f"{listed}[") for test_id in collected
+            ):
+                stale.append(listed)
+        elif listed.split("[", 1)[0] not in defined:
+            stale.append(listed)
     assert not stale, f"tests/tiers.py LONG_TESTS names tests that do not exist: {stale}"
 
 
-def test_every_module_a_test_file_imports_has_a_fast_test_file_importing_it() -> None:
+def test_every_module_a_test_file_imports_has_a_fast_test_importing_it() -> None:
     modules = _project_modules()
-    importers: dict[str, list[Path]] = {}
-    fast_files = set()
+    imported = set()
+    fast = set()
     for path in _test_files():
-        tree = _parsed(path)
-        for name in _imported(tree) & modules:
-            importers.setdefault(name, []).append(path)
-        if _has_fast_test(path, tree):
-            fast_files.add(path)
-    uncovered = sorted(
-        name for name, paths in importers.items() if not any(p in fast_files for p in paths)
-    )
+        imported |= _imported([_parsed(path)]) & modules
+        fast |= _fast_imports(path) & modules
+    uncovered = sorted(imported - fast)
     assert not uncovered, (
         "only slow or long tests import these modules, so the fast tier does not test them: "
         f"{uncovered} (give each a fast test, or take a test off tests/tiers.py LONG_TESTS)"
     )
 
 
-def test_the_checks_see_a_module_left_without_fast_tests(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With every test listed as long, the check names the modules left untested."""
+def test_the_check_finds_a_module_whose_only_fast_test_is_listed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """test_launch.py's other tests are `slow`: listing its one fast test leaves the launcher
+    without any."""
     import tests.test_tiers as tiers_test
 
-    monkeypatch.setattr(tiers_test, "is_long", lambda nodeid: True)
-    with pytest.raises(AssertionError, match="fast tier does not test them"):
-        test_every_module_a_test_file_imports_has_a_fast_test_file_importing_it()
+    listed = (
+        "tests/trainer/test_launch.py::test_a_worker_killed_by_a_signal_exits_as_a_shell_reports_it"
+    )
+    monkeypatch.setattr(
+        tiers_test, "is_long", lambda test_id: test_id == listed or tiers.is_long(test_id)
+    )
+    with pytest.raises(AssertionError) as missing:
+        test_every_module_a_test_file_imports_has_a_fast_test_importing_it()
+    assert "['trainer.launch']" in str(missing.value)

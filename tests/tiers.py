@@ -1,7 +1,5 @@
-"""The two test tiers: `dev.py test --fast` leaves out tests marked `slow`, the multi-process
-training runs, and those marked `long`, the single-process tests of a second or more listed in
-LONG_TESTS. A test that starts a multi-process run without `slow` fails here, by name, so the
-fast tier can never grow slow unnoticed (tests/conftest.py records each test's marks)."""
+"""`dev.py test --fast` leaves out `slow` tests (multi-process runs: one started unmarked fails
+here, by name, as tests/conftest.py records each test's marks) and `long` ones (LONG_TESTS)."""
 
 from __future__ import annotations
 
@@ -60,7 +58,6 @@ _LONG_BY_FILE: dict[str, tuple[str, ...]] = {
         "test_the_dev_plan_s_figures_read_as_short_lines",
     ),
     "tests/cli/test_stack_file_mistakes.py": ("test_the_offline_plan_follows_the_stacks_region",),
-    "tests/cli/test_stop_start.py": ("test_the_commands_sign_as_pulumi_up_does",),
     "tests/infra/test_alert_rules.py": ("test_each_alert_fires_on_its_series_and_only_there",),
     "tests/infra/test_autoscaler.py": (
         "test_a_warm_group_keeps_its_nodes_and_pulumi_owns_its_size",
@@ -217,10 +214,9 @@ _LONG_BY_FILE: dict[str, tuple[str, ...]] = {
     ),
 }
 LONG_TESTS = frozenset(f"{path}::{name}" for path, names in _LONG_BY_FILE.items() for name in names)
-"""Node ids (a function's id covers all its parameters) of the single-process tests that took
-about a second or more each in the fast tier on two workers (`--junitxml`, docs/benchmarks.md),
-by file. tests/conftest.py marks them `long`. Every module they test keeps
-fast tests of its own (tests/test_tiers.py), so the fast tier still covers every module."""
+"""Single-process tests of about a second or more in the fast tier on two workers (junit times,
+docs/benchmarks.md); a function's id covers its parameters. Every module a test imports keeps
+a fast test that imports it (tests/test_tiers.py)."""
 
 
 def is_long(nodeid: str) -> bool:

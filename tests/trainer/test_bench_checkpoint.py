@@ -1,5 +1,5 @@
-"""The checkpoint benchmark runs end to end on a tiny state (figures are not checked: timings
-belong in docs/benchmarks.md, not in tests)."""
+"""The checkpoint benchmark on a tiny state, end to end, and its parts (figures are not checked:
+timings belong in docs/benchmarks.md, not in tests)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def test_the_benchmark_reports_blocked_overlap_and_durable_for_each_way_and_stor
     assert result["watchdog_beat_us"] > 0
 
 
-def test_the_watchdog_beat_the_benchmark_reports_is_timed_on_the_real_watchdog() -> None:
+def test_the_watchdog_beat_cost_is_measured_on_a_real_watchdog() -> None:
     assert bench_checkpoint.watchdog_beat_cost_us(beats=1_000) > 0
 
 

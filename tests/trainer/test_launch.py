@@ -23,6 +23,7 @@ import pytest
 from infra.config import load_stack_file
 from infra.estimates.run_plan import plan_run
 from infra.job.flags import TRAINER_LAUNCHER, run_paths, torchrun_command
+from tests.tiers import require_slow_tier
 from tests.trainer.torchrun_util import REPO_ROOT, tiny_args
 from trainer.launch import worker_exit_code
 from trainer.tiny_assets import TinyAssets
@@ -44,6 +45,7 @@ def rendered_launcher() -> list[str]:
 
 
 def start(args: list[str], tmp_path: Path) -> subprocess.Popen[str]:
+    require_slow_tier("the rendered torchrun launcher")
     env = {
         **os.environ,
         # `python3` as in the image, found where this test's interpreter lives.
