@@ -15,19 +15,8 @@ import pytest
 
 from tests import tiers
 from tests.conftest import COLLECTED_IDS
+from tests.test_architecture import ROOT, project_modules
 from tests.tiers import LONG_TESTS, is_long
-
-ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("trainer", "infra", "scripts")
-
-
-def _project_modules() -> set[str]:
-    names = set()
-    for package in PACKAGES:
-        for path in (ROOT / package).rglob("*.py"):
-            parts = path.relative_to(ROOT).with_suffix("").parts
-            names.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
-    return names
 
 
 def _test_files() -> list[Path]:
@@ -102,22 +91,23 @@ def test_every_listed_long_test_exists(request: pytest.FixtureRequest) -> None:
     """A renamed test or parameter leaves no stale id behind (it would mark nothing): checked
     against this session's collection for the files it collected, else the test functions."""
     collected = request.config.stash.get(COLLECTED_IDS, frozenset())
+    collected_files = {test_id.split("::", 1)[0] for test_id in collected}
+    # The ids is_long matches: each test's own, and its function's.
+    collected_matches = collected | {test_id.split("[", 1)[0] for test_id in collected}
     defined = {test_id for path in _test_files() for test_id, _, _ in _tests(path)}
     stale = []
     for listed in sorted(LONG_TESTS):
-        path = listed.split("::", 1)[0]
-        if any(test_id.startswith(f"{path}::") for test_id in collected):
-            if not any(
-                test_id == listed or test_id.startswith(f"{listed}[") for test_id in collected
-            ):
-                stale.append(listed)
-        elif listed.split("[", 1)[0] not in defined:
+        if listed.split("::", 1)[0] in collected_files:
+            known = listed in collected_matches
+        else:  # a file this session did not collect: its functions, parameters unseen
+            known = listed.split("[", 1)[0] in defined
+        if not known:
             stale.append(listed)
     assert not stale, f"tests/tiers.py LONG_TESTS names tests that do not exist: {stale}"
 
 
 def test_every_module_a_test_file_imports_has_a_fast_test_importing_it() -> None:
-    modules = _project_modules()
+    modules = set(project_modules())
     imported = set()
     fast = set()
     for path in _test_files():
