@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -30,10 +31,10 @@ from tests.trainer.torchrun_util import REPO_ROOT, free_port
 IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/fsdp@sha256:" + "a" * 64
 
 HOST_DELAY_S = 6.0
-"""How long after the early agent the store-hosting agent starts (3x the short read timeout,
-a fifth of the long one: far from both bounds, so the outcome never depends on load)."""
+"""How long after the early agent the store-hosting agent starts when the early one should
+wait for it: a twentieth of the long read timeout, so the outcome never depends on load."""
 SHORT_READ_TIMEOUT_S = 2
-LONG_READ_TIMEOUT_S = 30
+LONG_READ_TIMEOUT_S = 120
 
 WORKER = "import os; print('joined rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'])"
 
@@ -41,16 +42,15 @@ AGENT = """
 import pathlib, sys, time
 from torch.distributed.run import main
 
-ready, go, delay = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), float(sys.argv[3])
+ready, go = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
 ready.touch()
 while not go.exists():
     time.sleep(0.05)
-time.sleep(delay)
-main(sys.argv[4:])
+main(sys.argv[3:])
 """
-"""torchrun's own entry point, started only once torch is imported and the test says go: the
-delay between the agents is then the delay between their rendezvous, whatever the load of
-the machine makes an import of torch cost."""
+"""torchrun's own entry point, started only once torch is imported and the test says go to
+this agent: the order of the agents' rendezvous is then the order the test gives, whatever
+an import of torch costs on a loaded machine."""
 
 
 @pytest.mark.parametrize("start_minutes", [None, 25, 180])
@@ -85,9 +85,10 @@ def test_the_job_renders_rendezvous_timeouts_equal_to_its_start_budget(
 
 
 def _agent(
-    tmp_path: Path, role: str, port: int, *, read_timeout: int, is_host: bool, delay: float
+    tmp_path: Path, role: str, port: int, *, read_timeout: int, is_host: bool
 ) -> subprocess.Popen[str]:
-    """One torchrun agent of a two-node job with one trivial worker process.
+    """One torchrun agent of a two-node job with one trivial worker process; it starts its
+    rendezvous when `_go(tmp_path, role)` is called.
 
     The endpoint is loopback, which `_matches_machine_hostname` takes as "this machine" for
     both agents: the first one started would host the store itself. `is_host` therefore says
@@ -99,8 +100,7 @@ def _agent(
         sys.executable,
         str(tmp_path / "agent.py"),
         str(tmp_path / f"{role}.ready"),
-        str(tmp_path / "go"),
-        str(delay),
+        str(tmp_path / f"{role}.go"),
         "--nnodes=2",
         "--nproc_per_node=1",
         "--rdzv-backend=c10d",
@@ -126,6 +126,31 @@ def _agent(
     )
 
 
+def _wait_until_imported(tmp_path: Path, agents: dict[str, subprocess.Popen[str]]) -> None:
+    deadline = time.monotonic() + 120
+    while not all((tmp_path / f"{role}.ready").exists() for role in agents):
+        assert all(a.poll() is None for a in agents.values()), "an agent died importing torch"
+        assert time.monotonic() < deadline, "torch took over 120 s to import"
+        time.sleep(0.05)
+
+
+def _go(tmp_path: Path, role: str) -> None:
+    (tmp_path / f"{role}.go").touch()
+
+
+def _wait_until_listening(port: int, host: subprocess.Popen[str]) -> None:
+    """Until the host agent's TCPStore accepts connections on `port`."""
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            assert host.poll() is None, "the host agent exited before hosting its store"
+            assert time.monotonic() < deadline, "the host agent never hosted its store"
+            time.sleep(0.05)
+
+
 def _stop(process: subprocess.Popen[str]) -> None:
     """Kill an agent this test started, and its worker (the agent's own process group)."""
     if process.poll() is None:
@@ -133,37 +158,42 @@ def _stop(process: subprocess.Popen[str]) -> None:
         process.wait()
 
 
-def _two_agents_host_late(tmp_path: Path, read_timeout: int) -> tuple[int, str, str]:
-    """The client agent starts its rendezvous at once, the host agent HOST_DELAY_S later; the
-    client's exit code and both logs. The host is stopped once the client has given up."""
+def _two_agents_host_late(
+    tmp_path: Path, read_timeout: int, *, host_waits_for_early_exit: bool
+) -> tuple[int, str, str]:
+    """The client agent starts its rendezvous first; the host agent either HOST_DELAY_S later
+    or only once the client has exited (an arbitrarily late worker 0, so that the client's
+    giving up never depends on how long its TCPStore connect retries: `TCPStore.cpp` retries
+    with a jittered backoff after the first connect times out). The client's exit code and
+    both logs."""
     port = free_port()
     (tmp_path / "agent.py").write_text(AGENT)
     (tmp_path / "worker.py").write_text(WORKER + "\n")
-    early = _agent(tmp_path, "early", port, read_timeout=read_timeout, is_host=False, delay=0)
-    host = _agent(
-        tmp_path, "host", port, read_timeout=read_timeout, is_host=True, delay=HOST_DELAY_S
-    )
+    early = _agent(tmp_path, "early", port, read_timeout=read_timeout, is_host=False)
+    host = _agent(tmp_path, "host", port, read_timeout=read_timeout, is_host=True)
     try:
-        deadline = time.monotonic() + 120
-        while not all((tmp_path / f"{role}.ready").exists() for role in ("early", "host")):
-            assert early.poll() is None and host.poll() is None, "an agent died importing torch"
-            assert time.monotonic() < deadline, "torch took over 120 s to import"
-            time.sleep(0.05)
-        (tmp_path / "go").touch()
-        early_rc = early.wait(timeout=120)
-        if early_rc == 0:
-            assert host.wait(timeout=60) == 0, (tmp_path / "host.log").read_text()
+        _wait_until_imported(tmp_path, {"early": early, "host": host})
+        _go(tmp_path, "early")
+        if host_waits_for_early_exit:
+            early_rc = early.wait(timeout=300)
+            _go(tmp_path, "host")
+        else:
+            time.sleep(HOST_DELAY_S)
+            _go(tmp_path, "host")
+            early_rc = early.wait(timeout=300)
+            if early_rc == 0:
+                assert host.wait(timeout=60) == 0, (tmp_path / "host.log").read_text()
     finally:
         for process in (early, host):
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+            _stop(process)
     return early_rc, (tmp_path / "early.log").read_text(), (tmp_path / "host.log").read_text()
 
 
 @pytest.mark.slow
 def test_a_short_read_timeout_loses_an_early_worker_to_a_late_worker_0(tmp_path: Path) -> None:
-    early_rc, early_out, host_out = _two_agents_host_late(tmp_path, SHORT_READ_TIMEOUT_S)
+    early_rc, early_out, host_out = _two_agents_host_late(
+        tmp_path, SHORT_READ_TIMEOUT_S, host_waits_for_early_exit=True
+    )
     assert early_rc != 0, early_out
     # It gave up connecting to worker 0's store, before any join timeout applied.
     assert "RendezvousConnectionError" in early_out, early_out
@@ -172,7 +202,9 @@ def test_a_short_read_timeout_loses_an_early_worker_to_a_late_worker_0(tmp_path:
 
 @pytest.mark.slow
 def test_a_long_read_timeout_waits_for_a_late_worker_0(tmp_path: Path) -> None:
-    early_rc, early_out, host_out = _two_agents_host_late(tmp_path, LONG_READ_TIMEOUT_S)
+    early_rc, early_out, host_out = _two_agents_host_late(
+        tmp_path, LONG_READ_TIMEOUT_S, host_waits_for_early_exit=False
+    )
     assert early_rc == 0, early_out + host_out
     ranks = {line.split()[2] for line in (early_out + host_out).splitlines() if "joined" in line}
     assert ranks == {"0", "1"}
@@ -198,20 +230,17 @@ def test_a_hung_worker_0_holds_the_others_past_any_read_timeout(tmp_path: Path) 
     port = free_port()
     (tmp_path / "agent.py").write_text(AGENT)
     (tmp_path / "worker.py").write_text(TRAINING_WORKER)
-    host = _agent(tmp_path, "host", port, read_timeout=HUNG_READ_TIMEOUT_S, is_host=True, delay=0)
-    other = _agent(
-        tmp_path, "other", port, read_timeout=HUNG_READ_TIMEOUT_S, is_host=False, delay=0.5
-    )
+    host = _agent(tmp_path, "host", port, read_timeout=HUNG_READ_TIMEOUT_S, is_host=True)
+    other = _agent(tmp_path, "other", port, read_timeout=HUNG_READ_TIMEOUT_S, is_host=False)
     try:
+        _wait_until_imported(tmp_path, {"host": host, "other": other})
+        _go(tmp_path, "host")
+        _wait_until_listening(port, host)  # the other's short read timeout never races it
+        _go(tmp_path, "other")
         deadline = time.monotonic() + 120
-        while not all((tmp_path / f"{role}.ready").exists() for role in ("host", "other")):
-            assert host.poll() is None and other.poll() is None, "an agent died importing torch"
-            assert time.monotonic() < deadline, "torch took over 120 s to import"
-            time.sleep(0.05)
-        (tmp_path / "go").touch()
         while "joined" not in (tmp_path / "other.log").read_text():
             assert other.poll() is None, (tmp_path / "other.log").read_text()
-            assert time.monotonic() < deadline + 120, "the agents never started their workers"
+            assert time.monotonic() < deadline, "the agents never started their workers"
             time.sleep(0.1)
         os.kill(host.pid, signal.SIGSTOP)  # a frozen node: the kernel keeps its sockets
         time.sleep(HELD_AT_LEAST_S)
