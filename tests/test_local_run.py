@@ -24,6 +24,10 @@ from trainer.config import parse_args
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
+DOCUMENTED_LOCAL_RUN = ("local", "dev")
+"""The README's first command, which the slow test below trains, interrupts, resumes and
+plots; tests/cli/test_docs_commands.py checks that the docs show no other `fsdp-eks local`."""
+
 
 def test_local_plan_keeps_the_stacks_choices_and_scales_the_rest(tmp_path: Path) -> None:
     config = load_stack_file("llama31-8b-p5")
@@ -87,7 +91,7 @@ def test_local_run_needs_no_pulumi() -> None:
 @pytest.mark.slow
 def test_local_run_trains_is_interrupted_resumes_and_plots(tmp_path: Path) -> None:
     result = run_cli(
-        "local", "dev", "--steps", "12", "--context", "32", "--batch-size", "4",
+        *DOCUMENTED_LOCAL_RUN, "--steps", "12", "--context", "32", "--batch-size", "4",
         "--device", "cpu", "--out", str(tmp_path),
     )  # fmt: skip
     assert result.code == 0, result.err[-3000:]

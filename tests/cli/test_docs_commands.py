@@ -1,7 +1,7 @@
 """Every `fsdp-eks` command the docs show works as shown: the ones that run offline are run (a
-plan, the local rehearsal at a tiny size, the trainer's flags, the offline cluster-check
-manifests, a local loss plot, the stack list, the doctor), the ones that need a deployed
-stack are parsed by the command itself, up to where it would reach AWS or a cluster.
+plan, the trainer's flags, the offline cluster-check manifests, a local loss plot, the stack
+list, the doctor; the local rehearsal by tests/test_local_run.py), the ones that need a
+deployed stack are parsed by the command itself, up to where it would reach AWS or a cluster.
 
 Commands come from fenced code blocks and inline code of README.md and docs/*.md; `<stack>`
 placeholders become a real stack name, and templates (`<command>`, `...`) are left out.
@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 import shlex
 from pathlib import Path
-from typing import Any
 
 import click
 import pytest
@@ -22,6 +21,7 @@ from scripts.cli.main import COMMANDS as VERBS
 from scripts.cli.main import cli
 from scripts.cli.support.local_topology import local_metrics_file
 from tests.cli.conftest import run_cli, write_metrics
+from tests.test_local_run import DOCUMENTED_LOCAL_RUN
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -29,9 +29,6 @@ OFFLINE = {"plan", "local", "trainer-flags", "validate", "plot", "ls", "doctor"}
 """Verbs that can run here: no AWS account, no cluster (validate with --render-only only)."""
 NO_STACK = {"ls", "doctor", "trainer-flags"}
 """Verbs that need no stack: shown bare, they are still a command line."""
-LOCAL_SCALE = ["--steps", "8", "--context", "32", "--batch-size", "2", "--device", "cpu",
-               "--quiet"]  # fmt: skip
-"""What the test adds to a documented `fsdp-eks local`: the same run, small enough for CI."""
 SAME_RUN = {"fsdp-eks local": f"fsdp-eks local {DEFAULT_STACK}"}
 """Commands that are another command's run exactly (the default stack named): run once."""
 
@@ -79,21 +76,27 @@ def runs_offline(command: str) -> bool:
     return words[1] in OFFLINE
 
 
-def offline_case(doc: str, command: str) -> Any:
-    """A documented `fsdp-eks local` trains for real: the full tier only (tests/tiers.py)."""
-    marks = [pytest.mark.slow] if shlex.split(command)[1] == "local" else []
-    return pytest.param(doc, command, id=command, marks=marks)
+def trains(command: str) -> bool:
+    """A documented `fsdp-eks local` trains for real: tests/test_local_run.py runs it."""
+    return shlex.split(command)[1] == "local"
+
+
+def test_the_documented_local_run_is_the_one_the_local_run_test_trains() -> None:
+    """Trained once, by the test that also interrupts, resumes and plots it (the full tier):
+    a second `fsdp-eks local` in the docs needs its own run there."""
+    shown = [command for _, command in COMMANDS if trains(command)]
+    assert [shlex.split(command)[1:] for command in shown] == [list(DOCUMENTED_LOCAL_RUN)]
 
 
 @pytest.mark.parametrize(
-    ("doc", "command"), [offline_case(*c) for c in COMMANDS if runs_offline(c[1])]
+    ("doc", "command"),
+    [c for c in COMMANDS if runs_offline(c[1]) and not trains(c[1])],
+    ids=[c for _, c in COMMANDS if runs_offline(c) and not trains(c)],
 )
 def test_a_documented_offline_command_runs(
     doc: str, command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_pulumi: None
 ) -> None:
     words = shlex.split(command)[1:]
-    if words[0] == "local":
-        words += [*LOCAL_SCALE, "--out", str(tmp_path)]
     if words[0] == "plan" and "--repeats" in words:  # the same table, timed once per stack
         words[words.index("--repeats") + 1] = "1"
     if words[0] == "plot":  # the file a local run writes, where the docs say it is
