@@ -197,6 +197,10 @@ def watchdog_beat_cost_us(beats: int = 100_000) -> float:
         watchdog.close()
 
 
+MOTO_START_S = 120.0
+"""Its import takes under a second on an idle machine; a busy one gets far longer."""
+
+
 def start_moto() -> subprocess.Popen[bytes]:
     """moto's S3 server in its own process (it must not share this one's GIL)."""
     port = _free_port()
@@ -206,11 +210,15 @@ def start_moto() -> subprocess.Popen[bytes]:
         stderr=subprocess.DEVNULL,
     )
     endpoint = f"http://127.0.0.1:{port}"
-    for _ in range(100):
+    deadline = time.monotonic() + MOTO_START_S
+    while True:
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
                 break
         except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                server.kill()
+                sys.exit(f"moto's S3 server did not start on port {port}")
             time.sleep(0.1)
     # Set before the upload process is spawned: it inherits this environment.
     os.environ.update(

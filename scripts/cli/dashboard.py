@@ -146,8 +146,8 @@ def _hold(
         )
         if update_kubeconfig:
             click.echo(f"  (kubectl on this cluster: {update_kubeconfig})")
-        _show(url)
-        try:
+        try:  # Ctrl-C while the browser opens is a stop too
+            _show(url)
             code = process.wait()
         except KeyboardInterrupt:
             click.echo("port-forward stopped")

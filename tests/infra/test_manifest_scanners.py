@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -403,11 +402,7 @@ def checkov_findings(
 ) -> Iterator[list[Finding]]:
     root = tmp_path_factory.mktemp("scan")
     _write_scan_tree(root, rendered)
-    started = time.monotonic()
-    findings = run_checkov(root)
-    # The scanners are part of every test run: keep them cheap.
-    assert time.monotonic() - started < 60
-    yield findings
+    yield run_checkov(root)  # its time: the suite's figures (docs/benchmarks.md), not a test
 
 
 def _accepted(finding: Finding) -> bool:

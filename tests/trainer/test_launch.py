@@ -145,7 +145,9 @@ def test_a_hang_ends_in_exit_142_after_the_save_in_flight_lands(
     tiny_assets: TinyAssets, tmp_path: Path
 ) -> None:
     """The rank stalls right after starting the step-3 save (the first: the upload process is
-    still starting); the watchdog fires, lets that save land, and the launcher exits 142."""
+    still starting); the watchdog fires, lets that save land, and the launcher exits 142.
+    The floor bounds both the wait for the watchdog and the drain: 30 s each gives the
+    process start and the write a minute (about 5 s on an idle machine)."""
     metrics, checkpoints = tmp_path / "metrics.jsonl", tmp_path / "ckpt"
     args = tiny_args(
         tiny_assets,
@@ -154,7 +156,7 @@ def test_a_hang_ends_in_exit_142_after_the_save_in_flight_lands(
         checkpoint_freq=3,
         stall_at_step=3,
         watchdog_factor=3,
-        watchdog_floor_s=15,
+        watchdog_floor_s=30,
         metrics_file=metrics,
     )
     code, output = finish(start(args, tmp_path))

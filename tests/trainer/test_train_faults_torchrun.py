@@ -246,11 +246,20 @@ def test_a_stalled_rank_ends_in_a_stack_dump_and_the_restart_resumes(
 ) -> None:
     """The last rank stops making progress after step 13; every rank's watchdog fires once
     no step has ended for its floor (15 s, far above a step or a save here), dumps stacks and
-    exits 142; the restart resumes from step 10 and reproduces the uninterrupted losses."""
+    exits 142; the restart resumes from step 10 and reproduces the uninterrupted losses.
+    A save at step 5 starts the upload processes, so the step-10 save, which the watchdog
+    lets land for up to its floor, is a write, not a process start on a busy machine
+    (test_launch.py covers a hang during the first save)."""
     _, reference = reference_run
     checkpoint_dir = tmp_path / "ckpt"
     watchdog = {"watchdog_factor": 3, "watchdog_floor_s": 15}
-    args = reference_args(tiny_assets, checkpoint_dir, stall_at_step=FAIL_AT_STEP, **watchdog)
+    args = reference_args(
+        tiny_assets,
+        checkpoint_dir,
+        stall_at_step=FAIL_AT_STEP,
+        checkpoint_freq=CHECKPOINT_FREQ // 2,
+        **watchdog,
+    )
     env = {"TORCH_FR_BUFFER_SIZE": "64", "TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "fr_")}
 
     metrics = tmp_path / "metrics.jsonl"  # one file across restarts, as in the job

@@ -22,18 +22,18 @@ DISK_FULL_BUCKET = "fsdp-eks-disk-full-test"
 
 
 def reference_args(assets: TinyAssets, checkpoint_dir: Path, **extra: Any) -> list[str]:
-    return tiny_args(
-        assets,
-        max_steps=MAX_STEPS,
-        max_context_width=SEQ_LEN,
-        checkpoint_dir=checkpoint_dir,
-        resume_from_checkpoint=checkpoint_dir,
-        checkpoint_freq=CHECKPOINT_FREQ,
-        validation_freq=CHECKPOINT_FREQ,
-        validation_batches=2,
-        val_batch_size=2,
-        **extra,
-    )
+    """The reference run's flags, `extra` added or replacing them."""
+    values: dict[str, Any] = {
+        "max_steps": MAX_STEPS,
+        "max_context_width": SEQ_LEN,
+        "checkpoint_dir": checkpoint_dir,
+        "resume_from_checkpoint": checkpoint_dir,
+        "checkpoint_freq": CHECKPOINT_FREQ,
+        "validation_freq": CHECKPOINT_FREQ,
+        "validation_batches": 2,
+        "val_batch_size": 2,
+    }
+    return tiny_args(assets, **{**values, **extra})
 
 
 def _steps_logged(result: RunResult) -> list[int]:
