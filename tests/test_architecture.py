@@ -15,7 +15,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -65,7 +65,14 @@ def imported_names(path: Path) -> Iterator[str]:
     """Every module name an import statement in `path` names (relative imports resolved)."""
     package = module_name(path) if path.name == "__init__.py" else module_name(path.parent / "x")
     package = package.rpartition(".")[0] if path.name != "__init__.py" else package
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    yield from names_imported_under([ast.parse(path.read_text(), str(path))], package)
+
+
+def names_imported_under(nodes: Iterable[ast.AST], package: str) -> Iterator[str]:
+    """Every module name an import statement under `nodes` names, relative ones resolved
+    against `package`; `from package import name` yields `package.name` too, since the name
+    may be a module."""
+    for node in (inner for top in nodes for inner in ast.walk(top)):
         if isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -74,7 +81,6 @@ def imported_names(path: Path) -> Iterator[str]:
                 base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
                 base = f"{base}.{node.module}" if node.module else base
             yield base
-            # `from package import module` names a module too.
             yield from (f"{base}.{alias.name}" for alias in node.names)
 
 

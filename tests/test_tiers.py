@@ -15,7 +15,7 @@ import pytest
 
 from tests import tiers
 from tests.conftest import COLLECTED_IDS
-from tests.test_architecture import ROOT, project_modules
+from tests.test_architecture import ROOT, names_imported_under, project_modules
 from tests.tiers import LONG_TESTS, is_long
 
 
@@ -30,14 +30,7 @@ def _parsed(path: Path) -> ast.Module:
 
 def _imported(nodes: Sequence[ast.AST]) -> set[str]:
     """Every module and `module.name` that an import under these nodes names."""
-    names: set[str] = set()
-    for node in (inner for top in nodes for inner in ast.walk(top)):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-            names.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return names
+    return set(names_imported_under(nodes, package="tests"))
 
 
 def _marks_slow(expressions: list[ast.expr]) -> bool:
