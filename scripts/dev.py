@@ -147,7 +147,7 @@ a second or more (`long`; each module a test imports keeps a fast one), tests/ti
 BYTECODE_OFF = "PYTHONDONTWRITEBYTECODE"
 """Lifted for the tests: pytest caches its assert-rewritten test modules only where bytecode
 may be written (`_pytest/assertion/rewrite.py` `exec_module`: `sys.dont_write_bytecode`).
-Without the cache each worker rewrites ~170 test files at every collection: 20 s, not 14."""
+Without the cache each worker rewrites ~136 test files at every collection: 20 s, not 14."""
 
 
 def command_test(python: Path, pytest_args: list[str], *, fast: bool = False) -> None:

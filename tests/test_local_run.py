@@ -26,7 +26,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 DOCUMENTED_LOCAL_RUN = ("local", "dev")
 """The README's first command, which the slow test below trains, interrupts, resumes and
-plots; tests/cli/test_docs_commands.py checks that the docs show no other `fsdp-eks local`."""
+plots; tests/cli/test_docs_commands.py checks that it is the local run its reader finds."""
 
 
 def test_local_plan_keeps_the_stacks_choices_and_scales_the_rest(tmp_path: Path) -> None:

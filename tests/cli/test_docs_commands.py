@@ -83,7 +83,7 @@ def trains(command: str) -> bool:
 
 def test_the_documented_local_run_is_the_one_the_local_run_test_trains() -> None:
     """Trained once, by the test that also interrupts, resumes and plots it (the full tier):
-    a second `fsdp-eks local` in the docs needs its own run there."""
+    a second `fsdp-eks local` this reader finds needs its own run there."""
     shown = [command for _, command in COMMANDS if trains(command)]
     assert [shlex.split(command)[1:] for command in shown] == [list(DOCUMENTED_LOCAL_RUN)]
 

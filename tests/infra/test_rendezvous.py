@@ -175,8 +175,7 @@ def _two_agents_host_late(
         _wait_until_imported(tmp_path, {"early": early, "host": host})
         _go(tmp_path, "early")
         if host_waits_for_early_exit:
-            early_rc = early.wait(timeout=300)
-            _go(tmp_path, "host")
+            early_rc = early.wait(timeout=300)  # worker 0 comes later still: never, here
         else:
             time.sleep(HOST_DELAY_S)
             _go(tmp_path, "host")
@@ -195,8 +194,10 @@ def test_a_short_read_timeout_loses_an_early_worker_to_a_late_worker_0(tmp_path:
         tmp_path, SHORT_READ_TIMEOUT_S, host_waits_for_early_exit=True
     )
     assert early_rc != 0, early_out
-    # It gave up connecting to worker 0's store, before any join timeout applied.
+    # It gave up connecting to worker 0's store, before any join timeout applied, and it
+    # was the short read timeout that bounded the connect (torch `socket.cpp` logs it).
     assert "RendezvousConnectionError" in early_out, early_out
+    assert f"timed out after {SHORT_READ_TIMEOUT_S * 1000}ms" in early_out, early_out
     assert "joined rank" not in early_out + host_out
 
 

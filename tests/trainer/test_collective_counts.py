@@ -138,12 +138,11 @@ def test_hybrid_sharding_keeps_per_micro_batch_traffic_inside_the_node(
     HSDP does both within a node and crosses nodes only with one all-reduce of each unit's
     gradient shard per step, so the inter-node bytes drop by more than the accumulation
     factor twice over."""
-    accumulation = ACCUMULATION
     full, hybrid = report["full"], report["hybrid"]
     units = report["layers"] + 1  # the tiny preset's decoder layers and the root
     # Full: every all-gather and reduce-scatter spans both nodes, every micro-batch.
     assert all(len(nodes) == 2 for _, nodes, _, _ in full)
-    assert sum(name.startswith("reduce_scatter") for name, *_ in full) == accumulation * units
+    assert sum(name.startswith("reduce_scatter") for name, *_ in full) == ACCUMULATION * units
     # Hybrid: gathers and reduce-scatters stay in a node; across nodes, one all-reduce per
     # unit per step (not per micro-batch).
     across = [call for call in hybrid if len(call[1]) > 1]
@@ -151,4 +150,4 @@ def test_hybrid_sharding_keeps_per_micro_batch_traffic_inside_the_node(
     assert len(across) == units
     assert all(len(nodes) == 1 for name, nodes, _, _ in hybrid if name != "all_reduce")
     ratio = _cross_node_bytes(full) / _cross_node_bytes(hybrid)
-    assert ratio > 2 * accumulation, ratio
+    assert ratio > 2 * ACCUMULATION, ratio

@@ -137,7 +137,7 @@ def wait_for(
         if result:
             return result
         ended = [p.args for p in processes if p.poll() is not None]
-        assert not ended, f"waiting for {what}: a process ended ({ended})"
+        assert not ended, f"waiting for {what}: a process ended ({ended}) {explain()}"
         time.sleep(0.25)
     pytest.fail(f"no {what} within {DEADLINE_S:.0f} s {explain()}")
 
