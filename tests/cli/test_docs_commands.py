@@ -90,8 +90,7 @@ def test_the_documented_local_run_is_the_one_the_local_run_test_trains() -> None
 
 @pytest.mark.parametrize(
     ("doc", "command"),
-    [c for c in COMMANDS if runs_offline(c[1]) and not trains(c[1])],
-    ids=[c for _, c in COMMANDS if runs_offline(c) and not trains(c)],
+    [pytest.param(d, c, id=c) for d, c in COMMANDS if runs_offline(c) and not trains(c)],
 )
 def test_a_documented_offline_command_runs(
     doc: str, command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_pulumi: None

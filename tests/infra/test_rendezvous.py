@@ -158,40 +158,40 @@ def _stop(process: subprocess.Popen[str]) -> None:
         process.wait()
 
 
-def _two_agents_host_late(
-    tmp_path: Path, read_timeout: int, *, host_waits_for_early_exit: bool
+def _early_agent(
+    tmp_path: Path, read_timeout: int, *, worker_0_after_s: float | None
 ) -> tuple[int, str, str]:
-    """The client agent starts its rendezvous first; the host agent either HOST_DELAY_S later
-    or only once the client has exited (an arbitrarily late worker 0, so that the client's
-    giving up never depends on how long its TCPStore connect retries: `TCPStore.cpp` retries
-    with a jittered backoff after the first connect times out). The client's exit code and
+    """The client agent starts its rendezvous; worker 0's (the host) `worker_0_after_s` later,
+    or never (`None`: the client's giving up then never depends on how long its connect
+    retries, which `TCPStore.cpp` does with a jittered backoff). The client's exit code and
     both logs."""
     port = free_port()
     (tmp_path / "agent.py").write_text(AGENT)
     (tmp_path / "worker.py").write_text(WORKER + "\n")
-    early = _agent(tmp_path, "early", port, read_timeout=read_timeout, is_host=False)
-    host = _agent(tmp_path, "host", port, read_timeout=read_timeout, is_host=True)
+    agents = {"early": _agent(tmp_path, "early", port, read_timeout=read_timeout, is_host=False)}
+    if worker_0_after_s is not None:
+        agents["host"] = _agent(tmp_path, "host", port, read_timeout=read_timeout, is_host=True)
     try:
-        _wait_until_imported(tmp_path, {"early": early, "host": host})
+        _wait_until_imported(tmp_path, agents)
         _go(tmp_path, "early")
-        if host_waits_for_early_exit:
-            early_rc = early.wait(timeout=300)  # worker 0 comes later still: never, here
-        else:
-            time.sleep(HOST_DELAY_S)
+        if worker_0_after_s is not None:
+            time.sleep(worker_0_after_s)
             _go(tmp_path, "host")
-            early_rc = early.wait(timeout=300)
-            if early_rc == 0:
-                assert host.wait(timeout=60) == 0, (tmp_path / "host.log").read_text()
+        early_rc = agents["early"].wait(timeout=300)
+        if early_rc == 0:
+            assert agents["host"].wait(timeout=60) == 0, (tmp_path / "host.log").read_text()
     finally:
-        for process in (early, host):
+        for process in agents.values():
             _stop(process)
-    return early_rc, (tmp_path / "early.log").read_text(), (tmp_path / "host.log").read_text()
+    host_log = tmp_path / "host.log"
+    host_out = host_log.read_text() if host_log.exists() else ""
+    return early_rc, (tmp_path / "early.log").read_text(), host_out
 
 
 @pytest.mark.slow
 def test_a_short_read_timeout_loses_an_early_worker_to_a_late_worker_0(tmp_path: Path) -> None:
-    early_rc, early_out, host_out = _two_agents_host_late(
-        tmp_path, SHORT_READ_TIMEOUT_S, host_waits_for_early_exit=True
+    early_rc, early_out, host_out = _early_agent(
+        tmp_path, SHORT_READ_TIMEOUT_S, worker_0_after_s=None
     )
     assert early_rc != 0, early_out
     # It gave up connecting to worker 0's store, before any join timeout applied, and it
@@ -203,8 +203,8 @@ def test_a_short_read_timeout_loses_an_early_worker_to_a_late_worker_0(tmp_path:
 
 @pytest.mark.slow
 def test_a_long_read_timeout_waits_for_a_late_worker_0(tmp_path: Path) -> None:
-    early_rc, early_out, host_out = _two_agents_host_late(
-        tmp_path, LONG_READ_TIMEOUT_S, host_waits_for_early_exit=False
+    early_rc, early_out, host_out = _early_agent(
+        tmp_path, LONG_READ_TIMEOUT_S, worker_0_after_s=HOST_DELAY_S
     )
     assert early_rc == 0, early_out + host_out
     ranks = {line.split()[2] for line in (early_out + host_out).splitlines() if "joined" in line}
