@@ -57,8 +57,17 @@ def param_groups(model: nn.Module, *, weight_decay: float) -> list[dict[str, obj
     return groups
 
 
-def _on_cuda(model: nn.Module) -> bool:
-    return any(p.device.type == "cuda" for p in model.parameters())
+FUSED_DEVICE_TYPES = ("cuda", "cpu")
+"""Where torch has a fused AdamW kernel that FSDP2's DTensor parameters can use (torch
+`utils/_foreach_utils.py` `_get_fused_kernels_supported_devices`; CPU since torch 2.4)."""
+
+
+def _fused_by_default(model: nn.Module) -> bool:
+    """Fused where all parameters share one device type with the kernel: GPUs, and the CPU for
+    offloaded shards (`--cpu_offload`) and CPU runs, where the per-parameter loop it replaces
+    took a quarter of a tiny model's step (docs/benchmarks.md "fused AdamW on the CPU")."""
+    devices = {p.device.type for p in model.parameters()}
+    return len(devices) == 1 and devices <= set(FUSED_DEVICE_TYPES)
 
 
 def build_optimizer(
@@ -73,8 +82,8 @@ def build_optimizer(
 ) -> torch.optim.AdamW:
     """AdamW over ``model``'s trainable parameters, weight decay on matrices only.
 
-    ``fused=None`` picks the fused CUDA kernel when the parameters live on a GPU (one kernel per
-    parameter group instead of a loop of small ones) and the default implementation otherwise.
+    ``fused=None`` picks the fused kernel (one kernel per parameter group instead of a loop of
+    small ones) where the parameters' device has one (`FUSED_DEVICE_TYPES`).
     Call after ``fully_shard``: the optimizer must hold the sharded DTensor parameters.
     """
     if lr < 0:
@@ -84,7 +93,7 @@ def build_optimizer(
     for flag, beta in (("beta1", beta1), ("beta2", beta2)):
         if not 0.0 <= beta < 1.0:
             raise ValueError(f"{flag} must be in [0, 1), got {beta}")
-    use_fused = _on_cuda(model) if fused is None else fused
+    use_fused = _fused_by_default(model) if fused is None else fused
     groups = param_groups(model, weight_decay=weight_decay)
     optimizer = torch.optim.AdamW(
         groups,

@@ -1,7 +1,7 @@
 """A step that does not log makes no host-device sync: counted, not timed.
 
-The trainer runs in this process (a one-rank group) with fused AdamW, the GPU default
-(`trainer.optim`: fused when the parameters are on CUDA; CPU has the same kernel). Every
+The trainer runs in this process (a one-rank group) with fused AdamW, its default on GPUs
+and on the CPU alike (`trainer.optim.FUSED_DEVICE_TYPES`). Every
 `Tensor.item()`, `Tensor.tolist()` and `all_gather_object` is recorded with the step it
 happened in; only the CPU-side stop flag (`trainer.preemption`, a CPU tensor by design) is
 not a device sync and is left out. The run serves its Prometheus metrics (trainer.telemetry)
@@ -18,7 +18,6 @@ import torch
 import torch.distributed as dist
 from prometheus_client import CollectorRegistry
 
-import trainer.optim
 import trainer.train
 from tests.trainer.torchrun_util import free_port, tiny_args
 from trainer.config import parse_args
@@ -30,7 +29,6 @@ from trainer.train import Trainer
 def test_only_logging_steps_sync(
     tiny_assets: TinyAssets, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(trainer.optim, "_on_cuda", lambda _model: True)  # fused AdamW
     args = tiny_args(
         tiny_assets,
         max_steps=6,
@@ -92,7 +90,6 @@ def test_a_rollback_is_decided_on_the_device_and_read_at_the_next_logging_step(
     """Steps 5 and 6 are non-finite, step 7 is fine again: the run of two latches on the
     device, no step syncs to look at it, and logging step 8 (which syncs anyway) reads it and
     rolls back to the step-4 checkpoint."""
-    monkeypatch.setattr(trainer.optim, "_on_cuda", lambda _model: True)  # fused AdamW
     args = tiny_args(
         tiny_assets,
         max_steps=8,
@@ -149,7 +146,6 @@ def test_a_spike_on_a_checkpoint_step_that_does_not_log_is_judged_before_the_sav
     (finite): the guard averages the loss itself before the save, rolls back to the step-10
     checkpoint, and the spiked state is never saved. Steps that neither log nor save still
     make no sync."""
-    monkeypatch.setattr(trainer.optim, "_on_cuda", lambda _model: True)  # fused AdamW
     args = tiny_args(
         tiny_assets,
         max_steps=16,

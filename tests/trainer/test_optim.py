@@ -149,11 +149,16 @@ def test_param_groups_decay_only_matrices():
     ]
 
 
-def test_fused_defaults_to_off_on_cpu_and_can_be_forced_off():
+def test_fused_is_the_default_on_cpu_and_can_be_forced_off():
+    """On the CPU too (offloaded shards, CPU runs): the path a GPU run takes, skips included."""
     model = nn.Linear(2, 2)
     opt = build_optimizer(model, lr=1e-3, weight_decay=0.0, beta1=0.9, beta2=0.95)
-    assert not opt.defaults["fused"]
+    assert opt.defaults["fused"]
     opt = build_optimizer(model, lr=1e-3, weight_decay=0.0, beta1=0.9, beta2=0.95, fused=False)
+    assert not opt.defaults["fused"]
+    # No kernel for parameters split across device types: the default implementation then.
+    model.bias = nn.Parameter(torch.zeros(2, device="meta"))
+    opt = build_optimizer(model, lr=1e-3, weight_decay=0.0, beta1=0.9, beta2=0.95)
     assert not opt.defaults["fused"]
 
 
