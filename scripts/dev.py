@@ -132,11 +132,13 @@ def ensure_checkov_env(python: Path) -> None:
     run(env_python, "-m", "pip", "install", "--quiet", "--requirement", requirements)
 
 
-PARALLEL = ["-n", "auto", "--dist", "loadfile"]
+PARALLEL = ["-n", "auto", "--dist", "loadfile", "--no-loadscope-reorder"]
 """pytest-xdist: one worker per core, each test file on one worker, so that a file's
 module-scoped runs (the trainer's reference runs) are made once. The multi-process trainer
 tests spend much of their time starting processes and waiting on each other: on 2 cores two
-workers took 16 min where one took 22 (per test distribution: 17.5 min, the shared runs twice)."""
+workers took 16 min where one took 22 (per test distribution: 17.5 min, the shared runs twice).
+Files go out in the order tests/conftest.py gives, the longest first; xdist's own reorder (by
+number of tests) sent the few-test torchrun files last, and one worker ran them alone."""
 
 
 FAST_TIER = ["-m", "not slow and not long"]

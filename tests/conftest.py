@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tests import evaluation_memo
-from tests.tiers import TIER_ENV, is_long, require_slow_tier
+from tests.tiers import TIER_ENV, first_files_first, is_long, require_slow_tier
 
 evaluation_memo.install()  # before any test module imports `infra.offline.evaluate`
 
@@ -40,11 +40,14 @@ COLLECTED_IDS = pytest.StashKey[frozenset[str]]()
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark LONG_TESTS `long` before `-m` chooses the tier (pytest's own hook runs after)."""
+    """Mark LONG_TESTS `long` before `-m` chooses the tier (pytest's own hook runs after), and
+    put the longest files first (tests/tiers.py FIRST_FILES; dev.py keeps xdist from
+    reordering them by their number of tests)."""
     config.stash[COLLECTED_IDS] = frozenset(item.nodeid for item in items)
     for item in items:
         if is_long(item.nodeid):
             item.add_marker(pytest.mark.long)
+    items[:] = [items[i] for i in first_files_first([item.nodeid for item in items])]
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -129,3 +129,35 @@ def test_the_check_finds_a_module_whose_only_fast_test_is_listed(
     with pytest.raises(AssertionError) as missing:
         test_every_module_a_test_file_imports_has_a_fast_test_importing_it()
     assert "['trainer.launch']" in str(missing.value)
+
+
+def test_the_longest_files_are_test_files_that_start_multi_process_runs_or_long_tests() -> None:
+    """FIRST_FILES goes stale quietly (a renamed file is simply scheduled as collected): each
+    entry is a test file here, listed once, with slow or long tests in it."""
+    assert len(set(tiers.FIRST_FILES)) == len(tiers.FIRST_FILES)
+    for listed in tiers.FIRST_FILES:
+        path = ROOT / listed
+        assert path.is_file(), f"tests/tiers.py FIRST_FILES names a missing file: {listed}"
+        ids = [(f"{listed}::{test_id}", slow) for test_id, slow, _ in _tests(path)]
+        assert any(slow or is_long(test_id) for test_id, slow in ids), listed
+
+
+def test_the_longest_files_go_first_and_every_file_keeps_its_order() -> None:
+    first, second = tiers.FIRST_FILES[:2]
+    collected = [
+        "tests/cli/test_main.py::test_a",
+        f"{second}::test_b",
+        "tests/cli/test_main.py::test_c",
+        f"{first}::test_d",
+        f"{second}::test_e",
+        f"{first}::test_f",
+    ]
+    order = [collected[i] for i in tiers.first_files_first(collected)]
+    assert order == [
+        f"{first}::test_d",
+        f"{first}::test_f",
+        f"{second}::test_b",
+        f"{second}::test_e",
+        "tests/cli/test_main.py::test_a",
+        "tests/cli/test_main.py::test_c",
+    ]

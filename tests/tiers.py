@@ -219,6 +219,32 @@ docs/benchmarks.md); a function's id covers its parameters. Every module a test 
 a fast test that imports it (tests/test_tiers.py)."""
 
 
+FIRST_FILES: tuple[str, ...] = (
+    "tests/trainer/test_train_faults_torchrun.py",
+    "tests/trainer/test_train_torchrun.py",
+    "tests/trainer/test_float8_torchrun.py",
+    "tests/test_local_run.py",
+    "tests/trainer/test_memory_tracer.py",
+    "tests/trainer/test_launch.py",
+    "tests/trainer/test_bench_trainer.py",
+    "tests/infra/test_rendezvous.py",
+)
+"""The files of the most worker-seconds in the whole suite, longest first (docs/benchmarks.md
+"Test suite"): handed to pytest-xdist's workers before the rest, so that no worker is still in
+one of them when the other has run out of files (longest-first scheduling). The faults file
+opens with tests that do not read the shared reference run, which the second file makes."""
+
+
+def first_files_first(nodeids: list[str]) -> list[int]:
+    """The order to run tests in: FIRST_FILES' tests in that order, then the others as
+    collected. A stable sort, so each file's tests keep their own order."""
+    rank = {path: i for i, path in enumerate(FIRST_FILES)}
+    return sorted(
+        range(len(nodeids)),
+        key=lambda i: rank.get(nodeids[i].split("::", 1)[0], len(FIRST_FILES)),
+    )
+
+
 def is_long(nodeid: str) -> bool:
     """Listed in LONG_TESTS by its own id or by its function's (the id without parameters)."""
     return nodeid in LONG_TESTS or nodeid.split("[", 1)[0] in LONG_TESTS
