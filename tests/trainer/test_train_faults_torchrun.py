@@ -219,28 +219,6 @@ def test_a_stop_during_an_upload_lets_it_land_and_saves_only_the_next_step(
         assert loss == pytest.approx(expected[step], rel=1e-5), step
 
 
-def test_a_non_finite_step_is_skipped_on_every_rank_and_training_goes_on(
-    reference_run: Any, tiny_assets: TinyAssets, tmp_path: Path
-) -> None:
-    """Only the last rank's loss at step 5 is NaN; FSDP's gradient reduction spreads it to
-    every rank's shard, the global norm is NaN everywhere, and every rank skips that update.
-    Applied, it would make every later loss NaN."""
-    _, reference = reference_run
-    args = reference_args(tiny_assets, tmp_path / "ckpt", nan_at_step=5)
-    result = run_trainer(args, metrics_file=tmp_path / "metrics.jsonl")
-    assert result.returncode == 0, result.output[-4000:]
-    records = {r["step"]: r for r in result.train_records()}
-    assert math.isnan(records[5]["loss"])
-    assert all(math.isfinite(records[s]["loss"]) for s in range(6, MAX_STEPS + 1))
-    assert [records[s]["skipped_updates"] for s in range(1, MAX_STEPS + 1)] == [0] * 4 + [1] * 16
-    assert "step 5: 1 update(s) skipped for a non-finite gradient norm" in result.output
-    expected = reference.losses()
-    for step in range(1, 5):
-        assert records[step]["loss"] == pytest.approx(expected[step], rel=1e-5)
-    # Step 6 trains from the weights after step 4, as if step 5's batch had not been seen.
-    assert records[MAX_STEPS]["loss"] < records[1]["loss"] - 1.0
-
-
 def test_a_stalled_rank_ends_in_a_stack_dump_and_the_restart_resumes(
     reference_run: Any, tiny_assets: TinyAssets, tmp_path: Path
 ) -> None:
@@ -298,27 +276,52 @@ def test_a_stalled_rank_ends_in_a_stack_dump_and_the_restart_resumes(
         assert loss == pytest.approx(expected[step], rel=1e-5), step
 
 
-def test_consecutive_non_finite_steps_roll_back_past_the_bad_data(
+def test_a_non_finite_step_is_skipped_and_consecutive_ones_roll_back_past_the_bad_data(
     reference_run: Any, tiny_assets: TinyAssets, tmp_path: Path
 ) -> None:
-    """Steps 12 and 13 are NaN: both skipped, then (2 in a row) every rank reloads step 10 and
-    skips the batches of steps 11-13, so the next step trains on what was step 14's batch."""
+    """Two faults in one run. Only the last rank's loss at step 5 (batch 5) is NaN: FSDP's
+    gradient reduction spreads it to every rank's shard, the global norm is NaN everywhere, and
+    every rank skips that update; applied, it would make every later loss NaN. Steps 12 and 13
+    are NaN too: both skipped, then (2 in a row) every rank reloads step 10 and skips the
+    batches of steps 11-13, so the next step trains on what was step 14's batch."""
     _, reference = reference_run
     args = reference_args(
-        tiny_assets, tmp_path / "ckpt", nan_at_step=12, nan_steps=2, rollback_after_nonfinite=2
+        tiny_assets,
+        tmp_path / "ckpt",
+        nan_batches="5",
+        nan_at_step=12,
+        nan_steps=2,
+        rollback_after_nonfinite=2,
     )
     result = run_trainer(args, metrics_file=tmp_path / "metrics.jsonl")
     assert result.returncode == 0, result.output[-4000:]
+    records = result.train_records()
+    by_step = {r["step"]: r for r in records}  # a step run again after the rollback: the last
+    expected = reference.losses()
+
+    # The single NaN: skipped on every rank, and training goes on.
+    assert math.isnan(by_step[5]["loss"])
+    assert all(math.isfinite(by_step[s]["loss"]) for s in range(6, MAX_STEPS + 1))
+    assert "step 5: 1 update(s) skipped for a non-finite gradient norm" in result.output
+    for step in range(1, 5):
+        assert by_step[step]["loss"] == pytest.approx(expected[step], rel=1e-5)
+    # Step 6 trains from the weights after step 4, as if step 5's batch had not been seen.
+    assert by_step[MAX_STEPS]["loss"] < by_step[1]["loss"] - 1.0
+
+    # The two in a row: skipped, then the rollback to step 10.
     [rollback] = [r for r in result.metrics if r["kind"] == "rollback"]
     assert (rollback["step"], rollback["to_step"], rollback["skipped_batches"]) == (13, 10, 3)
     assert "2 consecutive non-finite steps: rolled back to step 10" in result.output
-    records = result.train_records()
     after = records[[r["step"] for r in records].index(13) + 1 :]
     assert [r["step"] for r in after] == list(range(11, MAX_STEPS + 1))
-    expected = {r["step"]: r for r in reference.train_records()}
     # The same batches as the uninterrupted run, three steps further on.
-    assert after[0]["batch_digests"] == expected[14]["batch_digests"]
+    reference_records = {r["step"]: r for r in reference.train_records()}
+    assert after[0]["batch_digests"] == reference_records[14]["batch_digests"]
     assert all(math.isfinite(r["loss"]) for r in after)
+    # Every skipped update is counted, across the rollback: step 5's, then 12's and 13's.
+    before = records[: len(records) - len(after)]
+    assert [r["skipped_updates"] for r in before] == [0] * 4 + [1] * 7 + [2, 3]
+    assert {r["skipped_updates"] for r in after} == {3}
 
 
 def test_non_finite_steps_between_logging_steps_roll_back_and_each_rollback_skips_more(
