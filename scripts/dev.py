@@ -132,13 +132,23 @@ def ensure_checkov_env(python: Path) -> None:
     run(env_python, "-m", "pip", "install", "--quiet", "--requirement", requirements)
 
 
-PARALLEL = ["-n", "auto", "--dist", "loadfile", "--no-loadscope-reorder"]
-"""pytest-xdist: one worker per core, each test file on one worker, so that a file's
-module-scoped runs (the trainer's reference runs) are made once. The multi-process trainer
-tests spend much of their time starting processes and waiting on each other: on 2 cores two
-workers took 16 min where one took 22 (per test distribution: 17.5 min, the shared runs twice).
-Files go out in the order tests/conftest.py gives, the longest first; xdist's own reorder (by
-number of tests) sent the few-test torchrun files last, and one worker ran them alone."""
+PARALLEL = ["--dist", "loadfile", "--no-loadscope-reorder"]
+"""pytest-xdist: each test file on one worker, so that a file's module-scoped runs (the
+trainer's reference runs) are made once. Files go out in the order tests/conftest.py gives,
+the longest first; xdist's own reorder (by number of tests) sent the few-test torchrun files
+last, and one worker ran them alone."""
+
+
+def worker_count(*, fast: bool) -> str:
+    """One pytest-xdist worker per core for the fast tier; one more for the whole suite, whose
+    multi-process tests leave cores idle while their processes start, wait and exit. On 2
+    cores: the whole suite 9:27 with 3 workers, 11:05 with 2; the fast tier 1:02 with 2, 1:22
+    with 3 (docs/benchmarks.md "Test suite")."""
+    if fast:
+        return "auto"
+    usable = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    cores = len(usable) if usable else (os.cpu_count() or 1)
+    return str(cores + 1)
 
 
 FAST_TIER = ["-m", "not slow and not long"]
@@ -158,9 +168,10 @@ def command_test(python: Path, pytest_args: list[str], *, fast: bool = False) ->
     run(python, "-m", "mypy")
     # Arguments that choose the workers themselves (`-n 0` runs serially) replace the default.
     chosen = any(arg.startswith(("-n", "--numprocesses", "no:xdist")) for arg in pytest_args)
+    workers = [] if chosen else ["-n", worker_count(fast=fast), *PARALLEL]
     tier = FAST_TIER if fast else []
     env = {k: v for k, v in os.environ.items() if k != BYTECODE_OFF}
-    run(python, "-m", "pytest", *([] if chosen else PARALLEL), *tier, *pytest_args, env=env)
+    run(python, "-m", "pytest", *workers, *tier, *pytest_args, env=env)
 
 
 def ensure_deploy_env(python: Path) -> None:

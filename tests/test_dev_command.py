@@ -25,3 +25,20 @@ def test_the_tests_may_write_bytecode_where_the_shell_forbids_it(
     assert pytest_env is not None and "PYTHONDONTWRITEBYTECODE" not in pytest_env
     assert pytest_env["FSDP_EKS_SOMETHING"] == "kept"
     assert all(env is None for cmd, env in calls if cmd[1:3] != ("-m", "pytest"))
+
+
+@pytest.mark.parametrize(("fast", "workers"), [(True, "auto"), (False, "3")])
+def test_the_whole_suite_runs_one_worker_more_than_the_cores(
+    monkeypatch: pytest.MonkeyPatch, fast: bool, workers: str
+) -> None:
+    """Its multi-process tests leave cores idle while they start and wait; the fast tier has
+    no such tests, and an extra worker only adds a collection. `-n` given by hand wins."""
+    calls: list[tuple[str | Path, ...]] = []
+    monkeypatch.setattr(scripts.dev, "run", lambda *cmd, env=None: calls.append(cmd))
+    monkeypatch.setattr(scripts.dev.os, "sched_getaffinity", lambda _pid: {0, 1}, raising=False)
+    scripts.dev.command_test(Path("python"), [], fast=fast)
+    scripts.dev.command_test(Path("python"), ["-n", "0"], fast=fast)
+    chosen, given = [c for c in calls if c[1:3] == ("-m", "pytest")]
+    assert chosen[3:7] == ("-n", workers, "--dist", "loadfile")
+    assert "--no-loadscope-reorder" in chosen
+    assert given[3:] == (*([*scripts.dev.FAST_TIER] if fast else []), "-n", "0")
