@@ -142,8 +142,8 @@ last, and one worker ran them alone."""
 def worker_count(*, fast: bool) -> str:
     """One pytest-xdist worker per core for the fast tier; one more for the whole suite, whose
     multi-process tests leave cores idle while their processes start, wait and exit. On 2
-    cores: the whole suite 9:27 with 3 workers, 11:05 with 2; the fast tier 1:02 with 2, 1:22
-    with 3 (docs/benchmarks.md "Test suite")."""
+    cores: the whole suite 9:27 with 3 workers, 10:07 with 2; the fast tier 1:22 with 3,
+    about 1:02 with 2 (docs/benchmarks.md "Test suite")."""
     if fast:
         return "auto"
     usable = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None

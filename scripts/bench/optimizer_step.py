@@ -61,6 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--num_layers", type=int, default=0, help="0: the preset's")
     parser.add_argument("--steps", type=int, default=50)
     args = parser.parse_args(argv)
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as each rank of a CPU run (OMP_NUM_THREADS=1)
     dist.init_process_group("gloo", rank=0, world_size=1, init_method="tcp://127.0.0.1:0")
     try:
@@ -70,6 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 values.append(step_ms(args.model, args.num_layers, name == "fused", args.steps))
     finally:
         dist.destroy_process_group()
+        torch.set_num_threads(threads)
     for name, values in timings.items():
         runs = ", ".join(f"{value:.2f}" for value in values)
         print(f"{name:>5}: {min(values):.2f} ms per optimizer step (runs: {runs})")
