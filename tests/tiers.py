@@ -231,7 +231,7 @@ FIRST_FILES: tuple[str, ...] = (
 )
 """The files of the most worker-seconds in the whole suite, longest first (docs/benchmarks.md
 "Test suite"): handed to pytest-xdist's workers before the rest, so that no worker is still in
-one of them when the other has run out of files (longest-first scheduling). The faults file
+one of them when the others have run out of files (longest-first scheduling). The faults file
 opens with tests that do not read the shared reference run, which the second file makes."""
 
 
