@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,6 +15,22 @@ from tests import evaluation_memo
 from tests.tiers import TIER_ENV, first_files_first, is_long, require_slow_tier
 
 evaluation_memo.install()  # before any test module imports `infra.offline.evaluate`
+
+
+@pytest.fixture(scope="session", autouse=True)
+def children_temp_dir() -> Iterator[Path]:
+    """The temp dir of every process the tests start, removed with the session: ranks leave
+    through `os._exit` (trainer.distributed), so multiprocessing's `pymp-*` dirs outlive them,
+    and torchrun makes a `torchelastic_*` log dir per launch; neither then piles up in /tmp."""
+    path = Path(tempfile.mkdtemp(prefix="fsdp-eks-tests-"))  # short: AF_UNIX paths are limited
+    before = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(path)
+    yield path
+    if before is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = before
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
