@@ -23,13 +23,9 @@ def children_temp_dir() -> Iterator[Path]:
     through `os._exit` (trainer.distributed), so multiprocessing's `pymp-*` dirs outlive them,
     and torchrun makes a `torchelastic_*` log dir per launch; neither then piles up in /tmp."""
     path = Path(tempfile.mkdtemp(prefix="fsdp-eks-tests-"))  # short: AF_UNIX paths are limited
-    before = os.environ.get("TMPDIR")
-    os.environ["TMPDIR"] = str(path)
-    yield path
-    if before is None:
-        os.environ.pop("TMPDIR", None)
-    else:
-        os.environ["TMPDIR"] = before
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TMPDIR", str(path))
+        yield path
     shutil.rmtree(path, ignore_errors=True)
 
 
