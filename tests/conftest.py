@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import tempfile
@@ -15,6 +16,15 @@ from tests import evaluation_memo
 from tests.tiers import TIER_ENV, first_files_first, is_long, require_slow_tier
 
 evaluation_memo.install()  # before any test module imports `infra.offline.evaluate`
+
+COLLECTOR_THRESHOLDS = (10_000, 10, 10)
+"""Generation 0 collected every 10,000 allocations, not 700: at Python's default each fast-tier
+worker spent 10-14 of its ~55 CPU-seconds collecting (mostly full passes over torch's and
+Pulumi's objects), 3-8 at this (docs/benchmarks.md "The cycle collector in the tests")."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    gc.set_threshold(*COLLECTOR_THRESHOLDS)  # before collection imports torch and Pulumi
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -190,6 +190,9 @@ _LONG_BY_FILE: dict[str, tuple[str, ...]] = {
         "test_resume_of_a_save_to_disk_dataset_with_held_out_data",
         "test_validation_is_deterministic_and_equally_long_on_every_rank",
     ),
+    "tests/trainer/test_garbage.py": (
+        "test_the_trainer_collects_at_its_due_steps_and_at_no_other",
+    ),
     "tests/trainer/test_host_syncs.py": (
         "test_a_rollback_is_decided_on_the_device_and_read_at_the_next_logging_step",
         "test_a_spike_on_a_checkpoint_step_that_does_not_log_is_judged_before_the_save",

@@ -14,6 +14,9 @@ CHECKPOINT_ERROR_EXIT_CODE = 1
 
 def main(argv: Sequence[str] | None = None) -> int:
     cfg = parse_args(sys.argv[1:] if argv is None else argv)
+    from trainer.garbage import hold_automatic_collection
+
+    hold_automatic_collection(cfg.parallel.gc_every)  # before the imports below
     # Before prometheus_client is imported: the local ranks share one metrics directory.
     from trainer.telemetry import prepare_process
 

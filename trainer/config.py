@@ -331,9 +331,17 @@ class ParallelConfig:
     device: Literal["auto", "cuda", "cpu"] = _flag(
         "auto", "auto: cuda with nccl if available, else cpu with gloo."
     )
+    gc_every: int = _flag(
+        50,
+        "Run Python's cycle collector every N steps, at the same steps on every rank, rather "
+        "than whenever one rank's allocations trigger it (the others then wait for it at the "
+        "next collective); 0: Python's automatic collection.",
+    )
 
     def __post_init__(self) -> None:
         _require_positive(self, "ac_every")
+        if self.gc_every < 0:
+            raise ValueError(f"--gc_every must be >= 0 (0: automatic), got {self.gc_every}")
         if self.precision == "fp8" and not self.bf16:
             raise ValueError(
                 "--precision fp8 needs --bf16 1: the layers it leaves out (LM head, norms, "

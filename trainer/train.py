@@ -47,6 +47,7 @@ from trainer.float8 import (
     check_torch_pairing,
     plan_float8,
 )
+from trainer.garbage import CollectionCadence
 from trainer.log import get_logger, setup_logging
 from trainer.loss import install_chunked_loss
 from trainer.metrics import (
@@ -360,6 +361,8 @@ class Trainer:
                 on_hang=self._on_hang,
             )
         self._log_summary()
+        # Last: the collector's first pass and freeze cover everything setup built.
+        self.garbage = CollectionCadence(cfg.parallel.gc_every)
 
     # --- setup helpers
 
@@ -486,6 +489,7 @@ class Trainer:
                     self.validator.validate(self.model, step)
                 self.save_if_due(step)
                 self._record_saves()
+                self.garbage.after_step(step)
                 if progress is not None:
                     progress.update(1)
                 if self.watchdog is not None:
@@ -809,6 +813,7 @@ class Trainer:
             self.checkpoints.close()
         self.stops.close()
         self.sinks.close()
+        self.garbage.close()
         if self.dist.is_main:
             self.outputs.sync()  # the records of a run that ends in an error, too
         shutdown()

@@ -73,6 +73,7 @@ def test_round_trip_through_s3_continues_identically(root: str, s3: Any) -> None
     assert (marker["step"], marker["world_size"]) == (3, 1)
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # as below
 def test_asynchronous_save_to_s3_holds_the_step_it_was_given(root: str) -> None:
     _round_trip(root, shard=False, async_save=True)
 
