@@ -19,8 +19,9 @@ evaluation_memo.install()  # before any test module imports `infra.offline.evalu
 
 COLLECTOR_THRESHOLDS = (10_000, 10, 10)
 """Generation 0 collected every 10,000 allocations, not 700: at Python's default each fast-tier
-worker spent 10-14 of its ~55 CPU-seconds collecting (mostly full passes over torch's and
-Pulumi's objects), 3-8 at this (docs/benchmarks.md "The cycle collector in the tests")."""
+worker spent 11-15 of its ~55 CPU-seconds collecting (mostly full passes over torch's and
+Pulumi's objects), 4.5-8 at this (docs/benchmarks.md "The cycle collector on the loop's
+schedule")."""
 
 
 def pytest_configure(config: pytest.Config) -> None:

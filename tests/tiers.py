@@ -191,7 +191,8 @@ _LONG_BY_FILE: dict[str, tuple[str, ...]] = {
         "test_validation_is_deterministic_and_equally_long_on_every_rank",
     ),
     "tests/trainer/test_garbage.py": (
-        "test_the_trainer_collects_at_its_due_steps_and_at_no_other",
+        "test_the_entry_point_imports_torch_with_the_collector_held",
+        "test_the_trainer_collects_at_its_due_steps_and_after_a_rollback_only",
     ),
     "tests/trainer/test_host_syncs.py": (
         "test_a_rollback_is_decided_on_the_device_and_read_at_the_next_logging_step",

@@ -14,19 +14,19 @@ CHECKPOINT_ERROR_EXIT_CODE = 1
 
 def main(argv: Sequence[str] | None = None) -> int:
     cfg = parse_args(sys.argv[1:] if argv is None else argv)
-    from trainer.garbage import hold_automatic_collection
+    from trainer.garbage import collector_held
 
-    hold_automatic_collection(cfg.parallel.gc_every)  # before the imports below
-    # Before prometheus_client is imported: the local ranks share one metrics directory.
-    from trainer.telemetry import prepare_process
+    with collector_held():
+        # Before prometheus_client is imported: the local ranks share one metrics directory.
+        from trainer.telemetry import prepare_process
 
-    prepare_process(cfg.logging.metrics_port)
-    # Imported after parsing so that `--help` and flag errors answer without loading torch.
-    from trainer.checkpoint import CheckpointError
-    from trainer.data import DataConfigError
-    from trainer.float8 import Float8Error
-    from trainer.preflight import PREFLIGHT_EXIT_CODE, PreflightError
-    from trainer.train import Trainer
+        prepare_process(cfg.logging.metrics_port)
+        # Imported after parsing so that `--help` and flag errors answer without loading torch.
+        from trainer.checkpoint import CheckpointError
+        from trainer.data import DataConfigError
+        from trainer.float8 import Float8Error
+        from trainer.preflight import PREFLIGHT_EXIT_CODE, PreflightError
+        from trainer.train import Trainer
 
     try:
         trainer = Trainer(cfg)

@@ -333,9 +333,10 @@ class ParallelConfig:
     )
     gc_every: int = _flag(
         50,
-        "Run Python's cycle collector every N steps, at the same steps on every rank, rather "
-        "than whenever one rank's allocations trigger it (the others then wait for it at the "
-        "next collective); 0: Python's automatic collection.",
+        "Run Python's cycle collector, a full pass, every N steps of the loop, at the same "
+        "steps on every rank, rather than whenever one rank's allocations trigger it (the "
+        "others then wait for it at the next collective); what setup built is frozen, never "
+        "scanned (trainer/garbage.py). 0: Python's automatic collection.",
     )
 
     def __post_init__(self) -> None:

@@ -361,7 +361,8 @@ class Trainer:
                 on_hang=self._on_hang,
             )
         self._log_summary()
-        # Last: the collector's first pass and freeze cover everything setup built.
+        # Last: setup keeps Python's collector; the loop's cadence starts with a pass and a
+        # freeze of everything setup built.
         self.garbage = CollectionCadence(cfg.parallel.gc_every)
 
     # --- setup helpers
@@ -501,6 +502,7 @@ class Trainer:
         # a hang, and a watchdog exit here would restart a finished run into the same export.
         if self.watchdog is not None:
             self.watchdog.close()
+        self.garbage.close()  # nor a step that collects: Python's own collector again
         self._save_last(self.step)
         self._record_saves()
         if self.export_dir is not None:
@@ -550,6 +552,7 @@ class Trainer:
             next(batches)
         self.batches_read += window
         self.divergence.reset()
+        self.garbage.settle()  # what setup loaded and froze was just replaced
         self.sinks.write(
             {
                 "kind": "rollback",
@@ -807,13 +810,13 @@ class Trainer:
             yield bar
 
     def close(self) -> None:
+        self.garbage.close()  # first: a later close that raises leaves no collector off
         if self.watchdog is not None:
             self.watchdog.close()
         if self.checkpoints is not None:
             self.checkpoints.close()
         self.stops.close()
         self.sinks.close()
-        self.garbage.close()
         if self.dist.is_main:
             self.outputs.sync()  # the records of a run that ends in an error, too
         shutdown()
