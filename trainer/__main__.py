@@ -16,7 +16,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = parse_args(sys.argv[1:] if argv is None else argv)
     from trainer.garbage import collector_held
 
-    with collector_held():
+    with collector_held(cfg.parallel.gc_every):
         # Before prometheus_client is imported: the local ranks share one metrics directory.
         from trainer.telemetry import prepare_process
 

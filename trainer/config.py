@@ -335,8 +335,8 @@ class ParallelConfig:
         50,
         "Run Python's cycle collector, a full pass, every N steps of the loop, at the same "
         "steps on every rank, rather than whenever one rank's allocations trigger it (the "
-        "others then wait for it at the next collective); what setup built is frozen, never "
-        "scanned (trainer/garbage.py). 0: Python's automatic collection.",
+        "others then wait for it at the next collective); what the imports and setup built is "
+        "frozen, out of those passes (trainer/garbage.py). 0: Python's automatic collection.",
     )
 
     def __post_init__(self) -> None:

@@ -20,11 +20,15 @@ logger = get_logger("garbage")
 
 
 @contextlib.contextmanager
-def collector_held() -> Iterator[None]:
-    """No automatic pass while the trainer's libraries import (they ran 1,048 of them, 0.6 of
-    the imports' 3.7 CPU-seconds), then a freeze of what they made, which lives as long as the
-    process, so that setup's automatic passes scan only what setup makes. Not collected first:
-    a full pass took 0.3-0.5 CPU-seconds to find 11,000 unreachable objects, left frozen."""
+def collector_held(every: int) -> Iterator[None]:
+    """With a cadence (`every` > 0), no automatic pass while the trainer's libraries import
+    (they ran 1,048 of them, 0.6 of the imports' 3.7 CPU-seconds), then a freeze of what they
+    made, modules mostly, so that setup's automatic passes scan only what setup makes. Not
+    collected first: a full pass took 0.3-0.5 CPU-seconds to find 11,000 unreachable objects,
+    frozen with the rest until the loop's end (`CollectionCadence.close`)."""
+    if every <= 0:
+        yield
+        return
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -66,7 +70,9 @@ class CollectionCadence:
         if not (self.scheduled and self.due(step)):
             return
         self._collect(f"step {step}")
-        if self._first_pass_to_freeze:  # the optimizer's state, compiled graphs: the run's
+        if self._first_pass_to_freeze:
+            # All that is alive now, mostly the run's own (optimizer state, compiled graphs);
+            # what of it turns to garbage later waits for a rollback's settle or the loop's end.
             gc.freeze()
             self._first_pass_to_freeze = False
 

@@ -106,6 +106,12 @@ def _tools(tmp_path: Path, *, fail: bool = False) -> dict[str, str]:
     }
 
 
+def _ctrl_c_as_at_a_terminal() -> None:
+    """A shell ignores SIGINT in what it starts in the background (POSIX, asynchronous lists),
+    and Python keeps an ignored SIGINT so; the command should see Ctrl-C as a user's does."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _fsdp_eks(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "scripts.cli.main", *args],
@@ -114,6 +120,7 @@ def _fsdp_eks(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_ctrl_c_as_at_a_terminal,
     )
 
 

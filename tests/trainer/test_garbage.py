@@ -42,6 +42,7 @@ def collections() -> Iterator[list[int]]:
             seen.append(info["generation"])
 
     enabled = gc.isenabled()
+    gc.unfreeze()  # whatever an earlier test left frozen
     gc.collect()  # generation 0's count from zero: no automatic pass in the next few lines
     gc.callbacks.append(record)
     try:
@@ -115,15 +116,28 @@ def test_close_puts_back_the_collector_as_it_was(collections: list[int]) -> None
     assert not gc.isenabled() and gc.get_freeze_count() == 0
     gc.enable()
     cadence = CollectionCadence(5)
-    cadence.close()
-    cadence.close()  # after the loop, then by Trainer.close
+    cadence.close()  # after the loop
     assert gc.isenabled()
+    gc.disable()
+    cadence.close()  # again by Trainer.close: nothing left to put back
+    assert not gc.isenabled()
 
 
-def test_the_hold_covers_the_block_and_restores(collections: list[int]) -> None:
-    with collector_held():
+def test_the_hold_covers_the_block_then_freezes_and_restores(collections: list[int]) -> None:
+    with collector_held(50):
         assert not gc.isenabled()
-    assert gc.isenabled()
+    assert gc.isenabled() and gc.get_freeze_count() > 0
+    gc.unfreeze()
+    gc.disable()
+    with collector_held(50):
+        pass
+    assert not gc.isenabled() and gc.get_freeze_count() > 0
+
+
+def test_no_hold_without_a_cadence(collections: list[int]) -> None:
+    with collector_held(0):
+        assert gc.isenabled()
+    assert gc.get_freeze_count() == 0
 
 
 def test_a_negative_cadence_is_refused_naming_the_flag(
@@ -137,15 +151,16 @@ def test_a_negative_cadence_is_refused_naming_the_flag(
 
 WATCH_TORCH_IMPORT = """
 import gc, sys
+seen = []
 class Watch:
     def find_spec(self, name, path=None, target=None):
-        if name == "torch":
-            print("collector on at import torch:", gc.isenabled(), flush=True)
-            sys.meta_path.remove(self)
+        if name == "torch" and not seen:
+            seen.append(gc.isenabled())
 sys.meta_path.insert(0, Watch())
 from trainer.__main__ import main
 code = main(sys.argv[1:])
-print("collector on after main:", gc.isenabled())
+print("collector on at import torch:", seen[0])
+print("collector on after main:", gc.isenabled(), "frozen:", gc.get_freeze_count() > 0)
 sys.exit(code)
 """
 
@@ -163,6 +178,8 @@ def test_the_entry_point_imports_torch_with_the_collector_held(
         check=False,
         env={
             "PATH": "",
+            "HOME": str(tmp_path),
+            "TMPDIR": str(tmp_path),
             "HF_HUB_OFFLINE": "1",
             "HF_DATASETS_OFFLINE": "1",
             "HF_DATASETS_CACHE": str(tmp_path / "cache"),
@@ -171,7 +188,11 @@ def test_the_entry_point_imports_torch_with_the_collector_held(
     )
     assert done.returncode == 2, done.stderr
     lines = done.stdout.splitlines()
-    assert lines == ["collector on at import torch: False", "collector on after main: True"]
+    # The bad dataset stops setup before the loop: the imports' freeze is what remains.
+    assert lines == [
+        "collector on at import torch: False",
+        "collector on after main: True frozen: True",
+    ]
 
 
 def test_the_trainer_collects_at_its_due_steps_and_after_a_rollback_only(
