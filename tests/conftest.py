@@ -24,8 +24,17 @@ Pulumi's objects), 4.5-8 at this (docs/benchmarks.md "The cycle collector on the
 schedule")."""
 
 
+INTRA_OP_THREADS = "1"
+"""torch's CPU threads in each test process, as `run_trainer` gives every rank: on 2 cores
+with 3 workers, a second OpenMP thread only waits at each op's barrier for a core. The
+in-process training tests took 10% less CPU (docs/benchmarks.md "Test suite")."""
+
+
 def pytest_configure(config: pytest.Config) -> None:
     gc.set_threshold(*COLLECTOR_THRESHOLDS)  # before collection imports torch and Pulumi
+    # Read once, when torch loads OpenMP: set before collection imports it. The workers, and
+    # every process a test starts, inherit it; a value the caller set is kept.
+    os.environ.setdefault("OMP_NUM_THREADS", INTRA_OP_THREADS)
 
 
 @pytest.fixture(scope="session", autouse=True)
