@@ -73,17 +73,20 @@ def test_only_due_steps_collect_and_what_lives_on_is_frozen(collections: list[in
     cadence.after_step(1)
     cadence.after_step(2)
     assert collections == [2] and alive() is not None
-    kept = Cycle()  # lives past the first due pass, as the optimizer's state does
+    # Counts, not equalities: a frozen object freed by its reference count leaves the
+    # permanent generation at any time (one did, in one run of the suite).
+    kept = [Cycle() for _ in range(100)]  # lives past the first due pass, as optimizer state
     cadence.after_step(3)
     assert collections == [2, 2] and alive() is None
-    assert gc.get_freeze_count() > frozen_at_setup  # frozen with the first due pass
+    assert gc.get_freeze_count() >= frozen_at_setup + len(kept)  # frozen with the first pass
     frozen_after_first = gc.get_freeze_count()
+    later = [Cycle() for _ in range(100)]  # made after it: a second freeze would take them
     cadence.after_step(6)
     assert collections == [2, 2, 2]
-    assert gc.get_freeze_count() == frozen_after_first  # only the first pass freezes
+    assert gc.get_freeze_count() <= frozen_after_first  # only the first pass freezes
     cadence.close()
     assert gc.isenabled() and gc.get_freeze_count() == 0
-    del kept
+    del kept, later
 
 
 def test_settle_thaws_what_setup_froze_and_a_due_pass_does_not(collections: list[int]) -> None:
